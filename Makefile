@@ -1,0 +1,31 @@
+# Quick start: `make run` (install + main job), `make test` (install + tests).
+# Everything goes into a virtual environment in .venv; with no torch there, the
+# CPU build torch==2.13.0 is installed first (set TORCH=... to choose another).
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: install install-dev run test lint bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+install: $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e .
+
+install-dev: install
+	$(BIN)/pip install -q -e ".[dev]"
+
+run: install
+	$(BIN)/bytecomp compressors
+
+test: install-dev
+	$(BIN)/python -m pytest -q
+
+lint: install-dev
+	$(BIN)/ruff check bytecomp tests benchmarks examples
+
+bench: install
+	$(BIN)/python benchmarks/compressors.py

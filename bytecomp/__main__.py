@@ -1,0 +1,3 @@
+from bytecomp.cli import main
+
+main()

@@ -1,0 +1,39 @@
+"""Collective schemes for compressed payloads on torch.distributed process groups.
+
+>>> topology = Topology.build(nodes=2, ranks_per_node=2)    # on every rank
+>>> comm = Communicator(topology)
+>>> future = comm.exchange(grad, from_spec("topk:ratio=0.01"), state, "twoshot")
+>>> mean = future.wait()
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bytecomp.comm.schemes import SCHEMES, check_scheme, exchange, supported_schemes
+from bytecomp.comm.topology import Topology
+from bytecomp.comm.worker import CommWorker
+from bytecomp.compress.base import Compressor
+
+
+class Communicator:
+    """Asynchronous exchanges: each call queues the scheme on a FIFO background
+    thread and returns a :class:`torch.futures.Future` of the averaged tensor, so
+    it can be returned from a DDP communication hook. Every rank must call it in
+    the same order."""
+
+    def __init__(self, topology: Topology | None = None) -> None:
+        self.topology = topology or Topology.build()
+        self.worker = CommWorker()
+
+    def exchange(self, x: torch.Tensor, compressor: Compressor, state: dict,
+                 scheme: str = "allreduce") -> torch.futures.Future:
+        check_scheme(compressor, scheme)
+        return self.worker.submit(exchange, x, compressor, state, self.topology, scheme,
+                                  device=x.device)
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+__all__ = ["SCHEMES", "CommWorker", "Communicator", "Topology", "exchange", "supported_schemes"]

@@ -1,0 +1,77 @@
+"""Process groups for the collective schemes: world, intra-node and inter-node.
+
+Ranks are laid out node-major as torchrun does: ``rank = node * ranks_per_node
++ local_rank``. Every rank must build the topology (group creation is
+collective), in the same order.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from bytecomp.errors import BytecompError
+
+
+@dataclass
+class Topology:
+    """This rank's view of the job: its groups and where it sits in them."""
+
+    world: dist.ProcessGroup
+    nodes: int
+    ranks_per_node: int
+    rank: int
+    intra: dist.ProcessGroup | None
+    inter: dist.ProcessGroup | None
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.ranks_per_node
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.ranks_per_node
+
+    @classmethod
+    def build(cls, nodes: int | None = None, ranks_per_node: int | None = None) -> Topology:
+        """Create bytecomp's own groups (so its traffic never interleaves with DDP's).
+
+        ``ranks_per_node`` defaults to torchrun's ``LOCAL_WORLD_SIZE`` and then to
+        the whole world (one node).
+        """
+        if not dist.is_initialized():
+            raise BytecompError("torch.distributed is not initialized: call "
+                                "dist.init_process_group first")
+        world_size = dist.get_world_size()
+        if ranks_per_node is None:
+            if nodes is not None:
+                ranks_per_node = world_size // max(nodes, 1)
+            else:
+                ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if nodes is None:
+            nodes = world_size // max(ranks_per_node, 1)
+        if nodes < 1 or ranks_per_node < 1 or nodes * ranks_per_node != world_size:
+            raise BytecompError(
+                f"{nodes} nodes x {ranks_per_node} ranks per node does not match the "
+                f"world size {world_size}"
+            )
+        world = dist.new_group(list(range(world_size)))
+        rank = dist.get_rank()
+        intra = inter = None
+        for node in range(nodes):
+            members = [node * ranks_per_node + local for local in range(ranks_per_node)]
+            group = dist.new_group(members)
+            if rank in members:
+                intra = group
+        for local in range(ranks_per_node):
+            members = [node * ranks_per_node + local for node in range(nodes)]
+            group = dist.new_group(members)
+            if rank in members:
+                inter = group
+        return cls(world, nodes, ranks_per_node, rank, intra, inter)

@@ -1,0 +1,213 @@
+"""The compressor interface.
+
+A compressor turns a flat gradient tensor into a *payload* (the tensors that
+travel over the network) and a local *context* (what stays on this rank), and
+turns a payload back into a flat tensor. Error feedback is a separate wrapper
+(:mod:`bytecomp.compress.feedback`), so any compressor runs with or without it.
+
+Exchange protocol, driven by the schemes in :mod:`bytecomp.comm`:
+
+* ``payload, ctx = c.compress(x, state, peers)``
+* for every further round: the payload goes through that round's collective
+  (``c.round_collectives``); ``payload, ctx = c.advance(result, ctx, state, peers)``
+  where ``result`` is the element-wise mean of all ranks' payloads for an
+  ``"allreduce"`` round (reduced *in place*, so a compressor may keep a payload
+  tensor as state, like PowerSGD's warm-start Q) or the list of every rank's
+  payload for an ``"allgather"`` round;
+* the last payload goes through the last collective and ``c.decompress(mean, ctx)``
+  (``"allreduce"``) or the mean of ``c.decompress(p, ctx)`` over ranks
+  (``"allgather"``) is the aggregated gradient.
+
+``state`` is a dict owned by the caller, one per tensor (or merged group, or
+chunk): compressors keep step counters, momentum, factors and residuals in it,
+so that it can be checkpointed with ``torch.save``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+
+Payload = list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The caller's place in the group of ranks that exchange payloads."""
+
+    rank: int = 0
+    size: int = 1
+
+
+SOLO = Peers()
+
+
+class Meta(NamedTuple):
+    """What every decompression needs to know about the original tensor."""
+
+    numel: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def meta_of(x: torch.Tensor) -> Meta:
+    return Meta(x.numel(), x.dtype, x.device)
+
+
+@dataclass(frozen=True)
+class Param:
+    """A compressor parameter: its type, default and valid range."""
+
+    kind: type
+    default: Any
+    rule: str = ""
+    check: Callable[[Any], bool] | None = None
+    help: str = ""
+    primary: bool = True  # shown in the canonical spec even at its default
+    choices: tuple[str, ...] | None = None
+
+    def valid(self, value: Any) -> bool:
+        if self.choices is not None and value not in self.choices:
+            return False
+        return self.check is None or bool(self.check(value))
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return "one of " + "|".join(self.choices)
+        return self.rule or self.kind.__name__
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+class Compressor:
+    """Base class: subclasses set the class attributes and implement the methods.
+
+    Capability flags (what the planner's search needs):
+
+    * ``summable``: payloads can be averaged element-wise by allreduce and the
+      mean decompresses to the mean of the ranks' decompressions.
+    * ``gatherable``: a payload can be decompressed by any rank with its own
+      context (allgather works).
+    * ``chunkable``: compressing chunks independently is valid (two-shot
+      alltoall + allgather).
+    * ``fixed_size``: the payload size depends on numel only, so receivers know
+      it without exchanging sizes; otherwise ``payload_bytes`` is an upper bound.
+    * ``round_collectives``: the collective of each exchange round for the
+      native protocol (``("allreduce",)`` for summable, ``("allgather",)`` else).
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    params: ClassVar[dict[str, Param]] = {}
+    summable: ClassVar[bool] = False
+    gatherable: ClassVar[bool] = True
+    chunkable: ClassVar[bool] = True
+    fixed_size: ClassVar[bool] = True
+    default_ef: ClassVar[bool] = False
+    requires_ef: ClassVar[bool] = False
+    round_collectives: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, **values: Any) -> None:
+        self.values = {key: p.default for key, p in self.params.items()}
+        self.values.update(values)
+        for key, value in self.values.items():
+            setattr(self, key, value)
+
+    # -- identity --------------------------------------------------------------
+    @property
+    def error_feedback(self) -> bool:
+        return False
+
+    @property
+    def rounds(self) -> int:
+        return len(self.collectives_of_rounds())
+
+    def collectives_of_rounds(self) -> tuple[str, ...]:
+        if self.round_collectives:
+            return self.round_collectives
+        return ("allreduce",) if self.summable else ("allgather",)
+
+    @property
+    def spec(self) -> str:
+        """Canonical spec string: primary parameters always, others when not default."""
+        parts = []
+        for key, param in self.params.items():
+            value = self.values[key]
+            if param.primary or value != param.default:
+                parts.append(f"{key}={format_value(value)}")
+        if self.error_feedback != self.default_ef:
+            parts.append(f"ef={format_value(self.error_feedback)}")
+        return self.name + (":" + ",".join(parts) if parts else "")
+
+    def __repr__(self) -> str:
+        return f"<compressor {self.spec}>"
+
+    # -- what the search needs -------------------------------------------------
+    def payload_bytes(self, numel: int, element_size: int = 4, shape: tuple | None = None) -> int:
+        """Bytes that travel for one tensor of ``numel`` elements (bound if not fixed_size)."""
+        raise NotImplementedError
+
+    # -- the protocol ----------------------------------------------------------
+    def compress(self, x: torch.Tensor, state: dict, peers: Peers = SOLO) -> tuple[Payload, Any]:
+        raise NotImplementedError
+
+    def advance(self, result: Any, ctx: Any, state: dict, peers: Peers = SOLO) -> tuple[Payload, Any]:
+        raise NotImplementedError(f"{self.name} has a single exchange round")
+
+    def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+
+# -- helpers shared by the compressors -------------------------------------------
+
+
+def count_of(ratio: float, numel: int) -> int:
+    """Number of elements kept at ``ratio`` of ``numel``: at least one, at most all."""
+    if numel == 0:
+        return 0
+    return max(1, min(numel, math.ceil(ratio * numel)))
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    return torch.int32 if numel < 2**31 else torch.int64
+
+
+def index_bytes(numel: int) -> int:
+    return 4 if numel < 2**31 else 8
+
+
+def seeded_generator(device: torch.device, *keys: int) -> torch.Generator:
+    """A generator whose seed is a stable hash of ``keys`` (same on every rank and run)."""
+    digest = hashlib.blake2b(repr(tuple(int(k) for k in keys)).encode(), digest_size=8).digest()
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+    return generator
+
+
+def next_step(state: dict) -> int:
+    """Return this call's step number for ``state`` and advance the counter."""
+    step = state.get("step", 0)
+    state["step"] = step + 1
+    return step
+
+
+def scatter_values(values: torch.Tensor, indices: torch.Tensor, meta: Meta) -> torch.Tensor:
+    out = torch.zeros(meta.numel, dtype=meta.dtype, device=meta.device)
+    if indices.numel():
+        out.index_put_((indices.long(),), values.to(meta.dtype))
+    return out
+
+
+def payload_nbytes(payload: Payload) -> int:
+    return sum(t.numel() * t.element_size() for t in payload)

@@ -1,0 +1,46 @@
+"""Packing small unsigned codes (1, 2 or 4 bits each) into uint8, on any device."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _shifts(bits: int, device: torch.device) -> torch.Tensor:
+    per_byte = 8 // bits
+    # The first code of a byte goes into its highest bits.
+    return torch.arange(per_byte - 1, -1, -1, device=device, dtype=torch.uint8) * bits
+
+
+def packed_size(numel: int, bits: int) -> int:
+    per_byte = 8 // bits
+    return -(-numel // per_byte)
+
+
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack codes in ``[0, 2**bits)`` into ``ceil(n * bits / 8)`` bytes."""
+    if bits not in (1, 2, 4):
+        raise ValueError(f"bits must be 1, 2 or 4, got {bits}")
+    per_byte = 8 // bits
+    codes = codes.reshape(-1).to(torch.uint8)
+    padding = (-codes.numel()) % per_byte
+    if padding:
+        codes = torch.cat([codes, codes.new_zeros(padding)])
+    grouped = codes.view(-1, per_byte) << _shifts(bits, codes.device)
+    return grouped.sum(dim=1, dtype=torch.uint8)
+
+
+def unpack(packed: torch.Tensor, numel: int, bits: int) -> torch.Tensor:
+    """Inverse of :func:`pack`: the first ``numel`` codes, as uint8."""
+    mask = (1 << bits) - 1
+    codes = (packed.reshape(-1, 1) >> _shifts(bits, packed.device)) & mask
+    return codes.reshape(-1)[:numel]
+
+
+def pack_signs(x: torch.Tensor) -> torch.Tensor:
+    """One bit per element: 1 where ``x >= 0``."""
+    return pack(x >= 0, 1)
+
+
+def unpack_signs(packed: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """+1 / -1 per element from :func:`pack_signs`."""
+    return unpack(packed, numel, 1).to(dtype) * 2 - 1

@@ -1,0 +1,67 @@
+"""Error feedback (residual memory) as a wrapper around any compressor.
+
+Each step the residual is added to the gradient before compression, and what
+this rank's own payload does not carry becomes the next residual::
+
+    c = x + residual
+    payload = compress(c)
+    residual = c - decompress(own final-round payload)
+
+so over steps, everything sent plus the residual equals the sum of the
+inputs (telescoping). For multi-round compressors (PowerSGD, ExDyna) the
+residual is taken at the last round, from this rank's own contribution to it.
+"""
+
+from __future__ import annotations
+
+from bytecomp.compress.base import SOLO, Compressor, Peers
+
+
+class ErrorFeedback(Compressor):
+    """Wrap ``inner`` with a residual kept in ``state["residual"]`` (inner state in
+    ``state["inner"]``)."""
+
+    def __init__(self, inner: Compressor) -> None:
+        self.inner = inner
+        self.values = inner.values
+        for flag in ("name", "summary", "params", "summable", "gatherable", "chunkable",
+                     "fixed_size", "default_ef", "requires_ef", "round_collectives"):
+            setattr(self, flag, getattr(inner, flag))
+
+    @property
+    def error_feedback(self) -> bool:
+        return True
+
+    def collectives_of_rounds(self):
+        return self.inner.collectives_of_rounds()
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return self.inner.payload_bytes(numel, element_size, shape)
+
+    def _inner_state(self, state: dict) -> dict:
+        inner = state.get("inner")
+        if inner is None:
+            inner = state["inner"] = {k: v for k, v in state.items() if k in ("salt", "shape")}
+        return inner
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        residual = state.get("residual")
+        if residual is not None and residual.shape == x.shape and residual.device == x.device:
+            compensated = x + residual
+        else:
+            compensated = x.clone()
+        payload, ctx = self.inner.compress(compensated, self._inner_state(state), peers)
+        if self.inner.rounds == 1:
+            state["residual"] = compensated - self.inner.decompress(payload, ctx)
+        return payload, (ctx, compensated, 1)
+
+    def advance(self, result, ctx, state, peers: Peers = SOLO):
+        inner_ctx, compensated, round_number = ctx
+        payload, inner_ctx = self.inner.advance(result, inner_ctx, self._inner_state(state), peers)
+        round_number += 1
+        if round_number == self.inner.rounds:
+            state["residual"] = compensated - self.inner.decompress(payload, inner_ctx)
+        return payload, (inner_ctx, compensated, round_number)
+
+    def decompress(self, payload, ctx):
+        return self.inner.decompress(payload, ctx[0])

@@ -1,0 +1,44 @@
+"""Run a compressor's whole protocol on one rank (a group of size one).
+
+Used to time encode and decode, to count the bytes a tensor puts on the wire
+over all rounds, and to check error feedback, without any process group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bytecomp.compress.base import SOLO, Compressor, Payload, payload_nbytes
+
+
+@dataclass
+class Encoded:
+    """The last round's payload and context, and the bytes sent over all rounds."""
+
+    payload: Payload
+    ctx: object
+    bytes_sent: int
+
+
+def encode(compressor: Compressor, x: torch.Tensor, state: dict) -> Encoded:
+    """Compress ``x`` through every round as if this rank were alone."""
+    payload, ctx = compressor.compress(x, state, SOLO)
+    sent = payload_nbytes(payload)
+    collectives = compressor.collectives_of_rounds()
+    for collective in collectives[:-1]:
+        result = payload if collective == "allreduce" else [payload]
+        payload, ctx = compressor.advance(result, ctx, state, SOLO)
+        sent += payload_nbytes(payload)
+    return Encoded(payload, ctx, sent)
+
+
+def decode(compressor: Compressor, encoded: Encoded) -> torch.Tensor:
+    return compressor.decompress(encoded.payload, encoded.ctx)
+
+
+def roundtrip(compressor: Compressor, x: torch.Tensor, state: dict) -> tuple[torch.Tensor, int]:
+    """``(what the compressor transmits of x, bytes sent)`` for a single rank."""
+    encoded = encode(compressor, x, state)
+    return decode(compressor, encoded), encoded.bytes_sent

@@ -1,0 +1,151 @@
+"""Dense compressors: no compression, casts, and quantizers."""
+
+from __future__ import annotations
+
+import torch
+
+from bytecomp.compress import bits
+from bytecomp.compress.base import (
+    SOLO,
+    Compressor,
+    Param,
+    Peers,
+    meta_of,
+    next_step,
+    seeded_generator,
+)
+
+
+class NoCompression(Compressor):
+    """fp32 (or the gradient's own dtype) as it is."""
+
+    name = "none"
+    summary = "no compression: the gradient travels as it is"
+    summable = True
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return numel * element_size
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        return [x], meta_of(x)
+
+    def decompress(self, payload, ctx):
+        return payload[0]
+
+
+class Cast(Compressor):
+    """Cast to a 16-bit float type; summable, like PyTorch's fp16/bf16 hooks."""
+
+    target: torch.dtype = torch.float16
+    summable = True
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return numel * 2
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        return [x.to(self.target)], meta_of(x)
+
+    def decompress(self, payload, ctx):
+        return payload[0].to(ctx.dtype)
+
+
+class FP16(Cast):
+    name = "fp16"
+    summary = "cast to float16 (2 bytes per element)"
+    target = torch.float16
+
+
+class BF16(Cast):
+    name = "bf16"
+    summary = "cast to bfloat16 (2 bytes per element)"
+    target = torch.bfloat16
+
+
+class Int8(Compressor):
+    """Min-max 8-bit quantization with deterministic rounding."""
+
+    name = "int8"
+    summary = "min-max linear 8-bit quantization"
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return numel + 8
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        xf = x.float()
+        if x.numel() == 0:
+            return [x.new_zeros(0, dtype=torch.uint8), xf.new_zeros(2)], meta_of(x)
+        low, high = xf.min(), xf.max()
+        scale = (high - low) / 255
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = ((xf - low) / scale).round_().clamp_(0, 255).to(torch.uint8)
+        return [codes, torch.stack([low, scale])], meta_of(x)
+
+    def decompress(self, payload, ctx):
+        codes, low_scale = payload
+        return (codes.float() * low_scale[1] + low_scale[0]).to(ctx.dtype)
+
+
+class QSGD(Compressor):
+    """QSGD: stochastic rounding of |x| / ||x|| to ``levels`` magnitudes (unbiased).
+
+    Payload: one uint8 magnitude per element, one packed sign bit per element,
+    and the float32 norm.
+    """
+
+    name = "qsgd"
+    summary = "QSGD stochastic quantization, unbiased"
+    params = {
+        "levels": Param(int, 256, "2 <= levels <= 256", lambda v: 2 <= v <= 256,
+                        "number of magnitude levels, 0 included"),
+        "seed": Param(int, 0, "seed >= 0", lambda v: v >= 0, "random seed", primary=False),
+    }
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return numel + bits.packed_size(numel, 1) + 4
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        step = next_step(state)
+        xf = x.float()
+        norm = xf.norm().reshape(1)
+        top = self.levels - 1
+        # A zero norm means a zero tensor: divide by 1 instead (no host sync on CUDA).
+        scaled = xf.abs() / torch.where(norm > 0, norm, torch.ones_like(norm)) * top
+        floor = scaled.floor()
+        generator = seeded_generator(x.device, self.seed, state.get("salt", 0), peers.rank, step)
+        noise = torch.rand(scaled.shape, generator=generator, device=x.device)
+        magnitudes = (floor + (noise < scaled - floor)).clamp_(0, top).to(torch.uint8)
+        return [magnitudes, bits.pack(xf < 0, 1), norm], meta_of(x)
+
+    def decompress(self, payload, ctx):
+        magnitudes, signs, norm = payload
+        negative = bits.unpack(signs, ctx.numel, 1).float()
+        values = magnitudes.float() * (norm / (self.levels - 1)) * (1 - 2 * negative)
+        return values.to(ctx.dtype)
+
+
+class TernGrad(Compressor):
+    """TernGrad: each element becomes -s, 0 or +s with s = max|x| (unbiased), 2 bits each."""
+
+    name = "terngrad"
+    summary = "TernGrad ternary stochastic quantization, unbiased"
+    params = {
+        "seed": Param(int, 0, "seed >= 0", lambda v: v >= 0, "random seed", primary=False),
+    }
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return bits.packed_size(numel, 2) + 4
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        step = next_step(state)
+        xf = x.float()
+        scale = xf.abs().max().reshape(1) if x.numel() else xf.new_zeros(1)
+        generator = seeded_generator(x.device, self.seed, state.get("salt", 0), peers.rank, step)
+        noise = torch.rand(xf.shape, generator=generator, device=x.device)
+        keep = noise < xf.abs() / torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = (torch.sign(xf) * keep + 1).to(torch.uint8)  # -1, 0, +1 -> 0, 1, 2
+        return [bits.pack(codes, 2), scale], meta_of(x)
+
+    def decompress(self, payload, ctx):
+        packed, scale = payload
+        ternary = bits.unpack(packed, ctx.numel, 2).float() - 1
+        return (ternary * scale).to(ctx.dtype)

@@ -1,0 +1,96 @@
+"""Sign compressors: one packed bit per element, plus optional float32 scales."""
+
+from __future__ import annotations
+
+import torch
+
+from bytecomp.compress import bits
+from bytecomp.compress.base import SOLO, Compressor, Param, Peers, meta_of
+
+
+class SignSGD(Compressor):
+    """signSGD: the sign of each element (zero counts as +), decoded as +1 / -1."""
+
+    name = "signsgd"
+    summary = "signSGD: 1 bit per element, decoded as +-1"
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return bits.packed_size(numel, 1)
+
+    def _signs_of(self, x: torch.Tensor, state: dict) -> torch.Tensor:
+        return x
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        return [bits.pack_signs(self._signs_of(x, state))], meta_of(x)
+
+    def decompress(self, payload, ctx):
+        return bits.unpack_signs(payload[0], ctx.numel, ctx.dtype)
+
+
+class Signum(SignSGD):
+    """Signum: the sign of the momentum ``m = beta * m + (1 - beta) * g``, kept per tensor."""
+
+    name = "signum"
+    summary = "Signum: sign of the local momentum, 1 bit per element"
+    params = {"momentum": Param(float, 0.9, "0 <= momentum < 1", lambda v: 0 <= v < 1,
+                                "momentum coefficient beta")}
+
+    def _signs_of(self, x, state):
+        momentum = state.get("momentum")
+        if momentum is None or momentum.shape != x.shape:
+            momentum = torch.zeros_like(x, dtype=torch.float32)
+        momentum.mul_(self.momentum).add_(x.float(), alpha=1 - self.momentum)
+        state["momentum"] = momentum
+        return momentum
+
+
+class ScaledSign(Compressor):
+    """Signs plus float32 scales that restore the magnitude."""
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        return [bits.pack_signs(x), self._scales(x.float())], meta_of(x)
+
+
+class EFSignSGD(ScaledSign):
+    """EF-signSGD: ``mean|x| * sign(x)``, always with error feedback (Karimireddy et al.)."""
+
+    name = "efsignsgd"
+    summary = "EF-signSGD: sign scaled by mean |x|, error feedback always on"
+    default_ef = True
+    requires_ef = True
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return bits.packed_size(numel, 1) + 4
+
+    def _scales(self, xf):
+        return xf.abs().mean().reshape(1) if xf.numel() else xf.new_zeros(1)
+
+    def decompress(self, payload, ctx):
+        signs, scale = payload
+        return (bits.unpack_signs(signs, ctx.numel, torch.float32) * scale).to(ctx.dtype)
+
+
+class OneBit(ScaledSign):
+    """1-bit SGD: each element becomes the mean of the non-negative elements or the mean
+    of the negative ones (two float32 scales)."""
+
+    name = "onebit"
+    summary = "1-bit quantization with per-sign mean scales"
+    default_ef = True
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return bits.packed_size(numel, 1) + 8
+
+    def _scales(self, xf):
+        positive = xf >= 0
+        count_positive = positive.sum()
+        count_negative = xf.numel() - count_positive
+        sum_positive = torch.where(positive, xf, 0).sum()
+        sum_negative = xf.sum() - sum_positive
+        return torch.stack([sum_positive / count_positive.clamp(min=1),
+                            sum_negative / count_negative.clamp(min=1)])
+
+    def decompress(self, payload, ctx):
+        signs, means = payload
+        positive = bits.unpack(signs, ctx.numel, 1).bool()
+        return torch.where(positive, means[0], means[1]).to(ctx.dtype)

@@ -1,0 +1,134 @@
+"""Sparsifiers: a subset of elements travels as (values, indices) or values only."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from bytecomp.compress.base import (
+    SOLO,
+    Compressor,
+    Param,
+    Peers,
+    count_of,
+    index_bytes,
+    index_dtype,
+    meta_of,
+    next_step,
+    scatter_values,
+    seeded_generator,
+)
+
+_RATIO = Param(float, 0.01, "0 < ratio <= 1", lambda v: 0 < v <= 1, "fraction of elements kept")
+_SEED = Param(int, 0, "seed >= 0", lambda v: v >= 0, "random seed", primary=False)
+
+
+class _IndexedSparse(Compressor):
+    """Payload: the kept values (gradient dtype) and their int32 indices."""
+
+    default_ef = True
+
+    def _pack(self, x: torch.Tensor, indices: torch.Tensor):
+        indices = indices.to(index_dtype(x.numel()))
+        return [x[indices.long()], indices], meta_of(x)
+
+    def decompress(self, payload, ctx):
+        values, indices = payload
+        return scatter_values(values, indices, ctx)
+
+
+class TopK(_IndexedSparse):
+    """Top-k: the ``ceil(ratio * n)`` elements of largest magnitude."""
+
+    name = "topk"
+    summary = "top-k by magnitude (values + int32 indices)"
+    params = {"ratio": _RATIO}
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return count_of(self.ratio, numel) * (element_size + index_bytes(numel))
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        k = count_of(self.ratio, x.numel())
+        indices = torch.topk(x.abs(), k, sorted=False).indices
+        return self._pack(x, indices)
+
+
+class Threshold(_IndexedSparse):
+    """Every element with ``|x| >= threshold``; the payload size depends on the data."""
+
+    name = "threshold"
+    summary = "elements with |x| >= threshold (variable size)"
+    fixed_size = False
+    params = {"threshold": Param(float, 1e-3, "threshold > 0", lambda v: v > 0,
+                                 "absolute magnitude threshold")}
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return numel * (element_size + index_bytes(numel))
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        indices = torch.nonzero(x.abs() >= self.threshold).reshape(-1)
+        return self._pack(x, indices)
+
+
+class DGC(_IndexedSparse):
+    """Deep Gradient Compression's sampled threshold: estimate the top-k threshold on a
+    random sample, keep what passes it, and trim to exactly k if more passed."""
+
+    name = "dgc"
+    summary = "sampled-threshold top-k (at most k kept)"
+    fixed_size = False
+    params = {
+        "ratio": _RATIO,
+        "sample": Param(float, 0.01, "0 < sample <= 1", lambda v: 0 < v <= 1,
+                        "fraction of elements sampled to estimate the threshold", primary=False),
+        "seed": _SEED,
+    }
+    min_sample = 128
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return count_of(self.ratio, numel) * (element_size + index_bytes(numel))
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        step = next_step(state)
+        numel = x.numel()
+        k = count_of(self.ratio, numel)
+        if numel == 0:
+            return self._pack(x, torch.zeros(0, dtype=torch.long, device=x.device))
+        magnitude = x.abs()
+        sample_size = min(numel, max(self.min_sample, math.ceil(self.sample * numel)))
+        generator = seeded_generator(x.device, self.seed, state.get("salt", 0), peers.rank, step)
+        sample = magnitude[torch.randint(0, numel, (sample_size,), generator=generator,
+                                         device=x.device)]
+        threshold = torch.topk(sample, count_of(self.ratio, sample_size), sorted=False).values.min()
+        indices = torch.nonzero(magnitude >= threshold).reshape(-1)
+        if indices.numel() > k:
+            indices = indices[torch.topk(magnitude[indices], k, sorted=False).indices]
+        return self._pack(x, indices)
+
+
+class RandomK(Compressor):
+    """Random-k with indices drawn from a seed shared by all ranks: only values travel,
+    and payloads are summable because every rank picks the same indices."""
+
+    name = "randomk"
+    summary = "random-k, indices from a shared seed (values only, summable)"
+    summable = True
+    default_ef = True
+    params = {"ratio": _RATIO, "seed": _SEED}
+
+    def payload_bytes(self, numel, element_size=4, shape=None):
+        return count_of(self.ratio, numel) * element_size
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        step = next_step(state)
+        numel = x.numel()
+        k = count_of(self.ratio, numel)
+        # Drawn with replacement: k stays exact and it costs O(k), not O(n) like randperm.
+        generator = seeded_generator(x.device, self.seed, state.get("salt", 0), step)
+        indices = torch.randint(0, max(numel, 1), (k,), generator=generator, device=x.device)
+        return [x[indices]], (meta_of(x), indices)
+
+    def decompress(self, payload, ctx):
+        meta, indices = ctx
+        return scatter_values(payload[0], indices, meta)
