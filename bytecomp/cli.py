@@ -74,6 +74,43 @@ def compressors(
     console.print(table)
 
 
+@app.command()
+def profile(
+    model: str = typer.Option("mlp", help="Built-in workload (mlp, cnn, transformer[:layers=4,"
+                              "width=256,seq_len=128], lstm, resnet18, resnet50, vgg16) or "
+                              "pkg.module:factory."),
+    nproc: int = typer.Option(None, help="Local ranks to spawn (default 1; leave out under "
+                              "torchrun, which sets the ranks)."),
+    out: str = typer.Option(None, help="Profile directory (default profiles/<model>)."),
+    batch_size: int = typer.Option(None, help="Batch per rank (default: the workload's)."),
+    bucket_cap_mb: float = typer.Option(25.0, help="DDP bucket cap used while profiling."),
+    iterations: int = typer.Option(20, min=1, help="Timed iterations per phase."),
+    warmup: int = typer.Option(3, min=0, help="Untimed iterations before each phase."),
+    compressor: list[str] = typer.Option(None, help="Compressor spec to sweep (repeatable; "
+                                         "default: every compressor at its defaults)."),
+    quick: bool = typer.Option(False, help="A reduced sweep (seconds, not minutes)."),
+    force: bool = typer.Option(False, help="Replace an existing profile directory."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    timeout: float = typer.Option(300.0, help="Seconds before a stuck collective fails."),
+    max_mb: float = typer.Option(64.0, help="Largest collective buffer in the sweeps (MiB)."),
+    machine: str = typer.Option("", help="A description of the machine, kept in profile.yaml."),
+):
+    """Measure a real DDP job: compute, ready times, buckets, collectives, compressors."""
+    from bytecomp.profile import ProfileConfig, run_profile
+    from bytecomp.profile.workloads import safe_name
+
+    if nproc is not None and nproc < 1:
+        raise BytecompError(f"--nproc must be at least 1, got {nproc}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise BytecompError(f"--device must be auto, cpu or cuda, got {device!r}")
+    config = ProfileConfig(model=model, out=out or f"profiles/{safe_name(model)}",
+                           batch_size=batch_size, bucket_cap_mb=bucket_cap_mb,
+                           iterations=iterations, warmup=warmup, specs=compressor or [],
+                           quick=quick, force=force, device=device, timeout_s=timeout,
+                           max_mb=max_mb, machine=machine)
+    run_profile(config, nproc)
+
+
 def _shown(value) -> str:
     from bytecomp.compress.base import format_value
 
@@ -86,7 +123,7 @@ def main() -> None:
         app()
     except BytecompError as error:
         errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        sys.exit(getattr(error, "exit_code", 2))
     except KeyboardInterrupt:
         errors.print("[bold red]interrupted[/]")
         sys.exit(130)

@@ -9,13 +9,14 @@ identical result.
 from __future__ import annotations
 
 import pytest
-import reference
 import torch
 import torch.distributed as dist
-from ranks import run_ranks
 
 from bytecomp.comm import Communicator, Topology, exchange, supported_schemes
 from bytecomp.compress import default_specs, from_spec
+
+import reference
+from ranks import run_ranks
 
 SPECS = default_specs() + [
     "topk:ratio=0.05,ef=false",

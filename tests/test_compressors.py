@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import reference
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +13,8 @@ from bytecomp.compress import COMPRESSORS, Peers, bits, default_specs, from_spec
 from bytecomp.compress.exdyna import ExDyna
 from bytecomp.compress.local import encode, roundtrip
 from bytecomp.errors import SpecError
+
+import reference
 
 ALL_SPECS = default_specs()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

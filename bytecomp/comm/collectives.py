@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress.base import Payload
 
 ALIGN = 8
@@ -62,7 +63,7 @@ def _exchange_counts(numels: list[int], group, device) -> list[list[int]]:
     size = dist.get_world_size(group)
     mine = torch.tensor(numels, dtype=torch.int64, device=device)
     everyone = torch.empty(size * len(numels), dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(everyone, mine, group=group)
+    all_gather_flat(everyone, mine, group=group)
     return everyone.view(size, len(numels)).tolist()
 
 
@@ -82,7 +83,7 @@ def allgather_payloads(payload: Payload, group: dist.ProcessGroup, fixed_size: b
     if mine.numel() < longest:
         mine = torch.cat([mine, mine.new_zeros(longest - mine.numel())])
     gathered = torch.empty(size * longest, dtype=torch.uint8, device=device)
-    dist.all_gather_into_tensor(gathered, mine, group=group)
+    all_gather_flat(gathered, mine, group=group)
     rows = gathered.view(size, longest)
     return [unpack(rows[r], dtypes, counts[r]) for r in range(size)]
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from bytecomp.comm.collectives import allgather_payloads, allreduce_mean_, alltoall_payloads
+from bytecomp.comm.compat import all_gather_flat, reduce_scatter_flat
 from bytecomp.comm.topology import Topology
 from bytecomp.compress.base import Compressor, Peers
 
@@ -110,7 +111,7 @@ def hierarchical(x: torch.Tensor, compressor: Compressor, state: dict,
     padded = _padded(x, k)
     if k > 1:
         chunk = torch.empty(padded.numel() // k, dtype=x.dtype, device=x.device)
-        dist.reduce_scatter_tensor(chunk, padded, group=topology.intra)
+        reduce_scatter_flat(chunk, padded, group=topology.intra)
         chunk.div_(k)
     else:
         chunk = padded
@@ -119,7 +120,7 @@ def hierarchical(x: torch.Tensor, compressor: Compressor, state: dict,
         chunk = flat(chunk, compressor, state, topology.inter, native)
     if k > 1:
         out = torch.empty_like(padded)
-        dist.all_gather_into_tensor(out, chunk.contiguous(), group=topology.intra)
+        all_gather_flat(out, chunk.contiguous(), group=topology.intra)
     else:
         out = chunk
     return out[: x.numel()].view(x.shape)

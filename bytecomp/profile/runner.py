@@ -1,0 +1,165 @@
+"""What every rank runs for ``bytecomp profile``, with the process group up."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+from rich.table import Table
+
+import bytecomp
+from bytecomp.comm.topology import Topology
+from bytecomp.compress import default_specs, from_spec
+from bytecomp.profile.store import FORMAT_VERSION, Profile, save_profile
+from bytecomp.profile.sweeps import (
+    SweepSettings,
+    collective_steps,
+    compressor_steps,
+    sweep_collectives,
+    sweep_compressors,
+    sweep_copies,
+)
+from bytecomp.profile.training import TrainingSettings, measure_training
+from bytecomp.profile.workloads import describe, fingerprint, load_workload, parameter_count
+from bytecomp.ui import Reporter
+
+
+@dataclass
+class ProfileConfig:
+    """Everything ``bytecomp profile`` was asked to do."""
+
+    model: str = "mlp"
+    out: str = "profiles/mlp"
+    batch_size: int | None = None
+    bucket_cap_mb: float = 25.0
+    iterations: int = 20
+    warmup: int = 3
+    specs: list[str] = field(default_factory=list)
+    quick: bool = False
+    force: bool = False
+    device: str = "auto"
+    timeout_s: float = 300.0
+    max_mb: float = 64.0
+    machine: str = ""
+
+    def __post_init__(self) -> None:
+        self.specs = [from_spec(s).spec for s in self.specs] or default_specs()
+        if self.quick:
+            self.iterations, self.warmup = min(self.iterations, 5), min(self.warmup, 2)
+
+    def sweep_settings(self) -> SweepSettings:
+        max_bytes = int(self.max_mb * (1 << 20))
+        if self.quick:
+            return SweepSettings(max_bytes=min(max_bytes, 1 << 20), size_factor=4, repeats=3,
+                                 budget_s=0.2, numels=(1 << 10, 1 << 14, 1 << 18),
+                                 compressor_repeats=2)
+        return SweepSettings(max_bytes=max_bytes)
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+    return torch.device("cpu")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_description(config: ProfileConfig, device: torch.device) -> dict:
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    return {
+        "description": config.machine or "",
+        "cpu": device_name(torch.device("cpu")),
+        "logical_cores": os.cpu_count(),
+        "memory_gib": round(memory, 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "threads_per_rank": torch.get_num_threads(),
+    }
+
+
+def _summary(profile: Profile, path: Path) -> Table:
+    table = Table(title=f"profile of {profile.meta['model']['spec']} on "
+                        f"{profile.world_size} ranks -> {path}")
+    for column in ("phase", "median ms", "p10 ms", "p90 ms"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    for name, stats in profile.meta["times"].items():
+        table.add_row(name, f"{stats['median_ms']:.2f}", f"{stats['p10_ms']:.2f}",
+                      f"{stats['p90_ms']:.2f}")
+    table.caption = (f"{len(profile.tensors)} tensors, {len(profile.collectives)} collective rows, "
+                     f"{len(profile.compressors)} compressor rows, {len(profile.copies)} copy rows")
+    return table
+
+
+def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | None:
+    """Profile on this rank; rank 0 writes the directory and returns its path."""
+    rank = dist.get_rank()
+    device = pick_device(config.device, rank % ranks_per_node)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    topology = Topology.build(nodes, ranks_per_node)
+    workload = load_workload(config.model)
+    batch_size = config.batch_size or workload.batch_size
+    training = TrainingSettings(batch_size, config.bucket_cap_mb, config.warmup, config.iterations)
+    sweep = config.sweep_settings()
+    devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])
+    reporter = Reporter(enabled=rank == 0)
+    reporter.print(f"profiling {config.model} ({describe(workload.model)}) on "
+                   f"{topology.size} ranks ({nodes} x {ranks_per_node}), {device.type}, "
+                   f"batch {batch_size} per rank")
+    with reporter.session():
+        steps = 2 * (training.warmup + training.iterations)
+        times, tensors = measure_training(workload, device, training,
+                                          reporter.phase("training iterations", steps))
+        collectives = sweep_collectives(
+            topology, device, sweep,
+            reporter.phase("collective sweeps", collective_steps(topology, sweep)))
+        compressors = sweep_compressors(
+            config.specs, devices, sweep,
+            reporter.phase("compressor sweeps", compressor_steps(config.specs, devices, sweep)))
+        copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
+    if rank != 0:
+        return None
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "bytecomp_version": bytecomp.__version__,
+        "torch_version": str(torch.__version__),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description(config, device),
+        "model": {"name": workload.name, "spec": config.model,
+                  "fingerprint": fingerprint(workload.model),
+                  "parameters": parameter_count(workload.model), "tensors": len(tensors),
+                  "args": workload.args},
+        "device": {"type": device.type, "name": device_name(device)},
+        "backend": dist.get_backend(),
+        "world_size": topology.size,
+        "nodes": nodes,
+        "ranks_per_node": ranks_per_node,
+        "batch_size": batch_size,
+        "bucket_cap_mb": config.bucket_cap_mb,
+        "iterations": training.iterations,
+        "warmup": training.warmup,
+        "quick": config.quick,
+        "times": times,
+        "compressor_specs": config.specs,
+        "sweep": {"min_bytes": sweep.min_bytes, "max_bytes": sweep.max_bytes,
+                  "size_factor": sweep.size_factor, "repeats": sweep.repeats,
+                  "numels": list(sweep.numels)},
+    }
+    profile = Profile(meta, tensors, pd.DataFrame(collectives), pd.DataFrame(compressors),
+                      pd.DataFrame(copies, columns=["direction", "bytes", "time_ms"]))
+    path = save_profile(profile, config.out, config.force)
+    reporter.print(_summary(profile, path))
+    return path

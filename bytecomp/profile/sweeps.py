@@ -1,0 +1,245 @@
+"""Sweeps over sizes: collectives, compressors and host<->device copies.
+
+Every rank runs the same loops. A pilot pass decides how far each series of
+sizes goes: it stops after the first operation slower than the time budget,
+judged on times reduced over ranks, so that every rank stops together. Then
+the measurements are repeated in rounds over every case (round-robin rather
+than one case after another), so that the bursts of noise of a shared machine
+spread over all cases instead of biasing a few. Statistics are over rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from bytecomp.comm.compat import all_gather_flat, reduce_scatter_flat
+from bytecomp.comm.topology import Topology
+from bytecomp.compress import from_spec
+from bytecomp.compress.local import decode, encode
+from bytecomp.profile.timing import Clock, summarize, time_call_ms
+
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
+
+
+@dataclass
+class SweepSettings:
+    min_bytes: int = 1 << 10
+    max_bytes: int = 64 << 20
+    size_factor: int = 2
+    repeats: int = 10
+    budget_s: float = 0.5  # a series stops after an operation this slow
+    numels: tuple[int, ...] = (1 << 8, 1 << 12, 1 << 16, 1 << 20, 1 << 24)
+    compressor_repeats: int = 5
+
+
+def sizes(settings: SweepSettings, limit: int) -> list[int]:
+    out, size = [], settings.min_bytes
+    while size <= min(settings.max_bytes, limit):
+        out.append(size)
+        size *= settings.size_factor
+    return out
+
+
+def memory_limit_bytes(device: torch.device, ranks_here: int) -> int:
+    """A cap on one buffer: 1/16 of the free memory shared by this node's ranks."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        import os
+
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(1 << 20, free // (16 * max(ranks_here, 1)))
+
+
+def groups_to_sweep(topology: Topology) -> list[tuple[str, dist.ProcessGroup, int]]:
+    groups = [("world", topology.world, topology.size)]
+    if topology.nodes > 1:
+        if topology.ranks_per_node > 1:
+            groups.append(("intra", topology.intra, topology.ranks_per_node))
+        groups.append(("inter", topology.inter, topology.nodes))
+    return groups
+
+
+def _collective_call(name: str, nbytes: int, dtype: torch.dtype, group, ranks: int, device):
+    """A no-argument callable running collective ``name`` on ``nbytes`` (the whole array)."""
+    element = torch.empty(0, dtype=dtype).element_size()
+    numel = max(ranks, (nbytes // element) // ranks * ranks)
+    full = torch.ones(numel, dtype=dtype, device=device)
+    part = torch.ones(numel // ranks, dtype=dtype, device=device)
+    if name == "allreduce":
+        return lambda: dist.all_reduce(full, group=group)
+    if name == "allgather":
+        return lambda: all_gather_flat(full, part, group=group)
+    if name == "reduce_scatter":
+        return lambda: reduce_scatter_flat(part, full, group=group)
+    if name == "alltoall":
+        out = torch.empty_like(full)
+        return lambda: dist.all_to_all_single(out, full, group=group)
+    if name == "broadcast":
+        source = dist.get_global_rank(group, 0) if group is not None else 0
+        return lambda: dist.broadcast(full, src=source, group=group)
+    raise ValueError(name)
+
+
+def _reduce(samples: list[list[float]], op, device) -> list[list[float]]:
+    table = torch.tensor(samples, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(table, op=op)
+    return table.cpu().tolist()
+
+
+@dataclass(frozen=True)
+class _CollectiveCase:
+    group_name: str
+    group: object
+    ranks: int
+    collective: str
+    dtype_name: str
+    nbytes: int
+
+
+def _time_collective(case: _CollectiveCase, clock: Clock, device) -> float:
+    call = _collective_call(case.collective, case.nbytes, DTYPES[case.dtype_name], case.group,
+                            case.ranks, device)  # allocation and first touch stay untimed
+    dist.barrier()
+    return time_call_ms(call, clock, 1)[0]
+
+
+def _within_budget(series: list, times_ms: list[float], budget_s: float) -> list:
+    """The leading cases of a series, up to and including the first one over budget."""
+    kept = []
+    for case, time_ms in zip(series, times_ms):
+        kept.append(case)
+        if time_ms > budget_s * 1000:
+            break
+    return kept
+
+
+def sweep_collectives(topology: Topology, device: torch.device, settings: SweepSettings,
+                      progress=None) -> list[dict]:
+    """Rows of collectives.csv: collective, group, dtype, bytes, ranks, time_ms, p10_ms, p90_ms.
+
+    A pilot pass (which also warms every group and size up) decides how far each
+    series goes; then ``repeats`` rounds each run every case once, so that the
+    samples of one case are spread over the whole sweep and a burst of noise
+    on a shared machine cannot bias one size. A sample is the time from the
+    barrier to the end of the collective on the rank that measured the least,
+    i.e. the rank that arrived last: the collective's own duration.
+    """
+    clock = Clock(device)
+    limit = memory_limit_bytes(device, topology.ranks_per_node)
+    series = [[_CollectiveCase(group_name, group, ranks, collective, dtype_name, nbytes)
+               for nbytes in sizes(settings, limit)]
+              for group_name, group, ranks in groups_to_sweep(topology)
+              for collective in COLLECTIVES for dtype_name in DTYPES]
+    cases = []
+    for one_series in series:
+        pilot = [_time_collective(case, clock, device) for case in one_series]
+        pilot = _reduce([pilot], dist.ReduceOp.MIN, device)[0]
+        cases += _within_budget(one_series, pilot, settings.budget_s)
+        if progress:
+            progress()
+    samples = [[] for _ in cases]
+    for _ in range(settings.repeats):
+        for index, case in enumerate(cases):
+            samples[index].append(_time_collective(case, clock, device))
+        if progress:
+            progress()
+    rows = []
+    for case, times in zip(cases, _reduce(samples, dist.ReduceOp.MIN, device)):
+        stats = summarize(times)
+        rows.append({"collective": case.collective, "group": case.group_name,
+                     "dtype": case.dtype_name, "bytes": case.nbytes, "ranks": case.ranks,
+                     "time_ms": stats["median_ms"], "p10_ms": stats["p10_ms"],
+                     "p90_ms": stats["p90_ms"]})
+    return rows
+
+
+def collective_steps(topology: Topology, settings: SweepSettings) -> int:
+    """Progress steps of :func:`sweep_collectives`: one per series, then one per round."""
+    return len(groups_to_sweep(topology)) * len(COLLECTIVES) * len(DTYPES) + settings.repeats
+
+
+def _time_compression(compressor, x, other, clock) -> tuple[float, float, int]:
+    """Encode ``x`` as a second step (the state a first step on ``other`` left), decode it."""
+    state: dict = {}
+    encode(compressor, other, state)
+    clock.sync()
+    start = clock.mark()
+    encoded = encode(compressor, x, state)
+    middle = clock.mark()
+    decode(compressor, encoded)
+    end = clock.mark()
+    clock.sync()
+    return clock.elapsed_ms(start, middle), clock.elapsed_ms(middle, end), encoded.bytes_sent
+
+
+def sweep_compressors(specs: list[str], devices: list[torch.device], settings: SweepSettings,
+                      progress=None) -> list[dict]:
+    """Rows of compressors.csv: spec, device, numel, encode_ms, decode_ms, payload_bytes.
+
+    Every rank compresses at the same time, as in training; per sample the
+    slowest rank counts. As for collectives: a pilot pass bounds each series by
+    the time budget, then rounds over every case.
+    """
+    inputs = {(device, numel): (torch.randn(numel, device=device),
+                                torch.randn(numel, device=device))
+              for device in devices for numel in settings.numels}
+    cases = []
+    for device in devices:
+        clock = Clock(device)
+        for spec in specs:
+            compressor = from_spec(spec)
+            series = [(device, compressor, numel) for numel in settings.numels]
+            pilot = [_time_compression(compressor, *inputs[(device, numel)], clock)[0]
+                     for _, _, numel in series]
+            pilot = _reduce([pilot], dist.ReduceOp.MAX, torch.device("cpu"))[0]
+            cases += _within_budget(series, pilot, settings.budget_s)
+            if progress:
+                progress()
+    encode_ms = [[] for _ in cases]
+    decode_ms = [[] for _ in cases]
+    payload = [0] * len(cases)
+    for _ in range(settings.compressor_repeats):
+        for index, (device, compressor, numel) in enumerate(cases):
+            encode_time, decode_time, payload[index] = _time_compression(
+                compressor, *inputs[(device, numel)], Clock(device))
+            encode_ms[index].append(encode_time)
+            decode_ms[index].append(decode_time)
+        if progress:
+            progress()
+    encode_ms = _reduce(encode_ms, dist.ReduceOp.MAX, torch.device("cpu"))
+    decode_ms = _reduce(decode_ms, dist.ReduceOp.MAX, torch.device("cpu"))
+    return [{"spec": compressor.spec, "device": device.type, "numel": numel,
+             "encode_ms": round(float(np.median(encode_ms[i])), 5),
+             "decode_ms": round(float(np.median(decode_ms[i])), 5),
+             "payload_bytes": payload[i]}
+            for i, (device, compressor, numel) in enumerate(cases)]
+
+
+def compressor_steps(specs: list[str], devices: list, settings: SweepSettings) -> int:
+    return len(specs) * len(devices) + settings.compressor_repeats
+
+
+def sweep_copies(device: torch.device, settings: SweepSettings, progress=None) -> list[dict]:
+    """Rows of copies.csv (CUDA only): direction, bytes, time_ms, pinned host memory."""
+    if device.type != "cuda":
+        return []
+    clock = Clock(device)
+    rows = []
+    for nbytes in sizes(settings, memory_limit_bytes(device, 1)):
+        on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        on_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        for direction, fn in (("d2h", partial(on_host.copy_, on_device, non_blocking=True)),
+                              ("h2d", partial(on_device.copy_, on_host, non_blocking=True))):
+            stats = summarize(time_call_ms(fn, clock, settings.repeats))
+            rows.append({"direction": direction, "bytes": nbytes, "time_ms": stats["median_ms"]})
+        if progress:
+            progress()
+    return rows

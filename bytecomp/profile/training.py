@@ -1,0 +1,200 @@
+"""Measure training iterations of a workload under real DDP.
+
+Three phases on the same model and batch:
+
+1. compute only (``ddp.no_sync()``): forward, backward and optimizer times and
+   every parameter's gradient-ready time relative to the start of the backward
+   pass (post-accumulate-grad hooks). This is the backward stream the timeline
+   simulator overlaps communication with.
+2. DDP with its default allreduce: forward, backward (which now waits for the
+   last bucket), optimizer and whole-iteration times. Iterations of 1 and 2
+   alternate, so that a burst of noise on a shared machine hits both alike.
+3. DDP's bucket membership after its rebuild, recorded from inside a comm hook
+   that performs the default allreduce.
+
+Each iteration starts after a barrier; its times are the maximum over ranks
+(the slowest rank sets the pace), and statistics are over iterations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from bytecomp.profile.timing import Clock, summarize
+from bytecomp.profile.workloads import Workload
+
+
+@dataclass
+class TrainingSettings:
+    batch_size: int
+    bucket_cap_mb: float
+    warmup: int = 3
+    iterations: int = 20
+
+
+def to_device(batch, device):
+    inputs, target = batch
+    if isinstance(inputs, (tuple, list)):
+        inputs = tuple(t.to(device) for t in inputs)
+    else:
+        inputs = (inputs.to(device),)
+    return inputs, target.to(device)
+
+
+def wrap(model, device, bucket_cap_mb: float) -> DistributedDataParallel:
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
+
+
+def shape_text(shape) -> str:
+    return "x".join(str(s) for s in shape)
+
+
+def _reduce_max(rows: list[list[float]], device) -> torch.Tensor:
+    table = torch.tensor(rows, dtype=torch.float64, device=device)
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    return table.cpu()
+
+
+class _ReadyRecorder:
+    """Post-accumulate-grad hooks that mark when each parameter's gradient is ready."""
+
+    def __init__(self, model, clock: Clock) -> None:
+        self.clock = clock
+        self.marks: dict[str, object] = {}
+        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
+        parameters = dict(model.named_parameters())
+        self.handles = [parameters[name].register_post_accumulate_grad_hook(self._hook(name))
+                        for name in self.names]
+
+    def _hook(self, name):
+        def hook(_param):
+            self.marks[name] = self.clock.mark()
+        return hook
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def _one_iteration(ddp, workload, batch, optimizer, clock, compute_only):
+    """One training iteration after a barrier: [forward, backward, optimizer, iteration] ms,
+    and the backward's start mark."""
+    inputs, target = batch
+    dist.barrier()
+    clock.sync()
+    start = clock.mark()
+    with ddp.no_sync() if compute_only else contextlib.nullcontext():
+        loss = workload.loss(ddp(*inputs), target)
+        forward_end = clock.mark()
+        loss.backward()
+    backward_end = clock.mark()
+    optimizer.step()
+    optimizer.zero_grad()
+    end = clock.mark()
+    clock.sync()
+    times = [clock.elapsed_ms(start, forward_end), clock.elapsed_ms(forward_end, backward_end),
+             clock.elapsed_ms(backward_end, end), clock.elapsed_ms(start, end)]
+    return times, forward_end
+
+
+def _iterate(ddp, workload, batch, optimizer, clock, settings, recorder, progress):
+    """Alternate compute-only and DDP iterations (so that noise hits both alike).
+
+    Returns the per-iteration times of each kind and, for compute-only ones,
+    the ready offset of every parameter."""
+    compute, with_ddp, ready = [], [], []
+    names = list(recorder.names)
+    for iteration in range(settings.warmup + settings.iterations):
+        times, backward_start = _one_iteration(ddp, workload, batch, optimizer, clock, True)
+        marks = dict(recorder.marks)
+        ddp_times, _ = _one_iteration(ddp, workload, batch, optimizer, clock, False)
+        if iteration >= settings.warmup:
+            compute.append(times)
+            with_ddp.append(ddp_times)
+            ready.append([clock.elapsed_ms(backward_start, marks[n]) for n in names])
+        if progress:
+            progress(2)
+    return compute, with_ddp, ready, names
+
+
+def _record_buckets(model, device, workload, batch, optimizer, settings) -> dict[str, int]:
+    """Bucket index of every parameter after DDP's rebuild, seen from a comm hook."""
+    ddp = wrap(model, device, settings.bucket_cap_mb)
+    names = {id(p): n for n, p in model.named_parameters()}
+    seen: dict[str, int] = {}
+    world = dist.get_world_size()
+
+    def recording_allreduce(state, bucket):
+        if state["record"]:
+            for param in bucket.parameters():
+                seen[names[id(param)]] = bucket.index()
+        future = dist.all_reduce(bucket.buffer().div_(world), async_op=True).get_future()
+        return future.then(lambda fut: fut.value()[0])
+
+    state = {"record": False}
+    ddp.register_comm_hook(state, recording_allreduce)
+    inputs, target = batch
+    for iteration in range(3):  # buckets are rebuilt after the first iteration
+        state["record"] = iteration == 2
+        workload.loss(ddp(*inputs), target).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    del ddp
+    gc.collect()
+    return seen
+
+
+def measure_training(workload: Workload, device: torch.device, settings: TrainingSettings,
+                     progress=None) -> tuple[dict, pd.DataFrame]:
+    """Return ``(times, tensors)``: statistics of each phase, and one row per parameter
+    in gradient-ready order (name, shape, numel, dtype, bytes, ready_ms, bucket)."""
+    model = workload.model.to(device)
+    clock = Clock(device)
+    batch = to_device(workload.make_batch(settings.batch_size), device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    ddp = wrap(model, device, settings.bucket_cap_mb)
+    recorder = _ReadyRecorder(model, clock)
+    compute, with_ddp, ready, names = _iterate(ddp, workload, batch, optimizer, clock, settings,
+                                               recorder, progress)
+    recorder.remove()
+    del ddp
+    gc.collect()
+    buckets = _record_buckets(model, device, workload, batch, optimizer, settings)
+
+    compute_t = _reduce_max(compute, device)
+    ddp_t = _reduce_max(with_ddp, device)
+    ready_t = _reduce_max(ready, device)
+    times = {
+        "forward": summarize(ddp_t[:, 0].tolist()),
+        "backward": summarize(ddp_t[:, 1].tolist()),
+        "optimizer": summarize(ddp_t[:, 2].tolist()),
+        "iteration": summarize(ddp_t[:, 3].tolist()),
+        "forward_compute": summarize(compute_t[:, 0].tolist()),
+        "backward_compute": summarize(compute_t[:, 1].tolist()),
+        "optimizer_compute": summarize(compute_t[:, 2].tolist()),
+        "iteration_compute": summarize(compute_t[:, 3].tolist()),
+    }
+    params = dict(model.named_parameters())
+    ready_ms = ready_t.median(dim=0).values.tolist()
+    order = {name: index for index, name in enumerate(params)}
+    rows = []
+    for name, offset in zip(names, ready_ms):
+        param = params[name]
+        rows.append({
+            "name": name, "shape": shape_text(param.shape), "numel": param.numel(),
+            "dtype": str(param.dtype).replace("torch.", ""),
+            "bytes": param.numel() * param.element_size(),
+            "ready_ms": round(offset, 4), "bucket": buckets.get(name, -1),
+        })
+    # Ready order: by median ready time; ties go to the later parameter (reverse order).
+    rows.sort(key=lambda row: (row["ready_ms"], -order[row["name"]]))
+    return times, pd.DataFrame(rows)

@@ -1,0 +1,173 @@
+"""``bytecomp profile`` on real gloo ranks: contents of the profile, torchrun, errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from bytecomp.compress import default_specs
+from bytecomp.profile import load_profile
+from bytecomp.profile.sweeps import COLLECTIVES, DTYPES
+from bytecomp.profile.workloads import fingerprint, load_workload
+
+from ranks import free_port, run_ranks
+
+FIXTURES = str(Path(__file__).parent / "fixtures")
+BUCKET_CAP_MB = 5.0
+
+
+def bytecomp(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": FIXTURES, "COLUMNS": "160"}
+    return subprocess.run([sys.executable, "-m", "bytecomp", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+def assert_one_line_error(result, *fragments, code=2):
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()
+             and "Warning" not in line and "return func" not in line]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def mlp_profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profiles") / "mlp"
+    result = bytecomp("profile", "--model", "mlp", "--nproc", "2", "--quick", "--out", str(out),
+                      "--bucket-cap-mb", str(BUCKET_CAP_MB))
+    assert result.returncode == 0, result.stderr
+    return load_profile(out)
+
+
+def ddp_rebuilt_buckets(rank, world_size, bucket_cap_mb):
+    """The bucket of every parameter as DDP itself reports it after the rebuild."""
+    workload = load_workload("mlp")
+    ddp = DistributedDataParallel(workload.model, bucket_cap_mb=bucket_cap_mb)
+    for _ in range(3):
+        inputs, target = workload.make_batch(8)
+        workload.loss(ddp(inputs), target).backward()
+    data = ddp._get_ddp_logging_data()
+    names = [name for name, _ in workload.model.named_parameters()]
+    buckets = {}
+    for index, members in enumerate(data["rebuilt_per_bucket_param_indices"].split(",")):
+        for param_index in members.split():
+            buckets[names[int(param_index)]] = index
+    return buckets
+
+
+def test_one_row_per_parameter_with_its_shape(mlp_profile):
+    model = load_workload("mlp").model
+    params = dict(model.named_parameters())
+    tensors = mlp_profile.tensors
+    assert sorted(tensors["name"]) == sorted(params)
+    for row in tensors.itertuples():
+        assert row.numel == params[row.name].numel()
+        assert row.shape == "x".join(map(str, params[row.name].shape))
+        assert row.bytes == 4 * row.numel and row.dtype == "float32"
+    assert mlp_profile.fingerprint == fingerprint(model)
+
+
+def test_ready_times_are_non_decreasing_in_ready_order(mlp_profile):
+    ready = mlp_profile.tensors["ready_ms"]
+    assert ready.is_monotonic_increasing
+    assert (ready >= 0).all() and ready.iloc[-1] > 0
+    # The output layer's gradients are ready first, the input layer's last.
+    assert mlp_profile.tensors["name"].iloc[0].startswith("head.")
+    assert mlp_profile.tensors["name"].iloc[-1].startswith("hidden.0.")
+
+
+def test_bucket_membership_equals_what_ddp_used(mlp_profile):
+    expected = run_ranks(ddp_rebuilt_buckets, 2, BUCKET_CAP_MB)[0]
+    profiled = dict(zip(mlp_profile.tensors["name"], mlp_profile.tensors["bucket"]))
+    assert profiled == expected
+    assert len(set(expected.values())) > 1  # the cap really split the model
+
+
+def test_every_collective_and_compressor_row_is_present_and_positive(mlp_profile):
+    collectives = mlp_profile.collectives
+    for collective in COLLECTIVES:
+        for dtype in DTYPES:
+            rows = collectives[(collectives.collective == collective) &
+                               (collectives.dtype == dtype) & (collectives.group == "world")]
+            assert len(rows) >= 3, (collective, dtype)
+            assert (rows.time_ms > 0).all() and (rows.ranks == 2).all()
+            assert rows.bytes.is_monotonic_increasing and rows.bytes.iloc[0] == 1024
+    compressors = mlp_profile.compressors
+    numels = mlp_profile.meta["sweep"]["numels"]
+    for spec in default_specs():
+        rows = compressors[compressors.spec == spec]
+        assert list(rows.numel) == numels, spec
+        assert (rows.encode_ms > 0).all() and (rows.decode_ms > 0).all(), spec
+        assert (rows.payload_bytes > 0).all(), spec
+
+
+def test_profile_yaml_describes_the_run(mlp_profile):
+    meta = mlp_profile.meta
+    assert (meta["world_size"], meta["nodes"], meta["ranks_per_node"]) == (2, 1, 2)
+    assert meta["backend"] == "gloo" and meta["device"]["type"] == "cpu"
+    assert meta["bucket_cap_mb"] == BUCKET_CAP_MB and meta["batch_size"] == 64
+    assert meta["torch_version"] == str(torch.__version__)
+    for name in ("forward", "backward", "optimizer", "iteration"):
+        stats = meta["times"][name]
+        assert 0 < stats["p10_ms"] <= stats["median_ms"] <= stats["p90_ms"]
+    assert meta["machine"]["logical_cores"] >= 1
+
+
+def test_same_command_works_under_torchrun(tmp_path):
+    out = tmp_path / "mlp"
+    env = {**os.environ, "PYTHONPATH": FIXTURES}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(free_port()), "-m", "bytecomp", "profile", "--model", "mlp",
+         "--quick", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    profile = load_profile(out)
+    assert profile.world_size == 2 and profile.ranks_per_node == 2 and len(profile.tensors) == 10
+
+
+def test_a_users_factory_is_profiled(tmp_path):
+    result = bytecomp("profile", "--model", "factories:tiny", "--nproc", "2", "--quick",
+                      "--out", str(tmp_path / "tiny"), "--compressor", "topk:ratio=0.1")
+    assert result.returncode == 0, result.stderr
+    profile = load_profile(tmp_path / "tiny")
+    assert list(profile.tensors["name"]) == ["2.bias", "2.weight", "0.bias", "0.weight"]
+    assert set(profile.compressors["spec"]) == {"topk:ratio=0.1"}
+
+
+def test_unknown_model_is_one_line(tmp_path):
+    assert_one_line_error(bytecomp("profile", "--model", "alexnet", "--out", str(tmp_path / "x")),
+                          "unknown model 'alexnet'", "mlp, cnn, transformer")
+
+
+def test_factory_that_fails_to_import_is_one_line(tmp_path):
+    assert_one_line_error(bytecomp("profile", "--model", "no_such_module:factory"),
+                          "cannot import model factory module 'no_such_module'")
+    assert_one_line_error(bytecomp("profile", "--model", "factories:broken"),
+                          "factories:broken failed", "this factory is broken")
+    assert_one_line_error(bytecomp("profile", "--model", "factories:wrong_return"),
+                          "must return (model, make_batch)")
+
+
+def test_bad_nproc_and_existing_output_are_one_line(tmp_path):
+    assert_one_line_error(bytecomp("profile", "--nproc", "0"), "--nproc must be at least 1")
+    (tmp_path / "taken").mkdir()
+    assert_one_line_error(bytecomp("profile", "--out", str(tmp_path / "taken")),
+                          "already exists", "--force")
+
+
+def test_a_failing_rank_stops_every_rank_without_a_hang(tmp_path):
+    out = tmp_path / "failing"
+    result = bytecomp("profile", "--model", "factories:fails_on_rank_one", "--nproc", "2",
+                      "--quick", "--out", str(out), "--timeout", "60", timeout=90)
+    assert_one_line_error(result, "rank 1 failed", "deliberate failure on rank 1", code=1)
+    assert not out.exists()
+    assert not list(tmp_path.glob(".failing.*"))  # no partial output either
+
