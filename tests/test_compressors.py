@@ -98,11 +98,28 @@ def test_sign_payloads_are_one_bit_per_element_plus_scales():
             assert payload_nbytes(payload) == math.ceil(numel / 8) + extra
 
 
+def test_powersgd_batches_the_matrices_of_a_merged_group():
+    generator = torch.Generator().manual_seed(1)
+    shapes = [(20, 2, 3), (7,), (12, 10)]
+    low_rank = [torch.randn(20, 2, generator=generator) @ torch.randn(2, 6, generator=generator),
+                torch.randn(7, generator=generator),
+                torch.randn(12, 2, generator=generator) @ torch.randn(2, 10, generator=generator)]
+    flat = torch.cat([m.reshape(-1) for m in low_rank])
+    compressor = from_spec("powersgd:rank=2,ef=false")
+    # rows x rank + cols x rank per matrix; the 1-D tensor is a 3x3 near-square matrix
+    assert compressor.round_payload_bytes(flat.numel(), shapes=shapes) == \
+        [4 * 2 * (20 + 3 + 12), 4 * 2 * (6 + 3 + 10)]
+    out, sent = roundtrip(compressor, flat, {"shapes": shapes})
+    assert sent == compressor.payload_bytes(flat.numel(), shapes=shapes)
+    assert torch.allclose(out[:120], flat[:120], atol=1e-4)      # rank-2 matrices: exact
+    assert torch.allclose(out[127:], flat[127:], atol=1e-4)
+
+
 def test_powersgd_payload_uses_the_shape_hint():
     compressor = from_spec("powersgd:rank=4")
-    assert compressor.payload_bytes(64 * 300, shape=(64, 3, 10, 10)) == (64 + 300) * 4 * 4
+    assert compressor.payload_bytes(64 * 300, shapes=[(64, 3, 10, 10)]) == (64 + 300) * 4 * 4
     x = randn(64 * 300)
-    assert encode(compressor, x, {"shape": (64, 3, 10, 10)}).bytes_sent == (64 + 300) * 16
+    assert encode(compressor, x, {"shapes": [(64, 3, 10, 10)]}).bytes_sent == (64 + 300) * 16
 
 
 # -- behaviour of each method --------------------------------------------------------
@@ -154,14 +171,14 @@ def test_powersgd_reconstructs_a_rank_r_matrix_exactly():
         matrix = torch.randn(40, rank, generator=generator) @ torch.randn(rank, 25,
                                                                           generator=generator)
         compressor = from_spec(f"powersgd:rank={rank},orth={orth},ef=false")
-        out, _ = roundtrip(compressor, matrix.reshape(-1), {"shape": (40, 25)})
+        out, _ = roundtrip(compressor, matrix.reshape(-1), {"shapes": [(40, 25)]})
         assert torch.allclose(out, matrix.reshape(-1), atol=1e-4 * matrix.abs().max())
 
 
 def test_acpsgd_alternates_factors_and_recovers_a_low_rank_matrix():
     matrix = torch.randn(30, 2) @ torch.randn(2, 20)
     compressor = from_spec("acpsgd:rank=2,ef=false")
-    state = {"shape": (30, 20)}
+    state = {"shapes": [(30, 20)]}
     first, sent_p = roundtrip(compressor, matrix.reshape(-1), state)
     second, sent_q = roundtrip(compressor, matrix.reshape(-1), state)
     assert (sent_p, sent_q) == (30 * 2 * 4, 20 * 2 * 4)  # one factor per step

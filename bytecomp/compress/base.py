@@ -154,9 +154,17 @@ class Compressor:
         return f"<compressor {self.spec}>"
 
     # -- what the search needs -------------------------------------------------
-    def payload_bytes(self, numel: int, element_size: int = 4, shape: tuple | None = None) -> int:
-        """Bytes that travel for one tensor of ``numel`` elements (bound if not fixed_size)."""
+    def payload_bytes(self, numel: int, element_size: int = 4, shapes: list | None = None) -> int:
+        """Bytes that travel for one tensor of ``numel`` elements (bound if not fixed_size).
+
+        ``shapes``: the shapes of the tensors concatenated into it, where known
+        (matrix compressors use them)."""
         raise NotImplementedError
+
+    def round_payload_bytes(self, numel: int, element_size: int = 4,
+                            shapes: list | None = None) -> list[int]:
+        """Bytes each rank sends in each exchange round (they sum to payload_bytes)."""
+        return [self.payload_bytes(numel, element_size, shapes)]
 
     # -- the protocol ----------------------------------------------------------
     def compress(self, x: torch.Tensor, state: dict, peers: Peers = SOLO) -> tuple[Payload, Any]:

@@ -95,11 +95,15 @@ class ExDyna(Compressor):
         "seed": Param(int, 0, "seed >= 0", lambda v: v >= 0, "sampling seed", primary=False),
     }
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         # Bound used by the planner: indices and values of the target count, plus
         # the 4-byte threshold proposal. Real sizes vary around it.
         selected = count_of(self.density, numel)
         return selected * (index_bytes(numel) + element_size) + 4
+
+    def round_payload_bytes(self, numel, element_size=4, shapes=None):
+        selected = count_of(self.density, numel)
+        return [selected * index_bytes(numel) + 4, selected * element_size]
 
     def _layout(self, state: dict, numel: int, parts: int) -> tuple[int, list[int]]:
         block_size, num_blocks = block_layout(numel, self.blocks)

@@ -35,13 +35,16 @@ class ErrorFeedback(Compressor):
     def collectives_of_rounds(self):
         return self.inner.collectives_of_rounds()
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
-        return self.inner.payload_bytes(numel, element_size, shape)
+    def payload_bytes(self, numel, element_size=4, shapes=None):
+        return self.inner.payload_bytes(numel, element_size, shapes)
+
+    def round_payload_bytes(self, numel, element_size=4, shapes=None):
+        return self.inner.round_payload_bytes(numel, element_size, shapes)
 
     def _inner_state(self, state: dict) -> dict:
         inner = state.get("inner")
         if inner is None:
-            inner = state["inner"] = {k: v for k, v in state.items() if k in ("salt", "shape")}
+            inner = state["inner"] = {k: v for k, v in state.items() if k in ("salt", "shapes")}
         return inner
 
     def compress(self, x, state, peers: Peers = SOLO):

@@ -1,15 +1,19 @@
 """Low-rank compressors: PowerSGD and ACP-SGD.
 
-A flat tensor is viewed as a matrix: ``(shape[0], numel / shape[0])`` when the
-caller put the parameter's ``shape`` (two or more dimensions) in the state, as
-PyTorch's PowerSGD hook does, otherwise a near-square zero-padded matrix, so
-that merged groups and chunks work too. Factors are float32 whatever the
-gradient's dtype. Random initial factors come from a seed shared by all ranks.
+A flat tensor is viewed as one or more matrices. When the caller puts the
+``shapes`` of the tensors it concatenated in the state (one shape for a single
+parameter), each becomes its own ``(shape[0], numel / shape[0])`` matrix, as
+in PyTorch's PowerSGD hook, and their factors travel concatenated in one
+collective per round (the hook's batching). Without shapes, or for 1-D
+shapes, a near-square zero-padded matrix is used, so that any flat tensor
+(a chunk, say) works. Factors are float32 whatever the gradient's dtype.
+Random initial factors come from a seed shared by all ranks.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -38,6 +42,27 @@ def matrix_shape(numel: int, shape: tuple | None = None) -> tuple[int, int]:
     return rows, (-(-numel // rows) if rows else 0)
 
 
+class Segment(NamedTuple):
+    offset: int
+    numel: int
+    rows: int
+    cols: int
+    rank: int
+
+
+def layout(numel: int, shapes, max_rank: int) -> list[Segment]:
+    """The matrices a flat tensor of ``numel`` elements is viewed as."""
+    sizes = [math.prod(shape) for shape in shapes] if shapes else []
+    if not sizes or sum(sizes) != numel:
+        shapes, sizes = [None], [numel]
+    segments, offset = [], 0
+    for shape, size in zip(shapes, sizes):
+        rows, cols = matrix_shape(size, tuple(shape) if shape is not None else None)
+        segments.append(Segment(offset, size, rows, cols, min(max_rank, rows, cols)))
+        offset += size
+    return segments
+
+
 def orthogonalize(matrix: torch.Tensor, method: str = "auto", epsilon: float = 1e-8) -> torch.Tensor:
     """Orthonormal columns spanning ``matrix``'s columns (Gram-Schmidt or QR)."""
     rank = matrix.shape[1]
@@ -61,25 +86,46 @@ class _LowRank(Compressor):
     chunkable = False
     default_ef = True
 
-    def _rank_for(self, rows: int, cols: int) -> int:
-        return min(self.rank, rows, cols)
+    def _layout(self, numel: int, shapes) -> list[Segment]:
+        return layout(numel, shapes, self.rank)
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
-        rows, cols = matrix_shape(numel, shape)
-        return (rows + cols) * self._rank_for(rows, cols) * 4
+    def factor_bytes(self, numel: int, shapes=None) -> tuple[int, int]:
+        """Bytes of all P factors and of all Q factors."""
+        segments = self._layout(numel, shapes)
+        return (4 * sum(s.rows * s.rank for s in segments),
+                4 * sum(s.cols * s.rank for s in segments))
 
-    def _matrix(self, x: torch.Tensor, state: dict) -> torch.Tensor:
-        rows, cols = matrix_shape(x.numel(), state.get("shape"))
-        flat = torch.zeros(rows * cols, dtype=torch.float32, device=x.device)
-        flat[: x.numel()] = x.reshape(-1)
-        return flat.view(rows, cols)
+    def payload_bytes(self, numel, element_size=4, shapes=None):
+        return sum(self.factor_bytes(numel, shapes))
 
-    def _random_factor(self, length: int, rank: int, device, state: dict, step: int):
+    def _matrices(self, x: torch.Tensor, segments: list[Segment]) -> list[torch.Tensor]:
+        flat = x.reshape(-1).float()
+        matrices = []
+        for s in segments:
+            piece = flat[s.offset : s.offset + s.numel]
+            if s.rows * s.cols != s.numel:
+                piece = torch.cat([piece, piece.new_zeros(s.rows * s.cols - s.numel)])
+            matrices.append(piece.view(s.rows, s.cols))
+        return matrices
+
+    @staticmethod
+    def _views(flat: torch.Tensor, segments, length) -> list[torch.Tensor]:
+        views, offset = [], 0
+        for s in segments:
+            size = length(s) * s.rank
+            views.append(flat[offset : offset + size].view(length(s), s.rank))
+            offset += size
+        return views
+
+    def _random_factor(self, size: int, device, state: dict, step: int):
         generator = seeded_generator(device, self.seed, state.get("salt", 0), step)
-        return torch.randn(length, rank, generator=generator, device=device)
+        return torch.randn(size, generator=generator, device=device)
 
-    def _product(self, left: torch.Tensor, right: torch.Tensor, meta) -> torch.Tensor:
-        return (left @ right.T).reshape(-1)[: meta.numel].to(meta.dtype)
+    def _products(self, lefts, rights, segments, meta) -> torch.Tensor:
+        pieces = [(left @ right.T).reshape(-1)[: s.numel]
+                  for left, right, s in zip(lefts, rights, segments)]
+        out = torch.cat(pieces) if pieces else torch.zeros(0, device=meta.device)
+        return out.to(meta.dtype)
 
 
 class PowerSGD(_LowRank):
@@ -99,27 +145,34 @@ class PowerSGD(_LowRank):
         "seed": _SEED,
     }
 
+    def round_payload_bytes(self, numel, element_size=4, shapes=None):
+        return list(self.factor_bytes(numel, shapes))
+
     def compress(self, x, state, peers: Peers = SOLO):
         step = next_step(state)
-        matrix = self._matrix(x, state)
-        rows, cols = matrix.shape
-        rank = self._rank_for(rows, cols)
+        segments = self._layout(x.numel(), state.get("shapes"))
+        matrices = self._matrices(x, segments)
+        q_size = sum(s.cols * s.rank for s in segments)
         q = state.get("q") if self.warm_start else None
-        if q is None or q.shape != (cols, rank) or q.device != x.device:
-            q = self._random_factor(cols, rank, x.device, state, 0 if self.warm_start else step)
-        return [matrix @ q], (meta_of(x), matrix)
+        if q is None or q.numel() != q_size or q.device != x.device:
+            q = self._random_factor(q_size, x.device, state, 0 if self.warm_start else step)
+        qs = self._views(q, segments, lambda s: s.cols)
+        p = torch.cat([(m @ qi).reshape(-1) for m, qi in zip(matrices, qs)]) if segments else q
+        return [p], (meta_of(x), segments, matrices)
 
     def advance(self, result, ctx, state, peers: Peers = SOLO):
-        meta, matrix = ctx
-        p_hat = orthogonalize(result[0], self.orth)
-        q = matrix.T @ p_hat
+        meta, segments, matrices = ctx
+        p_hats = [orthogonalize(p, self.orth)
+                  for p in self._views(result[0], segments, lambda s: s.rows)]
+        q = torch.cat([(m.T @ p).reshape(-1) for m, p in zip(matrices, p_hats)])
         if self.warm_start:
             state["q"] = q  # averaged in place by the next allreduce
-        return [q], (meta, p_hat)
+        return [q], (meta, segments, p_hats)
 
     def decompress(self, payload, ctx):
-        meta, p_hat = ctx
-        return self._product(p_hat, payload[0], meta)
+        meta, segments, p_hats = ctx
+        qs = self._views(payload[0], segments, lambda s: s.cols)
+        return self._products(p_hats, qs, segments, meta)
 
 
 class ACPSGD(_LowRank):
@@ -134,30 +187,34 @@ class ACPSGD(_LowRank):
     summary = "ACP-SGD: alternate P and Q, one allreduce per step"
     params = {"rank": _RANK, "orth": _ORTH, "seed": _SEED}
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         """Per step on average: P (rows x r) and Q (cols x r) travel on alternate steps."""
-        return super().payload_bytes(numel, element_size, shape) // 2
+        return super().payload_bytes(numel, element_size, shapes) // 2
 
     def compress(self, x, state, peers: Peers = SOLO):
-        matrix = self._matrix(x, state)
-        rows, cols = matrix.shape
-        rank = self._rank_for(rows, cols)
+        segments = self._layout(x.numel(), state.get("shapes"))
+        matrices = self._matrices(x, segments)
+        q_size = sum(s.cols * s.rank for s in segments)
         q = state.get("q")
-        if q is None or q.shape != (cols, rank) or q.device != x.device:
-            state.update(q=self._random_factor(cols, rank, x.device, state, 0), step=0)
+        if q is None or q.numel() != q_size or q.device != x.device:
+            state.update(q=self._random_factor(q_size, x.device, state, 0), step=0)
             state.pop("p", None)
         if next_step(state) % 2 == 0:
-            q_hat = orthogonalize(state["q"], self.orth)
-            state["q"] = q_hat
-            state["p"] = matrix @ q_hat  # averaged in place by the allreduce
-            return [state["p"]], (meta_of(x), "p", q_hat)
-        p_hat = orthogonalize(state["p"], self.orth)
-        state["p"] = p_hat
-        state["q"] = matrix.T @ p_hat
-        return [state["q"]], (meta_of(x), "q", p_hat)
+            q_hats = [orthogonalize(q, self.orth)
+                      for q in self._views(state["q"], segments, lambda s: s.cols)]
+            state["q"] = torch.cat([q.reshape(-1) for q in q_hats])
+            state["p"] = torch.cat([(m @ q).reshape(-1) for m, q in zip(matrices, q_hats)])
+            return [state["p"]], (meta_of(x), segments, "p", q_hats)  # p: averaged in place
+        p_hats = [orthogonalize(p, self.orth)
+                  for p in self._views(state["p"], segments, lambda s: s.rows)]
+        state["p"] = torch.cat([p.reshape(-1) for p in p_hats])
+        state["q"] = torch.cat([(m.T @ p).reshape(-1) for m, p in zip(matrices, p_hats)])
+        return [state["q"]], (meta_of(x), segments, "q", p_hats)
 
     def decompress(self, payload, ctx):
-        meta, which, fixed = ctx
+        meta, segments, which, fixed = ctx
         if which == "p":
-            return self._product(payload[0], fixed, meta)
-        return self._product(fixed, payload[0], meta)
+            ps = self._views(payload[0], segments, lambda s: s.rows)
+            return self._products(ps, fixed, segments, meta)
+        qs = self._views(payload[0], segments, lambda s: s.cols)
+        return self._products(fixed, qs, segments, meta)

@@ -23,7 +23,7 @@ class NoCompression(Compressor):
     summary = "no compression: the gradient travels as it is"
     summable = True
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return numel * element_size
 
     def compress(self, x, state, peers: Peers = SOLO):
@@ -39,7 +39,7 @@ class Cast(Compressor):
     target: torch.dtype = torch.float16
     summable = True
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return numel * 2
 
     def compress(self, x, state, peers: Peers = SOLO):
@@ -67,7 +67,7 @@ class Int8(Compressor):
     name = "int8"
     summary = "min-max linear 8-bit quantization"
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return numel + 8
 
     def compress(self, x, state, peers: Peers = SOLO):
@@ -100,7 +100,7 @@ class QSGD(Compressor):
         "seed": Param(int, 0, "seed >= 0", lambda v: v >= 0, "random seed", primary=False),
     }
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return numel + bits.packed_size(numel, 1) + 4
 
     def compress(self, x, state, peers: Peers = SOLO):
@@ -132,7 +132,7 @@ class TernGrad(Compressor):
         "seed": Param(int, 0, "seed >= 0", lambda v: v >= 0, "random seed", primary=False),
     }
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return bits.packed_size(numel, 2) + 4
 
     def compress(self, x, state, peers: Peers = SOLO):

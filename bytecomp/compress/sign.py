@@ -14,7 +14,7 @@ class SignSGD(Compressor):
     name = "signsgd"
     summary = "signSGD: 1 bit per element, decoded as +-1"
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return bits.packed_size(numel, 1)
 
     def _signs_of(self, x: torch.Tensor, state: dict) -> torch.Tensor:
@@ -59,7 +59,7 @@ class EFSignSGD(ScaledSign):
     default_ef = True
     requires_ef = True
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return bits.packed_size(numel, 1) + 4
 
     def _scales(self, xf):
@@ -78,7 +78,7 @@ class OneBit(ScaledSign):
     summary = "1-bit quantization with per-sign mean scales"
     default_ef = True
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return bits.packed_size(numel, 1) + 8
 
     def _scales(self, xf):

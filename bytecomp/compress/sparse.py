@@ -45,7 +45,7 @@ class TopK(_IndexedSparse):
     summary = "top-k by magnitude (values + int32 indices)"
     params = {"ratio": _RATIO}
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return count_of(self.ratio, numel) * (element_size + index_bytes(numel))
 
     def compress(self, x, state, peers: Peers = SOLO):
@@ -63,7 +63,7 @@ class Threshold(_IndexedSparse):
     params = {"threshold": Param(float, 1e-3, "threshold > 0", lambda v: v > 0,
                                  "absolute magnitude threshold")}
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return numel * (element_size + index_bytes(numel))
 
     def compress(self, x, state, peers: Peers = SOLO):
@@ -86,7 +86,7 @@ class DGC(_IndexedSparse):
     }
     min_sample = 128
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return count_of(self.ratio, numel) * (element_size + index_bytes(numel))
 
     def compress(self, x, state, peers: Peers = SOLO):
@@ -117,7 +117,7 @@ class RandomK(Compressor):
     default_ef = True
     params = {"ratio": _RATIO, "seed": _SEED}
 
-    def payload_bytes(self, numel, element_size=4, shape=None):
+    def payload_bytes(self, numel, element_size=4, shapes=None):
         return count_of(self.ratio, numel) * element_size
 
     def compress(self, x, state, peers: Peers = SOLO):
