@@ -111,6 +111,133 @@ def profile(
     run_profile(config, nproc)
 
 
+def _load_cluster(cluster: str | None):
+    from bytecomp.model.clusters import load_cluster
+
+    return load_cluster(cluster) if cluster else None
+
+
+@app.command()
+def plan(
+    profile: str = typer.Argument(..., help="Profile directory (from bytecomp profile)."),
+    cluster: str = typer.Option(None, help="Cluster config name or YAML file (default: the "
+                                "profiled cluster)."),
+    compressor: list[str] = typer.Option(None, help="Allowed compressor spec (repeatable; "
+                                         "default: every compressor in the profile)."),
+    out: str = typer.Option("plan.yaml", help="Where to write the plan."),
+    bucket_cap_mb: list[float] = typer.Option(None, help="Candidate DDP bucket cap (repeatable; "
+                                              "default: the profiled cap, 5, 10, 25, 50, 100)."),
+    algorithm: str = typer.Option("auto", help="auto, greedy, local or exact."),
+    budget: float = typer.Option(1.5, help="Seconds of local search, over all caps."),
+    strict: bool = typer.Option(False, help="Only the --compressor specs (by default the "
+                                "fp16 and PowerSGD baselines' methods are candidates too)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show fit quality and pruning."),
+):
+    """Search the per-tensor strategy with the shortest predicted iteration; write plan.yaml."""
+    from bytecomp.profile import load_profile
+    from bytecomp.search import Planner, to_plan
+
+    if algorithm not in ("auto", "greedy", "local", "exact"):
+        raise BytecompError(f"--algorithm must be auto, greedy, local or exact, got {algorithm!r}")
+    if any(cap <= 0 for cap in bucket_cap_mb or []):
+        raise BytecompError("--bucket-cap-mb must be positive")
+    loaded = load_profile(profile)
+    planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict)
+    result = planner.search(bucket_cap_mb or None, algorithm, budget)
+    written = to_plan(result, loaded).save(out)
+    if verbose:
+        _print_fits(planner)
+    _print_plan(result, written)
+
+
+def _print_fits(planner) -> None:
+    from bytecomp.model.costs import fit_quality
+    from bytecomp.search.tree import pruned_counts
+
+    table = Table(title="fitted models: time = a + b * size (relative least squares)")
+    for column in ("model", "key", "a ms", "b ms/unit", "R²", "worst rel. error", "points"):
+        table.add_column(column, justify="left" if column in ("model", "key") else "right")
+    quality = fit_quality(planner.comm.rows() + planner.compute.rows())
+    for row in quality.itertuples():
+        table.add_row(row.model, row.key, f"{row.a_ms:.4f}", f"{row.b_ms_per_unit:.3e}",
+                      f"{row.r2:.4f}", f"{100 * row.worst_rel_error:.1f}%", str(row.points))
+    console.print(table)
+    for reason, count in pruned_counts(planner.tree).items():
+        console.print(f"pruned {count} options: {reason}")
+    console.print(f"{len(planner.problem.options)} options offered per tensor")
+
+
+def _print_plan(result, written) -> None:
+    from collections import Counter
+
+    fp32 = next(b.time_ms for b in result.baselines if b.name == "fp32 DDP")
+    table = Table(title=f"predicted iteration time on {result.cluster.name} "
+                        f"({result.cluster.nodes} x {result.cluster.ranks_per_node} ranks)")
+    for column in ("strategy", "bucket cap MB", "iteration ms", "speedup vs fp32 DDP"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    table.add_row("[bold]bytecomp plan[/]", f"{result.cap_mb:g}", f"{result.time_ms:.2f}",
+                  f"[bold]{fp32 / result.time_ms:.2f}x[/]")
+    for baseline in result.baselines:
+        table.add_row(baseline.name, f"{baseline.cap_mb:g}", f"{baseline.time_ms:.2f}",
+                      f"{fp32 / baseline.time_ms:.2f}x")
+    console.print(table)
+    counts = Counter(result.problem.options[o].label for o in result.assignment)
+    console.print("plan: " + ", ".join(f"{n} x {label}" for label, n in counts.most_common()))
+    console.print(f"search: {result.algorithm}, {result.search_ms:.0f} ms, "
+                  f"{result.evaluations} simulations; lower bound {result.lower_bound_ms:.2f} ms "
+                  f"(gap <= {100 * result.gap:.1f}%)")
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print(f"wrote {written}")
+
+
+@app.command()
+def simulate(
+    profile: str = typer.Argument(..., help="Profile directory."),
+    plan_file: str = typer.Argument(..., metavar="PLAN", help="Plan file (plan.yaml)."),
+    cluster: str = typer.Option(None, help="Cluster config (default: the profiled cluster)."),
+    trace: str = typer.Option(None, help="Write a Chrome trace (open it in Perfetto)."),
+    png: str = typer.Option(None, help="Write a Gantt chart PNG."),
+):
+    """Simulate one iteration of a plan: time breakdown, trace and Gantt chart."""
+    from bytecomp.plan import load_plan
+    from bytecomp.profile import load_profile
+    from bytecomp.search import Planner, simulate_plan
+    from bytecomp.timeline.render import chrome_trace, gantt_png
+
+    loaded = load_profile(profile)
+    the_plan = load_plan(plan_file)
+    if the_plan.model_fingerprint != loaded.fingerprint:
+        raise BytecompError(f"{plan_file} was made for another model (fingerprint "
+                            f"{the_plan.model_fingerprint[:12]}, profile {loaded.fingerprint[:12]})")
+    chosen = _load_cluster(cluster)
+    world = chosen.world_size if chosen else loaded.world_size
+    if the_plan.world_size != world:
+        raise BytecompError(f"{plan_file} is for {the_plan.world_size} ranks but the cluster has "
+                            f"{world}; pass --cluster with the plan's cluster")
+    planner = Planner(loaded, chosen, the_plan.compressors or None, strict=True)
+    result = simulate_plan(planner, the_plan)
+    breakdown = result.breakdown()
+    times = loaded.meta["times"]
+    compute = sum(times[k]["median_ms"] for k in ("forward", "backward_compute", "optimizer"))
+    table = Table(title=f"simulated iteration of {plan_file}")
+    table.add_column("quantity")
+    table.add_column("ms", justify="right")
+    rows = [("iteration", result.iteration_ms), ("compute only (forward + backward + optimizer)",
+                                                 compute),
+            ("exposed (not overlapped) time", result.iteration_ms - compute),
+            ("backward ends (after forward)", result.backward_end_ms),
+            ("last group done (after forward)", result.comm_end_ms)]
+    rows += [(f"busy {key.replace(':', ' ')}", value) for key, value in sorted(breakdown.items())]
+    for name, value in rows:
+        table.add_row(name, f"{value:.2f}")
+    console.print(table)
+    if trace:
+        console.print(f"wrote {chrome_trace(result, trace, str(plan_file))}")
+    if png:
+        console.print(f"wrote {gantt_png(result, png, str(plan_file))}")
+
+
 def _shown(value) -> str:
     from bytecomp.compress.base import format_value
 

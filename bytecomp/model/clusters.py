@@ -1,0 +1,127 @@
+"""Cluster configs: ``configs/clusters/<name>.yaml``.
+
+::
+
+    name: gbe10
+    nodes: 8
+    ranks_per_node: 1
+    links:
+      inter: {bandwidth_gbps: 9.49, latency_us: 25}   # each number with its source
+      intra: profile                                  # or: alpha and beta fitted from the profile
+
+``intra`` is required when ``ranks_per_node > 1``, ``inter`` when ``nodes > 1``.
+A link given as ``profile`` takes its per-message and per-byte costs from the
+profile's fitted sweeps, so a profile can be extrapolated to more ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from bytecomp.errors import BytecompError
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "clusters"
+
+
+@dataclass(frozen=True)
+class Link:
+    """Per-message latency and per-direction bandwidth of one link kind."""
+
+    latency_us: float
+    bandwidth_gbps: float
+
+    @property
+    def alpha_ms(self) -> float:
+        return self.latency_us / 1000.0
+
+    @property
+    def beta_ms_per_byte(self) -> float:
+        return 8.0 / (self.bandwidth_gbps * 1e9) * 1000.0
+
+
+PROFILE_LINK = "profile"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The shape of a job and its links (``None`` links: use the profile's fits)."""
+
+    name: str
+    nodes: int
+    ranks_per_node: int
+    intra: Link | str | None = None
+    inter: Link | str | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def measured(self) -> bool:
+        """True for the profiled cluster itself: collectives come straight from the fits."""
+        return self.intra is None and self.inter is None
+
+
+def available_clusters() -> list[str]:
+    return sorted(path.stem for path in CONFIG_DIR.glob("*.yaml"))
+
+
+def _resolve(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.exists():
+            raise BytecompError(f"cluster config {path} does not exist")
+        return path
+    candidate = CONFIG_DIR / f"{name_or_path}.yaml"
+    if not candidate.exists():
+        raise BytecompError(f"unknown cluster {name_or_path!r}; choose from "
+                            f"{', '.join(available_clusters())} or give a YAML file")
+    return candidate
+
+
+def _link(path: Path, kind: str, value) -> Link | str:
+    if value == PROFILE_LINK:
+        return PROFILE_LINK
+    if not isinstance(value, dict):
+        raise BytecompError(f"{path}: links.{kind} must be a mapping with bandwidth_gbps "
+                            f"and latency_us, or 'profile'")
+    numbers = {}
+    for field in ("bandwidth_gbps", "latency_us"):
+        number = value.get(field)
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise BytecompError(f"{path}: links.{kind}.{field} must be a number")
+        numbers[field] = float(number)
+    if numbers["bandwidth_gbps"] <= 0 or numbers["latency_us"] < 0:
+        raise BytecompError(f"{path}: links.{kind} needs bandwidth_gbps > 0 and latency_us >= 0")
+    unknown = set(value) - {"bandwidth_gbps", "latency_us"}
+    if unknown:
+        raise BytecompError(f"{path}: links.{kind} has unknown field {sorted(unknown)[0]!r}")
+    return Link(**numbers)
+
+
+def load_cluster(name_or_path: str) -> Cluster:
+    """A shipped cluster by name (``gbe10``) or a config file, validated."""
+    path = _resolve(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise BytecompError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise BytecompError(f"{path}: must be a YAML mapping")
+    for field in ("nodes", "ranks_per_node"):
+        value = data.get(field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BytecompError(f"{path}: {field} must be a positive integer")
+    links = data.get("links") or {}
+    if not isinstance(links, dict) or set(links) - {"intra", "inter"}:
+        raise BytecompError(f"{path}: links may only have 'intra' and 'inter'")
+    if data["ranks_per_node"] > 1 and "intra" not in links:
+        raise BytecompError(f"{path}: links.intra is required with ranks_per_node > 1")
+    if data["nodes"] > 1 and "inter" not in links:
+        raise BytecompError(f"{path}: links.inter is required with nodes > 1")
+    parsed = {kind: _link(path, kind, value) for kind, value in links.items()}
+    return Cluster(str(data.get("name", path.stem)), data["nodes"], data["ranks_per_node"],
+                   parsed.get("intra"), parsed.get("inter"))

@@ -1,0 +1,188 @@
+"""Empirical cost models fitted from a profile, and the cost of each strategy.
+
+* Collectives: ``a + b * bytes`` per (collective, group, dtype), fitted to the
+  profile's sweeps. For another cluster, times come from the ring formulas
+  with each link's per-message cost alpha and per-byte cost beta (from the
+  config, or derived from the fits for links given as ``profile``)::
+
+      allreduce                              2 (p-1) alpha + 2 (p-1)/p n beta
+      allgather, reduce_scatter, alltoall    (p-1) alpha + (p-1)/p n beta
+      broadcast                              (p-1) alpha + n beta
+
+  An inter-node group has one rank per node; the ``ranks_per_node`` inter-node
+  groups of a hierarchical exchange run at once and share each node's link.
+* Compression: ``a + b * numel`` for encode and decode per (spec, device).
+* Copies (GPU profiles): ``a + b * bytes`` per direction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import pandas as pd
+
+from bytecomp.compress import from_spec
+from bytecomp.errors import BytecompError
+from bytecomp.model.clusters import PROFILE_LINK, Cluster, Link
+from bytecomp.model.fits import LinearFit, fit_linear
+from bytecomp.profile.store import Profile
+
+STEPS = {"allreduce": 2.0, "allgather": 1.0, "reduce_scatter": 1.0, "alltoall": 1.0,
+         "broadcast": 1.0}
+DTYPE_ALIASES = {"bfloat16": "float16", "float64": "float32", "int8": "uint8"}
+
+
+def ring_ms(collective: str, ranks: int, nbytes: float, alpha_ms: float, beta: float) -> float:
+    """Ring-algorithm time of ``collective`` on ``ranks`` ranks for a whole array of
+    ``nbytes``."""
+    if ranks <= 1:
+        return 0.0
+    steps = STEPS[collective] * (ranks - 1)
+    if collective == "broadcast":
+        return steps * alpha_ms + nbytes * beta
+    return steps * alpha_ms + steps / ranks * nbytes * beta
+
+
+def profiled_cluster(profile: Profile) -> Cluster:
+    return Cluster(f"profiled ({profile.label})", profile.nodes, profile.ranks_per_node)
+
+
+@dataclass
+class FitRow:
+    """One fitted model, for ``bytecomp plan --verbose``."""
+
+    kind: str
+    key: str
+    fit: LinearFit
+
+
+class CommModel:
+    """Time of a collective on the world, intra-node or inter-node group."""
+
+    def __init__(self, profile: Profile, cluster: Cluster) -> None:
+        self.profile = profile
+        self.cluster = cluster
+        self.fits: dict[tuple[str, str, str], LinearFit] = {}
+        table = profile.collectives
+        for (collective, group, dtype), rows in table.groupby(["collective", "group", "dtype"]):
+            self.fits[(collective, group, dtype)] = fit_linear(rows["bytes"], rows["time_ms"])
+        self._resolved: dict[tuple[str, str, str], LinearFit] = {}
+        self.links = {kind: self._link(kind) for kind in ("intra", "inter")}
+
+    def _fit(self, collective: str, group: str, dtype: str) -> LinearFit:
+        key = (collective, group, dtype)
+        if key not in self._resolved:
+            self._resolved[key] = self._find_fit(collective, group, dtype)
+        return self._resolved[key]
+
+    def _find_fit(self, collective: str, group: str, dtype: str) -> LinearFit:
+        dtype = DTYPE_ALIASES.get(dtype, dtype)
+        if self.profile.nodes == 1 and group == "intra":
+            group = "world"
+        for key in ((collective, group, dtype), (collective, group, "float32")):
+            if key in self.fits:
+                return self.fits[key]
+        raise BytecompError(f"{self.profile.label}: the profile has no {collective} sweep on "
+                            f"the {group} group ({dtype}); re-run bytecomp profile")
+
+    def _link(self, kind: str) -> Link | None:
+        """Alpha and beta of a link kind: from the config, or derived from the fits."""
+        link = getattr(self.cluster, kind)
+        if link != PROFILE_LINK:
+            return link
+        profiled = self.profile.ranks_per_node if kind == "intra" else self.profile.nodes
+        group = "world" if (kind == "intra" and self.profile.nodes == 1) or \
+            (kind == "inter" and self.profile.ranks_per_node == 1) else kind
+        if profiled < 2:
+            raise BytecompError(f"cluster {self.cluster.name}: links.{kind} is 'profile' but the "
+                                f"profile has no {kind}-node communication to fit")
+        fit = self._fit("allreduce", group, "float32")
+        steps = 2.0 * (profiled - 1)
+        alpha_ms = fit.intercept / steps
+        beta = fit.slope * profiled / steps
+        if kind == "inter" and self.profile.ranks_per_node > 1 and group == "inter":
+            beta /= self.profile.ranks_per_node  # measured with every local rank sharing the link
+        return Link(alpha_ms * 1000.0, 8.0 / max(beta, 1e-15) * 1e-9 * 1000.0)
+
+    def time_ms(self, collective: str, group: str, dtype: str, nbytes: float) -> float:
+        """``group``: world, intra (a node's ranks) or inter (one rank per node)."""
+        if self.cluster.measured:
+            return max(0.0, self._fit(collective, group, dtype)(nbytes))
+        nodes, per_node = self.cluster.nodes, self.cluster.ranks_per_node
+        if group == "intra" or (group == "world" and nodes == 1):
+            return ring_ms(collective, per_node, nbytes, self.links["intra"].alpha_ms,
+                           self.links["intra"].beta_ms_per_byte)
+        link = self.links["inter"]
+        if group == "inter":  # ranks_per_node such groups share each node's link
+            return ring_ms(collective, nodes, nbytes, link.alpha_ms,
+                           link.beta_ms_per_byte * per_node)
+        return ring_ms(collective, nodes * per_node, nbytes, link.alpha_ms, link.beta_ms_per_byte)
+
+    def ranks(self, group: str) -> int:
+        return {"world": self.cluster.world_size, "intra": self.cluster.ranks_per_node,
+                "inter": self.cluster.nodes}[group]
+
+    def rows(self) -> list[FitRow]:
+        return [FitRow("collective", "/".join(key), fit) for key, fit in sorted(self.fits.items())]
+
+
+class ComputeModel:
+    """Encode/decode time per (spec, device), and host<->device copies."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.encode: dict[tuple[str, str], LinearFit] = {}
+        self.decode: dict[tuple[str, str], LinearFit] = {}
+        self.payload: dict[tuple[str, str], LinearFit] = {}
+        for (spec, device), rows in profile.compressors.groupby(["spec", "device"]):
+            self.encode[(spec, device)] = fit_linear(rows["numel"], rows["encode_ms"])
+            self.decode[(spec, device)] = fit_linear(rows["numel"], rows["decode_ms"])
+            self.payload[(spec, device)] = fit_linear(rows["numel"], rows["payload_bytes"])
+        self.copies = {direction: fit_linear(rows["bytes"], rows["time_ms"])
+                       for direction, rows in profile.copies.groupby("direction")}
+
+    def specs(self) -> set[str]:
+        return {spec for spec, _ in self.encode}
+
+    def check(self, spec: str, device: str) -> None:
+        if (spec, device) not in self.encode:
+            have = ", ".join(sorted(self.specs())) or "none"
+            raise BytecompError(f"{self.profile.label}: compressor {spec} has no {device} timings "
+                                f"in the profile (it has: {have}); re-run bytecomp profile "
+                                f"--compressor {spec}")
+
+    def encode_ms(self, spec: str, device: str, numel: float) -> float:
+        return self.encode[(spec, device)](numel)
+
+    def decode_ms(self, spec: str, device: str, numel: float) -> float:
+        return self.decode[(spec, device)](numel)
+
+    def measured_payload(self, spec: str, device: str, numel: float) -> float:
+        return self.payload[(spec, device)](numel)
+
+    def copy_ms(self, direction: str, nbytes: float) -> float:
+        fit = self.copies.get(direction)
+        return fit(nbytes) if fit is not None else 0.0
+
+    def rows(self) -> list[FitRow]:
+        rows = []
+        for name, fits in (("encode", self.encode), ("decode", self.decode)):
+            rows += [FitRow(name, f"{spec}/{device}", fit) for (spec, device), fit in
+                     sorted(fits.items())]
+        rows += [FitRow("copy", direction, fit) for direction, fit in sorted(self.copies.items())]
+        return rows
+
+
+def fit_quality(rows: list[FitRow]) -> pd.DataFrame:
+    return pd.DataFrame([{"model": row.kind, "key": row.key, "a_ms": row.fit.intercept,
+                          "b_ms_per_unit": row.fit.slope, "r2": row.fit.r2,
+                          "worst_rel_error": row.fit.worst_relative_error,
+                          "points": row.fit.points} for row in rows])
+
+
+@cache
+def wire_dtype(spec: str) -> str:
+    """The dtype a summable payload is reduced in (16-bit casts in float16)."""
+    name = from_spec(spec).name
+    return "float16" if name in ("fp16", "bf16") else "float32"

@@ -1,0 +1,187 @@
+"""What one strategy costs for one group of tensors: the timeline's inputs.
+
+A strategy (an :class:`Option`) is: no compression, or a compressor spec with
+where it encodes and decodes (``device``: on the compute stream, ``host``: on
+a CPU worker, with copies on GPUs) and a collective scheme. Its cost for a
+merged group of ``numel`` elements has three parts:
+
+* ``encode_ms``: on the compute stream (device) or a host worker (host);
+* ``channel_ms``: on the communication channel, in FIFO order: every
+  collective of the scheme plus the compute the scheme does between them
+  (two-shot's re-compression, for example);
+* ``decode_ms``: like encode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+from bytecomp.compress import from_spec
+from bytecomp.model.costs import CommModel, ComputeModel, wire_dtype
+
+COUNT_BYTES = 8  # one int64 element count per payload tensor, for variable sizes
+
+
+@dataclass(frozen=True)
+class Option:
+    """A strategy for a tensor: ``spec`` None means uncompressed (fp32)."""
+
+    spec: str | None
+    place: str = "device"
+    collective: str = "allreduce"
+
+    @property
+    def compressed(self) -> bool:
+        return self.spec is not None
+
+    @property
+    def label(self) -> str:
+        if self.spec is None:
+            return f"fp32 {self.collective}"
+        return f"{self.spec} {self.collective} @{self.place}"
+
+
+NO_COMPRESSION = Option(None, "device", "allreduce")
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    encode_ms: float
+    channel_ms: float
+    decode_ms: float
+    host: bool = False
+    copy_in_ms: float = 0.0
+    copy_out_ms: float = 0.0
+    wire_bytes: float = 0.0  # bytes this rank sends over all collectives
+
+
+@cache
+def _compressor(spec: str):
+    return from_spec(spec)
+
+
+class StrategyCosts:
+    """Costs of options for groups, from the fitted models of a profile and cluster."""
+
+    def __init__(self, comm: CommModel, compute: ComputeModel, device_type: str,
+                 element_size: int = 4) -> None:
+        self.comm = comm
+        self.compute = compute
+        self.device_type = device_type
+        self.element_size = element_size
+        self._cache: dict = {}
+        self._payloads: dict = {}
+
+    # -- collectives ---------------------------------------------------------------
+    def _collective(self, name: str, group: str, dtype: str, nbytes: float) -> float:
+        return self.comm.time_ms(name, group, dtype, nbytes)
+
+    def _gather(self, group: str, ranks: int, per_rank: float, fixed: bool, tensors: int) -> float:
+        time = self._collective("allgather", group, "uint8", ranks * per_rank)
+        if not fixed:
+            time += self._collective("allgather", group, "uint8", ranks * COUNT_BYTES * tensors)
+        return time
+
+    def _payload(self, spec: str, numel: float, shapes) -> list[float]:
+        key = (spec, numel, shapes)
+        if key not in self._payloads:
+            self._payloads[key] = self._round_payloads(spec, numel, shapes)
+        return self._payloads[key]
+
+    def _round_payloads(self, spec: str, numel: float, shapes) -> list[float]:
+        compressor = _compressor(spec)
+        if compressor.name == "threshold":  # data-dependent: what the profile measured
+            measured = self.compute.measured_payload(spec, self.device_type, numel)
+            return [measured]
+        return [float(b) for b in compressor.round_payload_bytes(int(numel), self.element_size,
+                                                                 list(shapes) if shapes else None)]
+
+    def exchange_ms(self, spec: str, numel: float, group: str, scheme: str, shapes=None) -> float:
+        """Channel time of the one-stage exchange of ``numel`` elements over ``group``."""
+        compressor = _compressor(spec)
+        ranks = self.comm.ranks(group)
+        if ranks <= 1:
+            return 0.0
+        rounds = self._payload(spec, numel, shapes)
+        if scheme == "allgather":
+            return self._gather(group, ranks, sum(rounds), compressor.fixed_size, 2)
+        time = 0.0
+        for collective, nbytes in zip(compressor.collectives_of_rounds(), rounds):
+            if collective == "allreduce":
+                time += self._collective("allreduce", group, wire_dtype(spec), nbytes)
+            else:
+                time += self._gather(group, ranks, nbytes, compressor.fixed_size, 2)
+        return time
+
+    # -- whole strategies ------------------------------------------------------------
+    def uncompressed_ms(self, collective: str, numel: float) -> float:
+        nbytes = numel * self.element_size
+        if collective == "hierarchical":
+            per_node = self.comm.ranks("intra")
+            return (self._collective("reduce_scatter", "intra", "float32", nbytes)
+                    + self._collective("allreduce", "inter", "float32", nbytes / per_node)
+                    + self._collective("allgather", "intra", "float32", nbytes))
+        return self._collective("allreduce", "world", "float32", nbytes)
+
+    def cost(self, option: Option, numel: int, shapes: tuple | None = None) -> GroupCost:
+        key = (option, numel, shapes)
+        cost = self._cache.get(key)
+        if cost is None:
+            cost = self._cache[key] = self._cost(option, numel, shapes)
+        return cost
+
+    def _cost(self, option: Option, numel: int, shapes) -> GroupCost:
+        if not option.compressed:
+            channel = self.uncompressed_ms(option.collective, numel)
+            return GroupCost(0.0, channel, 0.0, wire_bytes=numel * self.element_size)
+        spec = option.spec
+        device = "cpu" if option.place == "host" else self.device_type
+        compressor = _compressor(spec)
+
+        def encode(n):
+            return self.compute.encode_ms(spec, device, n)
+
+        def decode(n):
+            return self.compute.decode_ms(spec, device, n)
+
+        world = self.comm.ranks("world")
+        scheme = option.collective
+        if scheme in ("allreduce", "allgather"):
+            encode_ms = encode(numel)
+            channel = self.exchange_ms(spec, numel, "world", scheme, shapes)
+            gathers = scheme == "allgather" or compressor.collectives_of_rounds()[-1] == "allgather"
+            decode_ms = decode(numel) * (world if gathers else 1)
+            wire = sum(self._payload(spec, numel, shapes))
+        elif scheme == "twoshot":
+            chunk = math.ceil(numel / world)
+            payload = sum(self._payload(spec, chunk, None))
+            encode_ms = world * encode(chunk)
+            channel = (self._collective("alltoall", "world", "uint8", world * payload)
+                       + world * decode(chunk) + encode(chunk)
+                       + self._gather("world", world, payload, True, 0))
+            if not compressor.fixed_size:
+                counts = world * COUNT_BYTES * 2
+                channel += (self._collective("alltoall", "world", "uint8", counts)
+                            + self._collective("allgather", "world", "uint8", counts))
+            decode_ms = world * decode(chunk)
+            wire = 2 * world * payload
+        else:  # hierarchical
+            per_node = self.comm.ranks("intra")
+            nodes = self.comm.ranks("inter")
+            chunk = math.ceil(numel / per_node)
+            native = "allreduce" if compressor.collectives_of_rounds()[-1] == "allreduce" \
+                else "allgather"
+            nbytes = numel * self.element_size
+            channel = (self._collective("reduce_scatter", "intra", "float32", nbytes)
+                       + self.exchange_ms(spec, chunk, "inter", native)
+                       + self._collective("allgather", "intra", "float32", nbytes))
+            encode_ms = encode(chunk)
+            decode_ms = decode(chunk) * (nodes if native == "allgather" else 1)
+            wire = 2 * nbytes + sum(self._payload(spec, chunk, None))
+        host = option.place == "host"
+        copies = numel * self.element_size
+        return GroupCost(encode_ms, channel, decode_ms, host,
+                         self.compute.copy_ms("d2h", copies) if host else 0.0,
+                         self.compute.copy_ms("h2d", copies) if host else 0.0, wire)

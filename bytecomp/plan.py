@@ -1,0 +1,239 @@
+"""The plan file: schema, save and load with full validation.
+
+::
+
+    format_version: 1
+    model_fingerprint: 942e1f...          # sha256 over parameter names, shapes, dtypes
+    world_size: 2
+    nodes: 1
+    ranks_per_node: 2
+    bucket_cap_mb: 25.0                   # pass it to DistributedDataParallel
+    compressors: [topk:ratio=0.01]        # specs the entries use
+    predicted_ms: {plan: 61.2, baselines: {fp32 DDP: 78.4, ...}}
+    search: {algorithm: ..., time_ms: ..., lower_bound_ms: ..., gap: ..., exact: ...}
+    tensors:                              # one entry per parameter
+      - {name: fc.weight, action: compress, compressor: topk:ratio=0.01,
+         place: device, collective: allgather, group: 0}
+      - {name: fc.bias, action: none, compressor: null, place: device,
+         collective: allreduce, group: 1}
+
+Tensors with the same ``group`` are concatenated and exchanged once; they
+must share their strategy. Files are read with ``yaml.safe_load`` only, and a
+bad one is reported with its path, the field and the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from bytecomp.comm.schemes import SCHEMES, supported_schemes
+from bytecomp.compress import canonical, from_spec
+from bytecomp.errors import BytecompError
+from bytecomp.files import write_text_atomic
+from bytecomp.model.strategy import Option
+
+FORMAT_VERSION = 1
+ACTIONS = ("none", "compress")
+PLACES = ("device", "host")
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One tensor's strategy."""
+
+    name: str
+    action: str
+    compressor: str | None
+    place: str
+    collective: str
+    group: int
+
+    @property
+    def option(self) -> Option:
+        return Option(self.compressor if self.action == "compress" else None, self.place,
+                      self.collective)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "action": self.action, "compressor": self.compressor,
+                "place": self.place, "collective": self.collective, "group": self.group}
+
+
+@dataclass
+class Plan:
+    """A validated plan: what apply_plan executes."""
+
+    model_fingerprint: str
+    world_size: int
+    nodes: int
+    ranks_per_node: int
+    bucket_cap_mb: float
+    entries: list[PlanEntry]
+    predicted_ms: dict = field(default_factory=dict)
+    search: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # provenance: versions, profile, cluster, created
+    path: Path | None = None
+
+    @property
+    def compressors(self) -> list[str]:
+        return sorted({e.compressor for e in self.entries if e.action == "compress"})
+
+    def by_name(self) -> dict[str, PlanEntry]:
+        return {entry.name: entry for entry in self.entries}
+
+    def groups(self) -> dict[int, list[PlanEntry]]:
+        groups: dict[int, list[PlanEntry]] = {}
+        for entry in self.entries:
+            groups.setdefault(entry.group, []).append(entry)
+        return groups
+
+    def to_dict(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            **self.info,
+            "model_fingerprint": self.model_fingerprint,
+            "world_size": self.world_size,
+            "nodes": self.nodes,
+            "ranks_per_node": self.ranks_per_node,
+            "bucket_cap_mb": self.bucket_cap_mb,
+            "compressors": self.compressors,
+            "predicted_ms": self.predicted_ms,
+            "search": self.search,
+            "tensors": [entry.to_dict() for entry in self.entries],
+        }
+
+    def digest(self) -> str:
+        """sha256 of what decides execution (not provenance or predictions)."""
+        essential = {"fingerprint": self.model_fingerprint, "world": self.world_size,
+                     "nodes": self.nodes, "per_node": self.ranks_per_node,
+                     "cap": self.bucket_cap_mb, "tensors": [e.to_dict() for e in self.entries]}
+        return hashlib.sha256(json.dumps(essential, sort_keys=True).encode()).hexdigest()
+
+    def save(self, path) -> Path:
+        write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False, width=100))
+        return Path(path)
+
+
+# -- loading and validation -------------------------------------------------------------
+
+
+class _Reader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, where: str, reason: str):
+        raise BytecompError(f"{self.path}: {where}: {reason}")
+
+    def field(self, data: dict, key: str, kinds, where: str = ""):
+        label = f"{where}{key}"
+        if key not in data:
+            self.fail(label, "missing")
+        value = data[key]
+        if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+            self.fail(label, f"must be {_kind_names(kinds)}, got a boolean")
+        if not isinstance(value, kinds):
+            self.fail(label, f"must be {_kind_names(kinds)}, got {type(value).__name__}")
+        return value
+
+
+def _kind_names(kinds) -> str:
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "a mapping", type(None): "null"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _entry(reader: _Reader, index: int, data) -> PlanEntry:
+    where = f"tensors[{index}]."
+    if not isinstance(data, dict):
+        reader.fail(f"tensors[{index}]", "must be a mapping")
+    name = reader.field(data, "name", str, where)
+    action = reader.field(data, "action", str, where)
+    if action not in ACTIONS:
+        reader.fail(f"{where}action", f"{action!r} is not one of {', '.join(ACTIONS)}")
+    compressor = reader.field(data, "compressor", (str, type(None)), where)
+    place = reader.field(data, "place", str, where)
+    if place not in PLACES:
+        reader.fail(f"{where}place", f"{place!r} is not one of {', '.join(PLACES)}")
+    collective = reader.field(data, "collective", str, where)
+    if collective not in SCHEMES:
+        reader.fail(f"{where}collective", f"{collective!r} is not one of {', '.join(SCHEMES)}")
+    group = reader.field(data, "group", int, where)
+    if group < 0:
+        reader.fail(f"{where}group", "must not be negative")
+    if action == "compress":
+        if compressor is None:
+            reader.fail(f"{where}compressor", "needed when action is compress")
+        try:
+            compressor = canonical(compressor)
+        except BytecompError as error:
+            reader.fail(f"{where}compressor", str(error))
+        if collective not in supported_schemes(from_spec(compressor)):
+            reader.fail(f"{where}collective", f"{compressor} cannot run on {collective}")
+    else:
+        if compressor is not None:
+            reader.fail(f"{where}compressor", "must be null when action is none")
+        if collective not in ("allreduce", "hierarchical"):
+            reader.fail(f"{where}collective", "uncompressed tensors use allreduce or hierarchical")
+    return PlanEntry(name, action, compressor, place, collective, group)
+
+
+def plan_from_dict(data, path: str = "<plan>") -> Plan:
+    """Validate a parsed plan (see the module docstring for the schema)."""
+    reader = _Reader(path)
+    if not isinstance(data, dict):
+        reader.fail("top level", "must be a YAML mapping")
+    version = reader.field(data, "format_version", int)
+    if version != FORMAT_VERSION:
+        reader.fail("format_version", f"{version} is not supported (this bytecomp reads "
+                                      f"{FORMAT_VERSION})")
+    fingerprint = reader.field(data, "model_fingerprint", str)
+    world = reader.field(data, "world_size", int)
+    nodes = reader.field(data, "nodes", int)
+    per_node = reader.field(data, "ranks_per_node", int)
+    for key, value in (("world_size", world), ("nodes", nodes), ("ranks_per_node", per_node)):
+        if value < 1:
+            reader.fail(key, "must be at least 1")
+    if nodes * per_node != world:
+        reader.fail("world_size", f"{world} is not nodes x ranks_per_node = {nodes * per_node}")
+    cap = reader.field(data, "bucket_cap_mb", (int, float))
+    if cap <= 0:
+        reader.fail("bucket_cap_mb", "must be positive")
+    raw_entries = reader.field(data, "tensors", list)
+    if not raw_entries:
+        reader.fail("tensors", "is empty")
+    entries = [_entry(reader, i, entry) for i, entry in enumerate(raw_entries)]
+    seen: dict[str, int] = {}
+    strategies: dict[int, tuple] = {}
+    for index, entry in enumerate(entries):
+        if entry.name in seen:
+            reader.fail(f"tensors[{index}].name", f"{entry.name!r} also at tensors[{seen[entry.name]}]")
+        seen[entry.name] = index
+        strategy = (entry.action, entry.compressor, entry.place, entry.collective)
+        if strategies.setdefault(entry.group, strategy) != strategy:
+            reader.fail(f"tensors[{index}].group", f"group {entry.group} mixes strategies")
+    info_keys = ("bytecomp_version", "created", "profile", "cluster")
+    info = {key: data[key] for key in info_keys if key in data}
+    predicted = data.get("predicted_ms", {})
+    search = data.get("search", {})
+    if not isinstance(predicted, dict) or not isinstance(search, dict):
+        reader.fail("predicted_ms", "must be a mapping")
+    return Plan(fingerprint, world, nodes, per_node, float(cap), entries, predicted, search, info)
+
+
+def load_plan(path) -> Plan:
+    """Read and validate a plan file."""
+    path = Path(path)
+    if not path.is_file():
+        raise BytecompError(f"plan file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise BytecompError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    plan = plan_from_dict(data, str(path))
+    plan.path = path
+    return plan

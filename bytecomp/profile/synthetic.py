@@ -1,0 +1,143 @@
+"""Synthetic profiles: model-shaped tensor lists with modelled times, for tests and
+the search benchmark (no ranks needed).
+
+Backward time is spread over the tensors in proportion to their size (plus a
+fixed cost per tensor), the last layer's gradients first. Collective sweeps
+follow the ring formulas on one link; compressor sweeps follow
+``a + numel / throughput`` per spec. Every number is a parameter, and the
+profile says ``synthetic: true``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from bytecomp.compress import from_spec
+from bytecomp.model.costs import ring_ms
+from bytecomp.profile.store import FORMAT_VERSION, Profile
+from bytecomp.profile.sweeps import COLLECTIVES, DTYPES
+
+# (fixed ms, elements per ms) for encode and decode, GPU-like speeds.
+THROUGHPUT = {
+    "none": (0.0, 1e12, 0.0, 1e12), "fp16": (0.01, 2e8, 0.01, 2e8), "bf16": (0.01, 2e8, 0.01, 2e8),
+    "int8": (0.03, 5e7, 0.02, 1e8), "topk": (0.08, 1e7, 0.03, 1e8), "randomk": (0.05, 5e7, 0.03, 1e8),
+    "dgc": (0.1, 3e7, 0.03, 1e8), "threshold": (0.05, 3e7, 0.03, 1e8),
+    "qsgd": (0.05, 3e7, 0.03, 6e7), "terngrad": (0.05, 3e7, 0.03, 6e7),
+    "signsgd": (0.03, 6e7, 0.03, 6e7), "signum": (0.04, 5e7, 0.03, 6e7),
+    "efsignsgd": (0.04, 4e7, 0.03, 6e7), "onebit": (0.05, 3e7, 0.03, 6e7),
+    "powersgd": (0.2, 2e7, 0.05, 1e8), "acpsgd": (0.15, 3e7, 0.05, 1e8),
+    "exdyna": (0.1, 2.5e7, 0.03, 1e8),
+}
+
+
+def mlp_shapes(layers: int = 5, width: int = 1024) -> list[tuple[str, tuple]]:
+    shapes = []
+    for i in range(layers):
+        shapes += [(f"layers.{i}.weight", (width, width)), (f"layers.{i}.bias", (width,))]
+    return shapes
+
+
+def resnet50_shapes() -> list[tuple[str, tuple]]:
+    """ResNet-50's 161 parameter tensors (convolutions, batch norms, classifier)."""
+    shapes = [("conv1.weight", (64, 3, 7, 7)), ("bn1.weight", (64,)), ("bn1.bias", (64,))]
+    inplanes = 64
+    for stage, (planes, blocks) in enumerate([(64, 3), (128, 4), (256, 6), (512, 3)], 1):
+        for block in range(blocks):
+            prefix = f"layer{stage}.{block}"
+            convs = [(planes, inplanes, 1, 1), (planes, planes, 3, 3), (planes * 4, planes, 1, 1)]
+            for i, shape in enumerate(convs, 1):
+                shapes += [(f"{prefix}.conv{i}.weight", shape),
+                           (f"{prefix}.bn{i}.weight", (shape[0],)),
+                           (f"{prefix}.bn{i}.bias", (shape[0],))]
+            if block == 0:
+                shapes += [(f"{prefix}.downsample.0.weight", (planes * 4, inplanes, 1, 1)),
+                           (f"{prefix}.downsample.1.weight", (planes * 4,)),
+                           (f"{prefix}.downsample.1.bias", (planes * 4,))]
+            inplanes = planes * 4
+    return shapes + [("fc.weight", (1000, 2048)), ("fc.bias", (1000,))]
+
+
+def transformer_shapes(layers: int = 48, width: int = 1024, vocab: int = 32000) -> list:
+    """A 48-layer decoder with 31 tensors per layer (1,500 in all with embeddings)."""
+    shapes = [("embed.weight", (vocab, width)), ("pos.weight", (2048, width))]
+    for i in range(layers):
+        p = f"layers.{i}"
+        for name in ("q", "k", "v", "o"):
+            shapes += [(f"{p}.attn.{name}.weight", (width, width)), (f"{p}.attn.{name}.bias", (width,))]
+        for name in ("norm1", "norm2", "q_norm", "k_norm"):
+            shapes += [(f"{p}.{name}.weight", (width,)), (f"{p}.{name}.bias", (width,))]
+        for name, shape in (("gate", (4 * width, width)), ("up", (4 * width, width)),
+                            ("down", (width, 4 * width))):
+            shapes += [(f"{p}.mlp.{name}.weight", shape), (f"{p}.mlp.{name}.bias", (shape[0],))]
+        shapes += [(f"{p}.scale.{j}", (width,)) for j in range(9)]
+    shapes += [(f"final_norm.{j}", (width,)) for j in range(8)]
+    return shapes + [("head.weight", (vocab, width)), ("head.bias", (vocab,))]
+
+
+def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, nodes: int = 1,
+                      backward_ms: float | None = None, specs: list[str] | None = None,
+                      latency_us: float = 30.0, bandwidth_gbps: float = 10.0,
+                      device: str = "cuda", name: str = "synthetic",
+                      bucket_cap_mb: float = 25.0) -> Profile:
+    """A profile of a model with these parameter ``shapes`` (forward order)."""
+    numels = [math.prod(shape) for _, shape in shapes]
+    total = sum(numels)
+    backward_ms = backward_ms if backward_ms is not None else 5.0 + total / 2e6
+    per_tensor = 0.01
+    scale = (backward_ms - per_tensor * len(shapes)) / total
+    rows, ready = [], 0.0
+    for (tensor, shape), numel in reversed(list(zip(shapes, numels))):
+        ready += per_tensor + numel * scale
+        rows.append({"name": tensor, "shape": "x".join(map(str, shape)), "numel": numel,
+                     "dtype": "float32", "bytes": 4 * numel, "ready_ms": round(ready, 6),
+                     "bucket": 0})
+    alpha = latency_us / 1000.0
+    beta = 8.0 / (bandwidth_gbps * 1e9) * 1000.0
+    collectives = []
+    groups = [("world", world_size)]
+    if nodes > 1 and world_size // nodes > 1:
+        groups += [("intra", world_size // nodes), ("inter", nodes)]
+    elif nodes > 1:
+        groups += [("inter", nodes)]
+    per_node = world_size // nodes
+    for group, ranks in groups:
+        # the inter-node groups of all local ranks run at once and share each node's link
+        shared = beta * per_node if group == "inter" else beta
+        for collective in COLLECTIVES:
+            for dtype in DTYPES:
+                for exponent in range(10, 27, 2):
+                    nbytes = 1 << exponent
+                    time = ring_ms(collective, ranks, nbytes, alpha, shared) + 0.005
+                    collectives.append({"collective": collective, "group": group, "dtype": dtype,
+                                        "bytes": nbytes, "ranks": ranks, "time_ms": time,
+                                        "p10_ms": time, "p90_ms": time})
+    compressors = []
+    for spec in specs or [from_spec(n).spec for n in THROUGHPUT]:
+        compressor = from_spec(spec)
+        a_enc, rate_enc, a_dec, rate_dec = THROUGHPUT[compressor.name]
+        for exponent in range(8, 25, 4):
+            numel = 1 << exponent
+            compressors.append({"spec": compressor.spec, "device": device, "numel": numel,
+                                "encode_ms": a_enc + numel / rate_enc,
+                                "decode_ms": a_dec + numel / rate_dec,
+                                "payload_bytes": compressor.payload_bytes(numel)})
+    if device == "cuda":
+        compressors += [{**row, "device": "cpu", "encode_ms": row["encode_ms"] * 10,
+                         "decode_ms": row["decode_ms"] * 10} for row in list(compressors)]
+    copies = [{"direction": d, "bytes": 1 << e, "time_ms": 0.01 + (1 << e) / 2.5e7}
+              for d in ("d2h", "h2d") for e in range(10, 27, 4)]
+    forward_ms = backward_ms / 2
+    times = {key: {"median_ms": value, "p10_ms": value, "p90_ms": value} for key, value in
+             (("forward", forward_ms), ("backward", backward_ms), ("optimizer", 0.05 * backward_ms),
+              ("iteration", forward_ms + backward_ms * 1.05),
+              ("backward_compute", backward_ms))}
+    meta = {"format_version": FORMAT_VERSION, "synthetic": True,
+            "model": {"name": name, "spec": name, "fingerprint": f"synthetic-{name}",
+                      "parameters": total, "tensors": len(shapes)},
+            "device": {"type": device, "name": "synthetic"}, "backend": "synthetic",
+            "world_size": world_size, "nodes": nodes, "ranks_per_node": world_size // nodes,
+            "batch_size": 1, "bucket_cap_mb": bucket_cap_mb, "times": times}
+    return Profile(meta, pd.DataFrame(rows), pd.DataFrame(collectives), pd.DataFrame(compressors),
+                   pd.DataFrame(copies))

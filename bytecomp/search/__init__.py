@@ -1,0 +1,10 @@
+"""The decision tree of strategies per tensor and the search for the best plan.
+
+>>> from bytecomp.search import Planner, to_plan
+>>> result = Planner(profile, cluster, ["topk:ratio=0.01"]).search()
+>>> to_plan(result, profile).save("plan.yaml")
+"""
+
+from bytecomp.search.planner import Planner, PlanResult, simulate_plan, to_plan
+
+__all__ = ["PlanResult", "Planner", "simulate_plan", "to_plan"]

@@ -1,0 +1,235 @@
+"""Search algorithms over assignments, and the lower bound that measures them.
+
+* :func:`greedy`, in the spirit of Espresso: tensors grouped by size (same
+  numel and shape), largest first and, among equals, closest to the output
+  first; each group tries every option for all its tensors and keeps the one
+  that minimizes the simulated iteration. Bubble-aware: tensors whose
+  communication is followed by an idle channel are hidden behind compute, so
+  compressing them cannot help and they are not tried.
+* :func:`improve`: local search, one tensor at a time, until no move helps
+  or the time budget ends.
+* :func:`branch_and_bound`: exact for the model. Tensors are fixed largest
+  first; the bound of a partial assignment is the simulation of its assigned
+  tensors alone, valid because the timeline is monotone (more work never ends
+  sooner).
+* :func:`lower_bound`: the channel can do no better than the cheapest option
+  for each whole bucket (fitted costs are concave in size, so mixing options
+  inside a bucket cannot beat it), and the iteration no better than compute.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from bytecomp.search.problem import UNASSIGNED, Problem
+from bytecomp.timeline.simulator import simulate
+
+EPSILON = 1e-9
+
+
+def size_classes(problem: Problem) -> list[list[int]]:
+    """Positions grouped by (numel, shape), largest first, earliest-ready first."""
+    classes: dict[tuple, list[int]] = defaultdict(list)
+    for position, tensor in enumerate(problem.tensors):
+        classes[(tensor.numel, tensor.shape)].append(position)
+    return sorted(classes.values(), key=lambda c: (-problem.tensors[c[0]].numel, c[0]))
+
+
+def _hidden(problem: Problem, assignment, cap_mb: float) -> set[int]:
+    """Uncompressed positions whose group's communication is followed by an idle channel."""
+    result = problem.simulate(assignment, cap_mb)
+    hidden = set()
+    for index, group in enumerate(problem.groups(assignment, cap_mb)):
+        if not problem.options[group.option].compressed and result.idle_after(index):
+            hidden.update(group.members)
+    return hidden
+
+
+def screened_options(problem: Problem, members: list[int], keep: int) -> list[int]:
+    """A cheap screen before simulating: the options that cost least for ``members``
+    exchanged alone. Cost: channel time plus what lands on the compute stream (device
+    encode and decode), or for host options the copies and the host work shared by the
+    workers. The best ``keep`` of each placement stay, and uncompressed always does."""
+    if keep <= 0 or len(problem.options) <= keep:
+        return list(range(len(problem.options)))
+    numel = sum(problem.tensors[p].numel for p in members)
+    shapes = tuple(problem.tensors[p].shape for p in members)
+
+    def alone(option: int) -> float:
+        cost = problem.costs.cost(problem.options[option], numel,
+                                  shapes if problem.low_rank[option] else None)
+        work = cost.encode_ms + cost.decode_ms
+        if cost.host:
+            return cost.channel_ms + cost.copy_in_ms + cost.copy_out_ms + \
+                work / problem.host_workers
+        return cost.channel_ms + work
+
+    chosen = [i for i, o in enumerate(problem.options) if not o.compressed]
+    for place in ("device", "host"):
+        mine = [i for i, o in enumerate(problem.options) if o.compressed and o.place == place]
+        chosen += sorted(mine, key=alone)[:keep]
+    return chosen
+
+
+def greedy(problem: Problem, cap_mb: float, start: list[int],
+           deadline: float = float("inf"), keep: int = 3,
+           passes: int = 3) -> tuple[list[int], float]:
+    """Espresso-style greedy over size classes; each class tries its ``keep`` screened
+    options (all of them with ``keep=0``). Passes repeat while one improves."""
+    current = list(start)
+    best = problem.evaluate(current, cap_mb)
+    for _ in range(passes):
+        before = best
+        current, best = _greedy_pass(problem, cap_mb, current, best, deadline, keep)
+        if best >= before - EPSILON:
+            break
+    return current, best
+
+
+def _greedy_pass(problem, cap_mb, current, best, deadline, keep):
+    hidden = None
+    for members in size_classes(problem):
+        if time.perf_counter() > deadline:
+            break
+        if hidden is None:  # recomputed only after the assignment changed
+            hidden = _hidden(problem, current, cap_mb)
+        if set(members) <= hidden:
+            continue
+        choice = None
+        for option in screened_options(problem, members, keep):
+            if all(current[p] == option for p in members):
+                continue
+            trial = list(current)
+            for position in members:
+                trial[position] = option
+            value = problem.evaluate(trial, cap_mb)
+            if value < best - EPSILON:
+                best, choice = value, trial
+        if choice is not None:
+            current, hidden = choice, None
+    return current, best
+
+
+def improve(problem: Problem, cap_mb: float, assignment: list[int], value: float,
+            deadline: float, keep: int = 0) -> tuple[list[int], float]:
+    """Best single-tensor moves, largest tensors first, until none helps or time is up."""
+    current = list(assignment)
+    order = sorted(range(len(current)), key=lambda p: (-problem.tensors[p].numel, p))
+    candidates = {p: screened_options(problem, [p], keep) for p in order}
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for position in order:
+            if time.perf_counter() > deadline:
+                break
+            original = current[position]
+            best_option = original
+            for option in candidates[position]:
+                if option == original:
+                    continue
+                current[position] = option
+                trial = problem.evaluate(current, cap_mb)
+                if trial < value - EPSILON:
+                    value, best_option = trial, option
+            current[position] = best_option
+            improved |= best_option != original
+    return current, value
+
+
+def asymptotic_slopes(problem: Problem) -> list[float]:
+    """Per option, the channel ms per element for very large groups: a lower bound on
+    the marginal channel cost of any element (costs are concave in size)."""
+    big = float(1 << 30)
+    slopes = []
+    for option, low_rank in zip(problem.options, problem.low_rank):
+        if low_rank:  # factors grow like sqrt(numel): no useful linear bound
+            slopes.append(0.0)
+            continue
+        first = problem.costs.cost(option, int(big)).channel_ms
+        second = problem.costs.cost(option, int(2 * big)).channel_ms
+        slopes.append(max(0.0, (second - first) / big))
+    return slopes
+
+
+def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], value: float,
+                     node_limit: int = 200_000) -> tuple[list[int], float, bool]:
+    """Exact search; returns (assignment, time, proven optimal).
+
+    Bound of a partial assignment: the larger of (a) the simulation of the assigned
+    tensors alone and (b) a channel-only relaxation in which every bucket's channel
+    work is its assigned groups plus its unassigned elements at the cheapest
+    asymptotic per-element cost, from the buckets' natural ready times.
+    """
+    order = sorted(range(len(problem.tensors)), key=lambda p: (-problem.tensors[p].numel, p))
+    partial = [UNASSIGNED] * len(order)
+    owner = problem.bucket_of(cap_mb)
+    model = problem.iteration_model(cap_mb)
+    cheapest = min(asymptotic_slopes(problem))
+    unassigned = [0.0] * len(model.bucket_ready_ms)
+    for position, tensor in enumerate(problem.tensors):
+        unassigned[owner[position]] += tensor.numel
+    best = [list(incumbent), value]
+    nodes = 0
+    complete = True
+
+    def relaxation(groups) -> float:
+        work = list(unassigned)
+        work = [cheapest * n for n in work]
+        for group in groups:
+            work[group.bucket] += group.cost.channel_ms
+        channel = ready = 0.0
+        for bucket, extra in enumerate(work):
+            ready = max(ready, model.bucket_ready_ms[bucket])
+            channel = max(channel, ready) + extra
+        return model.forward_ms + max(model.backward_ms, channel) + model.optimizer_ms
+
+    def bound(is_leaf: bool) -> float:
+        groups = problem._fast_sim_groups(partial, cap_mb)
+        if not is_leaf:
+            relaxed = relaxation(groups)
+            if relaxed >= best[1] - EPSILON:
+                return relaxed
+        problem.evaluations += 1
+        return simulate(model, groups).iteration_ms
+
+    def descend(depth: int) -> None:
+        nonlocal nodes, complete
+        position = order[depth]
+        unassigned[owner[position]] -= problem.tensors[position].numel
+        preferred = incumbent[position]
+        for option in [preferred] + [o for o in range(len(problem.options)) if o != preferred]:
+            nodes += 1
+            if nodes > node_limit:
+                complete = False
+                break
+            partial[position] = option
+            value = bound(depth + 1 == len(order))
+            if value < best[1] - EPSILON:
+                if depth + 1 == len(order):
+                    best[0], best[1] = list(partial), value
+                else:
+                    descend(depth + 1)
+            if not complete:
+                break
+        partial[position] = UNASSIGNED
+        unassigned[owner[position]] += problem.tensors[position].numel
+
+    if order:
+        descend(0)
+    return best[0], best[1], complete
+
+
+def lower_bound(problem: Problem, cap_mb: float) -> float:
+    """No plan with this bucket cap can be faster than this (see the module docstring)."""
+    model = problem.iteration_model(cap_mb)
+    channel = 0.0
+    ready_so_far = 0.0
+    for members, ready in zip(problem.buckets(cap_mb), model.bucket_ready_ms):
+        numel = sum(problem.tensors[p].numel for p in members)
+        shapes = tuple(problem.tensors[p].shape for p in members)
+        cheapest = min(problem.costs.cost(option, numel, shapes if low_rank else None).channel_ms
+                       for option, low_rank in zip(problem.options, problem.low_rank))
+        ready_so_far = max(ready_so_far, ready)
+        channel = max(channel, ready_so_far) + cheapest
+    return model.forward_ms + max(model.backward_ms, channel) + model.optimizer_ms

@@ -1,0 +1,295 @@
+"""From a profile and a cluster to the best assignment, with baselines and a bound."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import bytecomp
+from bytecomp.compress import canonical, from_spec
+from bytecomp.errors import BytecompError
+from bytecomp.model.clusters import Cluster
+from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
+from bytecomp.model.strategy import NO_COMPRESSION, Option, StrategyCosts
+from bytecomp.plan import Plan, PlanEntry
+from bytecomp.profile.store import Profile
+from bytecomp.search.algorithms import branch_and_bound, greedy, improve, lower_bound
+from bytecomp.search.problem import Group, Problem, Tensor
+from bytecomp.search.tree import build_tree, options_of
+from bytecomp.timeline.simulator import simulate
+
+DEFAULT_CAPS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
+EXACT_MAX_SPACE = 50_000  # options ** tensors: exact search where enumeration is cheap
+STARTS = 1
+ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+@dataclass
+class Baseline:
+    name: str
+    assignment: list[int]
+    cap_mb: float
+    time_ms: float = math.nan
+
+
+@dataclass
+class PlanResult:
+    problem: Problem
+    cluster: Cluster
+    specs: list[str]
+    assignment: list[int]
+    cap_mb: float
+    time_ms: float
+    baselines: list[Baseline]
+    algorithm: str
+    search_ms: float
+    lower_bound_ms: float
+    exact: bool
+    evaluations: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gap(self) -> float:
+        return max(0.0, self.time_ms / self.lower_bound_ms - 1.0) if self.lower_bound_ms else 0.0
+
+
+def parse_shape(text) -> tuple:
+    text = str(text).strip()
+    return tuple(int(part) for part in text.split("x")) if text else ()
+
+
+def tensors_of(profile: Profile) -> list[Tensor]:
+    rows = profile.tensors.sort_values("ready_ms", kind="stable")
+    return [Tensor(row.name, int(row.numel), parse_shape(row.shape), float(row.ready_ms),
+                   ELEMENT_SIZES.get(row.dtype, 4), row.dtype) for row in rows.itertuples()]
+
+
+def choose_specs(profile: Profile, requested: list[str] | None, compute: ComputeModel) -> list[str]:
+    """Canonical specs to plan with; every one must have timings in the profile."""
+    if requested:
+        specs = [canonical(spec) for spec in requested]
+    else:
+        specs = sorted(s for s in compute.specs() if from_spec(s).name != "none")
+    for spec in specs:
+        compute.check(spec, profile.device_type)
+    return [spec for spec in dict.fromkeys(specs) if from_spec(spec).name != "none"]
+
+
+def powersgd_compresses(shape: tuple, rank: int) -> bool:
+    """PyTorch's powerSGD_hook rule: matrices with (n + m) r * 2 < n m."""
+    if len(shape) < 2:
+        return False
+    rows = shape[0]
+    cols = math.prod(shape) // rows
+    return (rows + cols) * min(rank, rows, cols) * 2 < rows * cols
+
+
+def _baseline_options(profile_specs: set[str]) -> tuple[str | None, str | None]:
+    fp16 = next((s for s in sorted(profile_specs) if from_spec(s).name == "fp16"), None)
+    powersgd = sorted((s for s in profile_specs if from_spec(s).name == "powersgd"),
+                      key=lambda s: (from_spec(s).values["rank"] != 4, s))
+    return fp16, (powersgd[0] if powersgd else None)
+
+
+def native_option(spec: str) -> Option:
+    compressor = from_spec(spec)
+    final = compressor.collectives_of_rounds()[-1]
+    return Option(spec, "device", "allreduce" if final == "allreduce" else "allgather")
+
+
+class Planner:
+    """Builds the problem for a profile and cluster, then searches it."""
+
+    def __init__(self, profile: Profile, cluster: Cluster | None = None,
+                 specs: list[str] | None = None, strict: bool = False) -> None:
+        self.profile = profile
+        self.cluster = cluster or profiled_cluster(profile)
+        self.compute = ComputeModel(profile)
+        self.comm = CommModel(profile, self.cluster)
+        self.specs = choose_specs(profile, specs, self.compute)
+        fp16, powersgd = _baseline_options(self.compute.specs())
+        self.baseline_specs = {"fp16": fp16, "powersgd": powersgd}
+        searched = list(self.specs)
+        if not strict:  # the baselines' methods are always candidates, so no baseline wins
+            searched += [s for s in (fp16, powersgd) if s and s not in searched]
+        tree = build_tree(searched, self.cluster.nodes, self.cluster.ranks_per_node,
+                          profile.device_type)
+        self.tree = tree
+        options = options_of(tree)
+        searchable = len(options)
+        for spec in [s for s in (fp16, powersgd, *self.specs) if s]:
+            option = native_option(spec)
+            if option not in options:
+                options.append(option)
+        times = profile.meta["times"]
+        costs = StrategyCosts(self.comm, self.compute, profile.device_type)
+        self.problem = Problem(tensors_of(profile), times["forward"]["median_ms"],
+                               times["backward_compute"]["median_ms"],
+                               times["optimizer"]["median_ms"], costs, options)
+        self.searchable = list(range(searchable))
+        self.notes: list[str] = []
+
+    # -- baselines -----------------------------------------------------------------------
+    def baselines(self) -> list[Baseline]:
+        problem, cap = self.problem, self.profile.bucket_cap_mb
+        out = [Baseline("fp32 DDP", problem.uniform(problem.index_of(NO_COMPRESSION)), cap)]
+        fp16, powersgd = self.baseline_specs["fp16"], self.baseline_specs["powersgd"]
+        if fp16:
+            out.append(Baseline("fp16 hook", problem.uniform(problem.index_of(native_option(fp16))),
+                                cap))
+        else:
+            self.notes.append("no fp16 timings in the profile: the fp16 hook baseline is omitted")
+        if powersgd:
+            rank = from_spec(powersgd).values["rank"]
+            compress = problem.index_of(native_option(powersgd))
+            keep = problem.index_of(NO_COMPRESSION)
+            assignment = [compress if powersgd_compresses(t.shape, rank) else keep
+                          for t in problem.tensors]
+            out.append(Baseline(f"PowerSGD hook (rank {rank})", assignment, cap))
+        else:
+            self.notes.append("no PowerSGD timings in the profile: its baseline is omitted")
+        for spec in self.specs:
+            option = native_option(spec)
+            out.append(Baseline(f"{spec} on every tensor ({option.collective})",
+                                problem.uniform(problem.index_of(option)), cap))
+        for baseline in out:
+            baseline.time_ms = problem.evaluate(baseline.assignment, baseline.cap_mb)
+        return out
+
+    # -- search ----------------------------------------------------------------------------
+    def _restricted(self) -> Problem:
+        """A view of the problem offering only the searchable options (the first ones, so
+        its assignments are valid for the whole problem)."""
+        problem = self.problem
+        view = Problem.__new__(Problem)
+        view.__dict__.update(problem.__dict__)
+        view.options = problem.options[: len(self.searchable)]
+        view.low_rank = problem.low_rank[: len(self.searchable)]
+        return view
+
+    def search(self, caps: list[float] | None = None, algorithm: str = "auto",
+               budget_s: float | None = None) -> PlanResult:
+        """Find the best assignment and bucket cap.
+
+        1. The greedy starts from each of the three fastest baselines that use
+           searchable options, at the profiled bucket cap; the best result wins.
+        2. Its result is evaluated at every candidate cap; if another cap is
+           faster, the greedy runs again there from that result.
+        3. Local search at that cap, for ``budget_s`` (default: half as long as
+           the greedy took, at least 20 ms), unless ``algorithm == "greedy"``.
+        4. Where the problem is small (options ** tensors <= 50,000), branch and
+           bound at every cap proves the optimum (``exact``).
+        """
+        started = time.perf_counter()
+        problem = self.problem
+        baselines = self.baselines()
+        caps = sorted(set(caps or [self.profile.bucket_cap_mb, *DEFAULT_CAPS]))
+        view = self._restricted()
+        searchable = set(self.searchable)
+        starts = [b.assignment for b in baselines if set(b.assignment) <= searchable]
+        space = len(view.options) ** len(problem.tensors) if len(problem.tensors) < 64 else math.inf
+        small = space <= EXACT_MAX_SPACE
+        if algorithm == "exact" and not small:
+            raise BytecompError(f"--algorithm exact needs at most {EXACT_MAX_SPACE:,} assignments; "
+                                f"this problem has {len(view.options)} options for each of "
+                                f"{len(problem.tensors)} tensors")
+
+        cap = self.profile.bucket_cap_mb
+        ranked = sorted(starts, key=lambda a: view.evaluate(a, cap))
+        value, assignment = math.inf, None
+        for start in ranked[:STARTS]:  # a few starts: the greedy is myopic
+            found, found_value = greedy(view, cap, start)
+            if found_value < value - 1e-9:
+                assignment, value = found, found_value
+        best_cap = min(caps, key=lambda c: view.evaluate(assignment, c))
+        if best_cap != cap:  # the assignment prefers another cap: re-run the greedy there
+            cap = best_cap
+            assignment, value = greedy(view, cap, assignment)
+        greedy_s = time.perf_counter() - started
+        if algorithm != "greedy":
+            budget = budget_s if budget_s is not None else max(0.02, 0.5 * greedy_s)
+            keep = 0 if algorithm == "local" else 8
+            assignment, value = improve(view, cap, assignment, value,
+                                        time.perf_counter() + budget, keep)
+        exact = False
+        if small and algorithm in ("auto", "exact"):
+            exact = True
+            for other in caps:
+                incumbent = assignment if other == cap else assignment
+                found, found_value, complete = branch_and_bound(
+                    view, other, incumbent, view.evaluate(incumbent, other))
+                exact &= complete
+                if found_value < value - 1e-9:
+                    assignment, value, cap = found, found_value, other
+        bound = min(lower_bound(view, c) for c in caps)
+        names = {"greedy": "greedy", "local": "greedy + full local search",
+                 "auto": "greedy + local search", "exact": "greedy + local search"}
+        name = "exact (branch and bound)" if exact else names[algorithm]
+        problem.evaluations = view.evaluations
+        return PlanResult(problem, self.cluster, self.specs, assignment, cap, value, baselines,
+                          name, 1000 * (time.perf_counter() - started), bound, exact,
+                          view.evaluations, self.notes)
+
+
+def to_plan(result: PlanResult, profile: Profile) -> Plan:
+    """The plan file's content for a search result."""
+    problem = result.problem
+    groups = problem.groups(result.assignment, result.cap_mb)
+    entries = []
+    for group_id, group in enumerate(groups):
+        option = problem.options[group.option]
+        for position in group.members:
+            entries.append(PlanEntry(problem.tensors[position].name,
+                                     "compress" if option.compressed else "none", option.spec,
+                                     option.place, option.collective, group_id))
+    order = {t.name: i for i, t in enumerate(problem.tensors)}
+    entries.sort(key=lambda e: order[e.name])
+    fp32 = next(b.time_ms for b in result.baselines if b.name == "fp32 DDP")
+    predicted = {"plan": round(result.time_ms, 4),
+                 "baselines": {b.name: round(b.time_ms, 4) for b in result.baselines},
+                 "speedup_vs_fp32": round(fp32 / result.time_ms, 4)}
+    search = {"algorithm": result.algorithm, "time_ms": round(result.search_ms, 2),
+              "lower_bound_ms": round(result.lower_bound_ms, 4), "gap": round(result.gap, 4),
+              "exact": result.exact, "evaluations": result.evaluations,
+              "options": len(problem.options)}
+    info = {"bytecomp_version": bytecomp.__version__,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "profile": {"path": str(profile.path) if profile.path else None,
+                        "model": profile.meta["model"]["spec"],
+                        "created": profile.meta.get("created")},
+            "cluster": result.cluster.name}
+    cluster = result.cluster
+    return Plan(profile.fingerprint, cluster.world_size, cluster.nodes, cluster.ranks_per_node,
+                result.cap_mb, entries, predicted, search, info)
+
+
+def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
+    """Simulate a plan file's own groups (whatever rule made them) on the planner's model."""
+    problem = planner.problem
+    position = {t.name: i for i, t in enumerate(problem.tensors)}
+    missing = [e.name for e in plan.entries if e.name not in position]
+    unknown = [t.name for t in problem.tensors if t.name not in plan.by_name()]
+    if missing or unknown:
+        name = (missing or unknown)[0]
+        raise BytecompError(f"{plan.path}: tensor {name!r} is "
+                            f"{'not in the profile' if missing else 'missing from the plan'}; "
+                            f"was the plan made for another model?")
+    owner = problem.bucket_of(plan.bucket_cap_mb)
+    groups = []
+    for group_id, entries in sorted(plan.groups().items()):
+        option = entries[0].option
+        if option not in problem.options:
+            if option.compressed:
+                planner.compute.check(option.spec, "cpu" if option.place == "host"
+                                      else planner.profile.device_type)
+            problem.options.append(option)
+            problem.low_rank.append(option.compressed and
+                                    from_spec(option.spec).name in ("powersgd", "acpsgd"))
+        members = tuple(sorted(position[e.name] for e in entries))
+        release = max(owner[m] for m in members)  # the executor launches it then
+        groups.append((release, group_id, Group(release, problem.options.index(option), members)))
+    ordered = [group for _, _, group in sorted(groups, key=lambda item: item[:2])]
+    return simulate(problem.iteration_model(plan.bucket_cap_mb), problem.sim_groups(ordered),
+                    record)

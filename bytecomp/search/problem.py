@@ -1,0 +1,145 @@
+"""A planning problem: tensors, compute times, options and their costs.
+
+An *assignment* gives every tensor (in gradient-ready order) the index of its
+option. Groups follow MergeComp's rule: the tensors of one DDP bucket with the
+same option are concatenated and exchanged once (a low-rank compressor keeps
+each member as its own matrix). A group is released when its bucket is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bytecomp.compress import from_spec
+from bytecomp.model.strategy import Option, StrategyCosts
+from bytecomp.timeline.buckets import ddp_buckets
+from bytecomp.timeline.simulator import IterationModel, SimGroup, SimResult, simulate
+
+UNASSIGNED = -1
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    numel: int
+    shape: tuple
+    ready_ms: float
+    element_size: int = 4
+    dtype: str = "float32"
+
+    @property
+    def bytes(self) -> int:
+        return self.numel * self.element_size
+
+
+@dataclass(frozen=True)
+class Group:
+    """A merged group of an assignment: its bucket, option and members (positions)."""
+
+    bucket: int
+    option: int
+    members: tuple[int, ...]
+
+
+class Problem:
+    """Everything fixed while searching; evaluates assignments by simulation."""
+
+    def __init__(self, tensors: list[Tensor], forward_ms: float, backward_ms: float,
+                 optimizer_ms: float, costs: StrategyCosts, options: list[Option],
+                 host_workers: int = 4) -> None:
+        self.tensors = tensors
+        self.forward_ms = forward_ms
+        self.backward_ms = max(backward_ms, max((t.ready_ms for t in tensors), default=0.0))
+        self.optimizer_ms = optimizer_ms
+        self.costs = costs
+        self.options = options
+        self.host_workers = host_workers
+        self._buckets: dict[float, list[list[int]]] = {}
+        self._models: dict[float, IterationModel] = {}
+        self.low_rank = [o.compressed and not from_spec(o.spec).chunkable and
+                         from_spec(o.spec).name in ("powersgd", "acpsgd") for o in options]
+        self.evaluations = 0
+        self._bucket_groups: dict = {}
+
+    # -- buckets ---------------------------------------------------------------------
+    def buckets(self, cap_mb: float) -> list[list[int]]:
+        if cap_mb not in self._buckets:
+            self._buckets[cap_mb] = ddp_buckets([t.bytes for t in self.tensors],
+                                                [t.dtype for t in self.tensors], cap_mb)
+        return self._buckets[cap_mb]
+
+    def bucket_of(self, cap_mb: float) -> list[int]:
+        owner = [0] * len(self.tensors)
+        for index, members in enumerate(self.buckets(cap_mb)):
+            for position in members:
+                owner[position] = index
+        return owner
+
+    def iteration_model(self, cap_mb: float) -> IterationModel:
+        if cap_mb not in self._models:
+            ready = [max(self.tensors[p].ready_ms for p in members)
+                     for members in self.buckets(cap_mb)]
+            self._models[cap_mb] = IterationModel(self.forward_ms, self.backward_ms,
+                                                  self.optimizer_ms, ready, self.host_workers)
+        return self._models[cap_mb]
+
+    # -- groups and evaluation ---------------------------------------------------------
+    def groups(self, assignment, cap_mb: float) -> list[Group]:
+        """Merged groups in launch order: bucket by bucket, options in order of first use."""
+        out = []
+        for index, members in enumerate(self.buckets(cap_mb)):
+            by_option: dict[int, list[int]] = {}
+            for position in members:
+                option = assignment[position]
+                if option != UNASSIGNED:
+                    by_option.setdefault(option, []).append(position)
+            out += [Group(index, option, tuple(positions))
+                    for option, positions in by_option.items()]
+        return out
+
+    def sim_groups(self, groups: list[Group]) -> list[SimGroup]:
+        sim = []
+        for group in groups:
+            numel = sum(self.tensors[p].numel for p in group.members)
+            shapes = tuple(self.tensors[p].shape for p in group.members) \
+                if self.low_rank[group.option] else None
+            cost = self.costs.cost(self.options[group.option], numel, shapes)
+            sim.append(SimGroup(group.bucket, cost, self.options[group.option].label,
+                                group.members))
+        return sim
+
+    def _fast_sim_groups(self, assignment, cap_mb: float) -> list[SimGroup]:
+        """``sim_groups(groups(...))``, with each bucket's groups cached by its options."""
+        out = []
+        for index, members in enumerate(self.buckets(cap_mb)):
+            key = (cap_mb, index, tuple(assignment[p] for p in members))
+            cached = self._bucket_groups.get(key)
+            if cached is None:
+                if len(self._bucket_groups) > 200_000:
+                    self._bucket_groups.clear()
+                by_option: dict[int, list[int]] = {}
+                for position in members:
+                    if assignment[position] != UNASSIGNED:
+                        by_option.setdefault(assignment[position], []).append(position)
+                cached = self._bucket_groups[key] = self.sim_groups(
+                    [Group(index, option, tuple(p)) for option, p in by_option.items()])
+            out += cached
+        return out
+
+    def simulate(self, assignment, cap_mb: float, record: bool = False) -> SimResult:
+        self.evaluations += 1
+        return simulate(self.iteration_model(cap_mb), self._fast_sim_groups(assignment, cap_mb),
+                        record)
+
+    def evaluate(self, assignment, cap_mb: float) -> float:
+        return self.simulate(assignment, cap_mb).iteration_ms
+
+    # -- helpers -----------------------------------------------------------------------
+    def index_of(self, option: Option) -> int | None:
+        try:
+            return self.options.index(option)
+        except ValueError:
+            return None
+
+    def uniform(self, option_index: int) -> list[int]:
+        return [option_index] * len(self.tensors)

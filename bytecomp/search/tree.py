@@ -1,0 +1,90 @@
+"""The per-tensor decision tree (a networkx DiGraph), pruned before search.
+
+::
+
+    tensor
+    ├── keep                          (no compression)
+    │   ├── allreduce                 leaf: fp32 allreduce
+    │   └── hierarchical              leaf: reduce-scatter, inter-node allreduce, allgather
+    └── compress
+        └── <spec>                    one per allowed compressor
+            └── device | host         where encode and decode run
+                └── allreduce | allgather | twoshot | hierarchical   leaves
+
+Every leaf carries its :class:`Option`. Leaves that cannot run are kept with a
+``pruned`` reason and are not offered to the search: a scheme the compressor
+does not support (summable, gatherable, chunkable), ``hierarchical`` without
+both several nodes and several ranks per node, ``host`` on a CPU-only job
+(host and device are the same cores there).
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from bytecomp.comm.schemes import SCHEMES, supported_schemes
+from bytecomp.compress import from_spec
+from bytecomp.model.strategy import Option
+
+ROOT = "tensor"
+
+
+def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_per_node: int,
+                  device_type: str) -> str | None:
+    if scheme == "hierarchical" and (nodes < 2 or ranks_per_node < 2):
+        return "hierarchical needs several nodes and several ranks per node"
+    if nodes * ranks_per_node < 2:
+        return "a single rank has nothing to exchange"
+    if spec is None:
+        return None
+    if place == "host" and device_type != "cuda":
+        return "host offload only helps when the gradients live on a GPU"
+    compressor = from_spec(spec)
+    if scheme not in supported_schemes(compressor):
+        return f"{compressor.name} does not support {scheme}"
+    return None
+
+
+def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
+               device_type: str) -> nx.DiGraph:
+    """The full tree, with ``pruned`` set on the leaves that cannot run."""
+    tree = nx.DiGraph()
+    tree.add_node(ROOT)
+    tree.add_edge(ROOT, "keep")
+    for scheme in ("allreduce", "hierarchical"):
+        leaf = f"keep/{scheme}"
+        tree.add_edge("keep", leaf)
+        tree.nodes[leaf]["option"] = Option(None, "device", scheme)
+        tree.nodes[leaf]["pruned"] = _prune_reason(None, "device", scheme, nodes,
+                                                   ranks_per_node, device_type)
+    tree.add_edge(ROOT, "compress")
+    for spec in specs:
+        tree.add_edge("compress", spec)
+        for place in ("device", "host"):
+            tree.add_edge(spec, f"{spec}/{place}")
+            for scheme in SCHEMES:
+                leaf = f"{spec}/{place}/{scheme}"
+                tree.add_edge(f"{spec}/{place}", leaf)
+                tree.nodes[leaf]["option"] = Option(spec, place, scheme)
+                tree.nodes[leaf]["pruned"] = _prune_reason(spec, place, scheme, nodes,
+                                                           ranks_per_node, device_type)
+    return tree
+
+
+def leaves(tree: nx.DiGraph) -> list[str]:
+    return [node for node in nx.dfs_preorder_nodes(tree, ROOT) if tree.out_degree(node) == 0]
+
+
+def options_of(tree: nx.DiGraph) -> list[Option]:
+    """The options the search may choose: unpruned leaves, fp32 allreduce first."""
+    return [tree.nodes[leaf]["option"] for leaf in leaves(tree)
+            if tree.nodes[leaf].get("pruned") is None]
+
+
+def pruned_counts(tree: nx.DiGraph) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for leaf in leaves(tree):
+        reason = tree.nodes[leaf].get("pruned")
+        if reason is not None:
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts

@@ -1,0 +1,61 @@
+"""Write a simulated iteration as a Chrome trace (Perfetto opens it) or a Gantt PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bytecomp.files import write_text_atomic
+from bytecomp.timeline.simulator import SimResult
+
+LANES = ("compute", "channel", "host", "copy")
+COLORS = {"forward": "#9ecae1", "backward": "#3182bd", "optimizer": "#6baed6",
+          "encode": "#e6550d", "decode": "#fd8d3c", "collective": "#31a354",
+          "d2h": "#756bb1", "h2d": "#9e9ac8"}
+
+
+def chrome_trace(result: SimResult, path, title: str = "bytecomp") -> Path:
+    """Trace Event Format JSON: one thread per resource, times in microseconds."""
+    events = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": title}}]
+    for tid, lane in enumerate(LANES):
+        events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid,
+                       "args": {"name": lane}})
+    for event in result.events:
+        events.append({"name": event.label or event.op, "cat": event.op, "ph": "X", "pid": 1,
+                       "tid": LANES.index(event.resource), "ts": round(event.start * 1000, 3),
+                       "dur": round(event.duration * 1000, 3), "args": {"op": event.op}})
+    write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return Path(path)
+
+
+def gantt_png(result: SimResult, path, title: str = "bytecomp timeline") -> Path:
+    """A Gantt chart of the compute, channel, host and copy lanes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    used = [lane for lane in LANES if any(e.resource == lane for e in result.events)]
+    figure, axes = plt.subplots(figsize=(12, 1.0 + 0.7 * len(used)))
+    for row, lane in enumerate(reversed(used)):
+        bars = [(e.start, e.duration) for e in result.events if e.resource == lane]
+        colors = [COLORS.get(e.op, "#999999") for e in result.events if e.resource == lane]
+        axes.broken_barh(bars, (row - 0.35, 0.7), facecolors=colors, edgecolor="white",
+                         linewidth=0.3)
+    axes.set_yticks(range(len(used)), list(reversed(used)))
+    axes.set_xlabel("ms from the start of the iteration")
+    axes.set_xlim(0, result.iteration_ms * 1.01)
+    axes.set_title(f"{title}: {result.iteration_ms:.1f} ms per iteration")
+    ops = sorted({e.op for e in result.events}, key=list(COLORS).index)
+    axes.legend(handles=[Patch(color=COLORS[op], label=op) for op in ops],
+                loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(used) < 3 else -0.2),
+                ncol=len(ops), frameon=False)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp.png")
+    figure.savefig(temporary, dpi=110)
+    plt.close(figure)
+    temporary.replace(path)
+    return path

@@ -1,0 +1,352 @@
+"""Discrete-event simulation of one training iteration.
+
+An iteration is the forward pass, then the backward pass overlapped with
+communication, then the optimizer. Resources:
+
+* the **compute stream** runs the backward pass; device-side encodes and
+  decodes run on it too and, while they run, the backward pass waits, so
+  every later gradient is delayed (the backward pass is work measured in
+  milliseconds of the compute-only profile; gradients become ready as it
+  advances);
+* the **channel** is FIFO (bytecomp runs every exchange on one communication
+  thread): a group's collectives start when the group is encoded and every
+  earlier group has left the channel;
+* a pool of **host workers** runs host-side encodes and decodes, after a
+  device-to-host copy and before a host-to-device copy on the **copy
+  engine** (FIFO).
+
+DDP hands a bucket over when all its gradients are ready, buckets in index
+order; the groups a bucket completes are launched then, in their order. The
+iteration ends when the backward pass is done and every group is decoded.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from bytecomp.model.strategy import GroupCost
+
+
+@dataclass(frozen=True)
+class SimGroup:
+    """A group of tensors exchanged together, released when ``bucket`` launches."""
+
+    bucket: int
+    cost: GroupCost
+    label: str = ""
+    members: tuple = ()
+
+
+@dataclass
+class IterationModel:
+    """What the simulation needs besides the groups: compute times and buckets."""
+
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    bucket_ready_ms: list[float]  # backward work after which each bucket is ready
+    host_workers: int = 4
+
+
+@dataclass(frozen=True)
+class Event:
+    resource: str
+    op: str
+    start: float
+    end: float
+    label: str = ""
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class SimResult:
+    iteration_ms: float
+    backward_end_ms: float  # from the start of the backward pass
+    comm_end_ms: float
+    events: list[Event] = field(default_factory=list)
+    channel: list[tuple[float, float]] = field(default_factory=list)  # per group (start, end)
+
+    def idle_after(self, group: int, tolerance: float = 1e-9) -> bool:
+        """True when the channel idles after ``group`` (its communication is hidden)."""
+        end = self.channel[group][1]
+        if group + 1 < len(self.channel):
+            return self.channel[group + 1][0] > end + tolerance
+        return self.backward_end_ms > end + tolerance
+
+    def breakdown(self) -> dict[str, float]:
+        """Busy milliseconds per (resource, op), from the recorded events."""
+        totals: dict[str, float] = {}
+        for event in self.events:
+            key = f"{event.resource}:{event.op}"
+            totals[key] = totals.get(key, 0.0) + event.duration
+        return totals
+
+
+def simulate(model: IterationModel, groups: list[SimGroup], record: bool = False) -> SimResult:
+    """Simulate one iteration; events (times from the iteration start) when ``record``."""
+    if not record and not any(group.cost.host for group in groups):
+        return _simulate_device_only(model, groups)
+    return _Simulation(model, groups, record).run()
+
+
+def _simulate_device_only(model: IterationModel, groups: list[SimGroup]) -> SimResult:
+    """The same model as :class:`_Simulation` when nothing runs on the host, as one pass.
+
+    Channel completions come in group order, so decodes reach the compute stream in
+    order too; the loop advances the backward pass to each bucket's ready point,
+    letting every decode that arrives on the way interrupt it, then runs the
+    bucket's encodes and queues its groups on the channel."""
+    released: list[list[SimGroup]] = [[] for _ in model.bucket_ready_ms]
+    for group in groups:
+        released[group.bucket].append(group)
+    backward_total = max([model.backward_ms, *model.bucket_ready_ms])
+    clock = work = channel_free = last_finish = 0.0
+    decodes: deque = deque()
+    channel = []
+
+    def advance_to(target: float) -> None:
+        nonlocal clock, work, last_finish
+        while decodes and decodes[0][0] < clock + (target - work):
+            arrival, duration = decodes.popleft()
+            if arrival > clock:
+                work += arrival - clock
+                clock = arrival
+            clock += duration
+            last_finish = max(last_finish, clock)
+        clock += target - work
+        work = target
+
+    ready = 0.0
+    for bucket, bucket_groups in enumerate(released):
+        ready = max(ready, model.bucket_ready_ms[bucket])
+        advance_to(ready)
+        for group in bucket_groups:
+            clock += group.cost.encode_ms
+            start = max(clock, channel_free)
+            channel_free = start + group.cost.channel_ms
+            channel.append((start, channel_free))
+            if group.cost.decode_ms > 0:
+                decodes.append((channel_free, group.cost.decode_ms))
+            else:
+                last_finish = max(last_finish, channel_free)
+    advance_to(backward_total)
+    backward_end = clock
+    for arrival, duration in decodes:
+        clock = max(clock, arrival) + duration
+        last_finish = max(last_finish, clock)
+    end = max(backward_end, last_finish)
+    return SimResult(model.forward_ms + end + model.optimizer_ms, backward_end, last_finish,
+                     [], channel)
+
+
+class _Simulation:
+    def __init__(self, model: IterationModel, groups: list[SimGroup], record: bool) -> None:
+        self.model = model
+        self.groups = groups
+        self.record = record
+        self.events: list[Event] = []
+        self.heap: list = []
+        self.sequence = itertools.count()
+        self.now = 0.0
+        ready, running = [], 0.0
+        for value in model.bucket_ready_ms:  # DDP launches buckets in index order
+            running = max(running, value)
+            ready.append(running)
+        self.bucket_ready = ready
+        self.backward_ms = max([model.backward_ms, *ready])
+        self.released: list[list[int]] = [[] for _ in ready]
+        for index, group in enumerate(groups):
+            self.released[group.bucket].append(index)
+        # compute stream
+        self.work = 0.0
+        self.running_since: float | None = 0.0
+        self.version = 0
+        self.next_bucket = 0
+        self.device_queue: deque = deque()
+        self.device_busy = False
+        self.backward_end = None
+        # channel, host pool, copy engine
+        self.encoded = [False] * len(groups)
+        self.channel = [(0.0, 0.0)] * len(groups)
+        self.next_channel = 0
+        self.channel_busy = False
+        self.free_workers = model.host_workers
+        self.host_queue: deque = deque()
+        self.copy_busy = False
+        self.copy_queue: deque = deque()
+        self.finished = 0
+        self.last_finish = 0.0
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def push(self, time: float, handler, *args) -> None:
+        heapq.heappush(self.heap, (time, next(self.sequence), handler, args))
+
+    def log(self, resource: str, op: str, start: float, end: float, label: str = "") -> None:
+        if self.record and end > start:
+            self.events.append(Event(resource, op, start + self.model.forward_ms,
+                                     end + self.model.forward_ms, label))
+
+    def run(self) -> SimResult:
+        self._schedule_backward()
+        while self.heap:
+            self.now, _, handler, args = heapq.heappop(self.heap)
+            handler(*args)
+        backward_end = self.backward_end if self.backward_end is not None else self.now
+        end = max(backward_end, self.last_finish)
+        if self.record:
+            self.events.insert(0, Event("compute", "forward", 0.0, self.model.forward_ms))
+            self.events.append(Event("compute", "optimizer", self.model.forward_ms + end,
+                                     self.model.forward_ms + end + self.model.optimizer_ms))
+        return SimResult(self.model.forward_ms + end + self.model.optimizer_ms, backward_end,
+                         self.last_finish, self.events, self.channel)
+
+    # -- the compute stream --------------------------------------------------------------
+    def _next_milestone(self) -> float | None:
+        if self.next_bucket < len(self.bucket_ready):
+            return self.bucket_ready[self.next_bucket]
+        return self.backward_ms if self.backward_end is None else None
+
+    def _schedule_backward(self) -> None:
+        target = self._next_milestone()
+        if target is None or self.running_since is None:
+            return
+        self.version += 1
+        self.push(self.now + max(0.0, target - self.work), self._milestone, self.version, target)
+
+    def _pause_backward(self) -> None:
+        if self.running_since is not None:
+            self.work += self.now - self.running_since
+            self.log("compute", "backward", self.running_since, self.now)
+            self.running_since = None
+            self.version += 1
+
+    def _resume_backward(self) -> None:
+        if self.running_since is None and self.backward_end is None:
+            self.running_since = self.now
+            self._schedule_backward()
+
+    def _milestone(self, version: int, target: float) -> None:
+        if version != self.version:
+            return
+        self.log("compute", "backward", self.running_since, self.now)
+        self.work = target
+        self.running_since = self.now
+        while self.next_bucket < len(self.bucket_ready) and \
+                self.bucket_ready[self.next_bucket] <= self.work + 1e-12:
+            bucket = self.next_bucket
+            self.next_bucket += 1
+            self._launch(bucket)
+        if self.next_bucket == len(self.bucket_ready) and self.work >= self.backward_ms - 1e-12 \
+                and self.backward_end is None and self.running_since is not None:
+            self.backward_end = self.now
+            self.running_since = None
+            return
+        if self.running_since is not None:
+            self._schedule_backward()
+
+    def _device_job(self, duration: float, done, index: int, op: str) -> None:
+        if duration <= 0:
+            done(index)
+            return
+        self.device_queue.append((duration, done, index, op))
+        if not self.device_busy:
+            self._pause_backward()
+            self._start_device_job()
+
+    def _start_device_job(self) -> None:
+        duration, done, index, op = self.device_queue.popleft()
+        self.device_busy = True
+        self.log("compute", op, self.now, self.now + duration, self.groups[index].label)
+        self.push(self.now + duration, self._device_done, done, index)
+
+    def _device_done(self, done, index: int) -> None:
+        self.device_busy = False
+        done(index)
+        if self.device_queue:
+            self._start_device_job()
+        elif not self.device_busy:
+            self._resume_backward()
+
+    # -- launching and the channel ---------------------------------------------------------
+    def _launch(self, bucket: int) -> None:
+        for index in self.released[bucket]:
+            cost = self.groups[index].cost
+            if cost.host:
+                self._copy(cost.copy_in_ms, index, "d2h", self._host_encode)
+            else:
+                self._device_job(cost.encode_ms, self._encoded, index, "encode")
+
+    def _encoded(self, index: int) -> None:
+        self.encoded[index] = True
+        self._try_channel()
+
+    def _try_channel(self) -> None:
+        if self.channel_busy or self.next_channel >= len(self.groups) or \
+                not self.encoded[self.next_channel]:
+            return
+        index = self.next_channel
+        self.next_channel += 1
+        duration = self.groups[index].cost.channel_ms
+        self.channel_busy = True
+        self.channel[index] = (self.now, self.now + duration)
+        self.log("channel", "collective", self.now, self.now + duration, self.groups[index].label)
+        self.push(self.now + duration, self._channel_done, index)
+
+    def _channel_done(self, index: int) -> None:
+        self.channel_busy = False
+        cost = self.groups[index].cost
+        if cost.host:
+            self._host(cost.decode_ms, index, "decode", self._host_decoded)
+        else:
+            self._device_job(cost.decode_ms, self._finish, index, "decode")
+        self._try_channel()
+
+    def _finish(self, index: int) -> None:
+        self.finished += 1
+        self.last_finish = max(self.last_finish, self.now)
+
+    # -- host workers and the copy engine ---------------------------------------------------
+    def _host_encode(self, index: int) -> None:
+        self._host(self.groups[index].cost.encode_ms, index, "encode", self._encoded)
+
+    def _host_decoded(self, index: int) -> None:
+        self._copy(self.groups[index].cost.copy_out_ms, index, "h2d", self._finish)
+
+    def _host(self, duration: float, index: int, op: str, done) -> None:
+        self.host_queue.append((duration, index, op, done))
+        self._start_host_jobs()
+
+    def _start_host_jobs(self) -> None:
+        while self.free_workers and self.host_queue:
+            duration, index, op, done = self.host_queue.popleft()
+            self.free_workers -= 1
+            self.log("host", op, self.now, self.now + duration, self.groups[index].label)
+            self.push(self.now + duration, self._host_done, index, done)
+
+    def _host_done(self, index: int, done) -> None:
+        self.free_workers += 1
+        done(index)
+        self._start_host_jobs()
+
+    def _copy(self, duration: float, index: int, op: str, done) -> None:
+        self.copy_queue.append((duration, index, op, done))
+        if not self.copy_busy:
+            self._start_copy()
+
+    def _start_copy(self) -> None:
+        duration, index, op, done = self.copy_queue.popleft()
+        self.copy_busy = True
+        self.log("copy", op, self.now, self.now + duration, self.groups[index].label)
+        self.push(self.now + duration, self._copy_done, index, done)
+
+    def _copy_done(self, index: int, done) -> None:
+        self.copy_busy = False
+        done(index)
+        if self.copy_queue:
+            self._start_copy()

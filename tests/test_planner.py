@@ -1,0 +1,221 @@
+"""Decision tree, search optimality, baselines, bounds and the plan file."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bytecomp.errors import BytecompError
+from bytecomp.model.clusters import load_cluster
+from bytecomp.plan import load_plan, plan_from_dict
+from bytecomp.profile import load_profile
+from bytecomp.profile.synthetic import mlp_shapes, resnet50_shapes, synthetic_profile
+from bytecomp.search import Planner, simulate_plan, to_plan
+from bytecomp.search.tree import build_tree, options_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def brute_force(planner: Planner, caps) -> float:
+    problem = planner.problem
+    searchable = range(len(planner.searchable))
+    return min(problem.evaluate(list(assignment), cap) for cap in caps
+               for assignment in itertools.product(searchable, repeat=len(problem.tensors)))
+
+
+# -- the decision tree ---------------------------------------------------------------------
+
+
+def test_tree_prunes_what_cannot_run():
+    one_node_cpu = options_of(build_tree(["topk:ratio=0.01", "powersgd:rank=4"], 1, 4, "cpu"))
+    labels = {o.label for o in one_node_cpu}
+    assert labels == {"fp32 allreduce", "topk:ratio=0.01 allgather @device",
+                      "topk:ratio=0.01 twoshot @device", "powersgd:rank=4 allreduce @device"}
+    gpu_cluster = options_of(build_tree(["fp16"], 2, 4, "cuda"))
+    assert {o.collective for o in gpu_cluster} == {"allreduce", "allgather", "twoshot",
+                                                    "hierarchical"}
+    assert {o.place for o in gpu_cluster if o.compressed} == {"device", "host"}
+    assert len(gpu_cluster) == 2 + 2 * 4
+
+
+# -- optimality ----------------------------------------------------------------------------
+
+
+SMALL_INSTANCES = [
+    # (shapes, cluster shape, device, allowed specs, candidate caps): options ** tensors small
+    (mlp_shapes(4, 512), (4, 1), "cpu", ["topk:ratio=0.01"], [1.0]),
+    (mlp_shapes(5, 256), (4, 1), "cpu", ["powersgd:rank=4"], [0.25, 25.0]),
+    (mlp_shapes(2, 1024)[:3], (8, 2), "cuda", ["fp16", "topk:ratio=0.01"], [2.0]),
+    ([("a", (700, 300)), ("b", (3000,)), ("c", (64, 64, 3, 3))], (2, 1), "cpu",
+     ["randomk:ratio=0.05", "signsgd", "qsgd:levels=16"], [0.5]),
+]
+
+
+@pytest.mark.parametrize("shapes,cluster,device,specs,caps", SMALL_INSTANCES)
+def test_search_finds_the_brute_force_optimum_on_small_instances(shapes, cluster, device,
+                                                                  specs, caps):
+    world, nodes = cluster
+    for bandwidth in (1.0, 10.0, 100.0):
+        profile = synthetic_profile(shapes, world_size=world, nodes=nodes, device=device,
+                                    specs=specs + ["fp16", "powersgd:rank=4"],
+                                    bandwidth_gbps=bandwidth)
+        planner = Planner(profile, None, specs, strict=True)
+        result = planner.search(caps)
+        assert result.exact, result.algorithm
+        assert result.time_ms == pytest.approx(brute_force(planner, caps), abs=1e-9)
+        assert result.lower_bound_ms <= result.time_ms + 1e-9
+
+
+@pytest.mark.parametrize("bandwidth,nodes", [(1.0, 1), (10.0, 2), (100.0, 2)])
+def test_plan_is_never_predicted_slower_than_a_baseline(bandwidth, nodes):
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=nodes,
+                                bandwidth_gbps=bandwidth)
+    for specs in (["topk:ratio=0.01"], None):
+        result = Planner(profile, None, specs).search()
+        assert all(result.time_ms <= b.time_ms + 1e-9 for b in result.baselines)
+        assert result.lower_bound_ms <= result.time_ms
+        assert 0 <= result.gap < 1
+
+
+def test_shipped_profile_plans_on_every_cluster():
+    profile = load_profile(ROOT / "profiles" / "cnn")
+    for cluster in (None, "gbe1", "gbe10", "v100-nvlink-100g", "a100-ib200"):
+        result = Planner(profile, load_cluster(cluster) if cluster else None).search()
+        assert all(result.time_ms <= b.time_ms + 1e-9 for b in result.baselines)
+    slow = Planner(profile, load_cluster("gbe1")).search()
+    fp32 = next(b for b in slow.baselines if b.name == "fp32 DDP")
+    assert fp32.time_ms / slow.time_ms > 1.2  # 1 GbE: compression pays off
+
+
+# -- the plan file -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cnn_plan(tmp_path_factory):
+    profile = load_profile(ROOT / "profiles" / "cnn")
+    planner = Planner(profile, load_cluster("gbe10"))
+    result = planner.search()
+    path = tmp_path_factory.mktemp("plan") / "plan.yaml"
+    to_plan(result, profile).save(path)
+    return profile, planner, result, path
+
+
+def test_plan_file_roundtrips_and_simulates_to_its_prediction(cnn_plan):
+    profile, planner, result, path = cnn_plan
+    plan = load_plan(path)
+    assert plan.model_fingerprint == profile.fingerprint
+    assert (plan.world_size, plan.nodes, plan.ranks_per_node) == (8, 8, 1)
+    assert [e.name for e in plan.entries] == list(profile.tensors["name"])
+    assert plan.predicted_ms["plan"] == pytest.approx(result.time_ms, abs=1e-3)
+    assert "fp32 DDP" in plan.predicted_ms["baselines"] and plan.search["gap"] >= 0
+    assert simulate_plan(planner, plan).iteration_ms == pytest.approx(result.time_ms)
+    assert plan.digest() == load_plan(path).digest()
+
+
+def _broken(path, tmp_path, change):
+    data = yaml.safe_load(Path(path).read_text())
+    change(data)
+    target = tmp_path / "bad.yaml"
+    target.write_text(yaml.safe_dump(data))
+    return target
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d.pop("world_size"), "world_size: missing"),
+    (lambda d: d.update(world_size=3), "world_size: 3 is not nodes x ranks_per_node"),
+    (lambda d: d["tensors"][0].update(action="squash"), "tensors[0].action: 'squash' is not"),
+    (lambda d: d["tensors"][0].update(action="compress", compressor="zip"),
+     "tensors[0].compressor: unknown compressor 'zip'"),
+    (lambda d: d["tensors"][0].update(action="compress", compressor="topk",
+                                      collective="allreduce"),
+     "tensors[0].collective: topk:ratio=0.01 cannot run on allreduce"),
+    (lambda d: d["tensors"][1].update(name=d["tensors"][0]["name"]), "tensors[1].name"),
+    (lambda d: d["tensors"][1].update(group=d["tensors"][0]["group"], place="host",
+                                      action="none", compressor=None),
+     "mixes strategies"),
+    (lambda d: d.update(bucket_cap_mb="big"), "bucket_cap_mb: must be an integer or a number"),
+    (lambda d: d.update(format_version=9), "format_version: 9 is not supported"),
+])
+def test_bad_plans_name_the_file_field_and_reason(cnn_plan, tmp_path, change, message):
+    bad = _broken(cnn_plan[3], tmp_path, change)
+    with pytest.raises(BytecompError) as caught:
+        load_plan(bad)
+    assert str(bad) in str(caught.value) and message in str(caught.value)
+
+
+def test_unreadable_plans_are_errors(tmp_path):
+    with pytest.raises(BytecompError, match="does not exist"):
+        load_plan(tmp_path / "missing.yaml")
+    (tmp_path / "junk.yaml").write_text("a: [1, 2\n")
+    with pytest.raises(BytecompError, match="not valid YAML"):
+        load_plan(tmp_path / "junk.yaml")
+    with pytest.raises(BytecompError, match="must be a YAML mapping"):
+        plan_from_dict([1, 2], "x.yaml")
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def bytecomp(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "bytecomp", *args], capture_output=True,
+                          text=True, cwd=cwd, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+def one_line_error(result, *fragments):
+    assert result.returncode == 2, result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_plan_and_simulate_commands(tmp_path):
+    out = tmp_path / "plan.yaml"
+    result = bytecomp("plan", "profiles/transformer", "--cluster", "gbe1", "--compressor",
+                      "topk:ratio=0.01", "--out", str(out), "--verbose")
+    assert result.returncode == 0, result.stderr
+    for text in ("bytecomp plan", "fp32 DDP", "fp16 hook", "PowerSGD hook",
+                 "topk:ratio=0.01 on every tensor", "lower bound", "R²", "pruned"):
+        assert text in result.stdout, text
+    assert load_plan(out).world_size == 8
+    trace, png = tmp_path / "trace.json", tmp_path / "timeline.png"
+    result = bytecomp("simulate", "profiles/transformer", str(out), "--cluster", "gbe1",
+                      "--trace", str(trace), "--png", str(png))
+    assert result.returncode == 0, result.stderr
+    assert "iteration" in result.stdout
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e.get("cat") for e in events} >= {"backward", "collective", "forward"}
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_errors_are_one_line(tmp_path):
+    one_line_error(bytecomp("plan", str(tmp_path / "nothing")), "does not exist")
+    broken = tmp_path / "broken"
+    shutil.copytree(ROOT / "profiles" / "cnn", broken)
+    table = (broken / "tensors.csv").read_text().replace("ready_ms", "ready")
+    (broken / "tensors.csv").write_text(table)
+    one_line_error(bytecomp("plan", str(broken)), "tensors.csv", "missing column 'ready_ms'")
+    (broken / "tensors.csv").write_text((ROOT / "profiles/cnn/tensors.csv").read_text()
+                                        .replace(",0.3812,", ",abc,"))
+    one_line_error(bytecomp("plan", str(broken)), "tensors.csv", "'ready_ms'", "not a number")
+    shutil.copy(ROOT / "profiles/cnn/tensors.csv", broken / "tensors.csv")
+    (broken / "compressors.csv").unlink()
+    one_line_error(bytecomp("plan", str(broken)), "compressors.csv", "missing")
+    one_line_error(bytecomp("plan", "profiles/cnn", "--cluster", "atlantis"),
+                   "unknown cluster 'atlantis'", "gbe1")
+    config = tmp_path / "cluster.yaml"
+    config.write_text("nodes: 2\nranks_per_node: 1\nlinks: {inter: {bandwidth_gbps: -1, "
+                      "latency_us: 5}}\n")
+    one_line_error(bytecomp("plan", "profiles/cnn", "--cluster", str(config)),
+                   str(config), "bandwidth_gbps > 0")
+    one_line_error(bytecomp("plan", "profiles/cnn", "--compressor", "topk:ratio=0.2"),
+                   "topk:ratio=0.2 has no cpu timings", "--compressor topk:ratio=0.2")
+    one_line_error(bytecomp("plan", "profiles/cnn", "--compressor", "topk:ratio=9"),
+                   "ratio=9 is out of range")

@@ -1,0 +1,152 @@
+"""The timeline simulator, DDP's buckets, fits and cost formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from bytecomp.model.clusters import Cluster, load_cluster
+from bytecomp.model.costs import CommModel, ring_ms
+from bytecomp.model.fits import fit_linear
+from bytecomp.model.strategy import GroupCost
+from bytecomp.profile.synthetic import mlp_shapes, synthetic_profile
+from bytecomp.profile.workloads import load_workload
+from bytecomp.timeline.buckets import ddp_buckets
+from bytecomp.timeline.simulator import IterationModel, SimGroup, simulate
+
+from ranks import run_ranks
+
+# -- the simulator -----------------------------------------------------------------------
+
+
+def test_communication_overlaps_the_backward_pass_in_fifo_order():
+    model = IterationModel(10, 100, 5, [20, 50, 90])
+    groups = [SimGroup(b, GroupCost(0, 30, 0)) for b in range(3)]
+    result = simulate(model, groups, record=True)
+    # bucket 0 at 20 -> channel 20-50; bucket 1 at 50 -> 50-80; bucket 2 at 90 -> 90-120
+    assert result.channel == [(20, 50), (50, 80), (90, 120)]
+    assert result.backward_end_ms == 100 and result.comm_end_ms == 120
+    assert result.iteration_ms == 10 + 120 + 5
+
+
+def test_a_device_encode_delays_every_later_gradient():
+    model = IterationModel(0, 100, 0, [20, 50, 90])
+    groups = [SimGroup(b, GroupCost(5, 10, 5)) for b in range(3)]
+    result = simulate(model, groups, record=True)
+    # encode 20-25, channel 25-35, decode 35-40: bucket 1 needs 30 more ms of backward,
+    # which the decode interrupts: ready at 60; encode 60-65, channel 65-75, decode 75-80;
+    # bucket 2 at 80 + 30 = 110: encode 110-115, channel 115-125, decode 125-130.
+    assert [round(start, 9) for start, _ in result.channel] == [25, 65, 115]
+    assert result.iteration_ms == pytest.approx(130)
+    compute = sum(e.duration for e in result.events if e.resource == "compute")
+    assert compute == pytest.approx(100 + 30)  # backward plus 3 x (encode + decode)
+
+
+def test_the_channel_waits_for_an_earlier_slow_group():
+    model = IterationModel(0, 10, 0, [1, 2])
+    groups = [SimGroup(0, GroupCost(0, 50, 0)), SimGroup(1, GroupCost(0, 1, 0))]
+    result = simulate(model, groups)
+    assert result.channel == [(1, 51), (51, 52)]
+
+
+def test_host_work_runs_beside_the_backward_pass_with_copies():
+    model = IterationModel(0, 100, 0, [10], host_workers=1)
+    cost = GroupCost(encode_ms=20, channel_ms=5, decode_ms=20, host=True, copy_in_ms=1,
+                     copy_out_ms=1)
+    result = simulate(model, [SimGroup(0, cost)], record=True)
+    # copy 10-11, host encode 11-31, channel 31-36, host decode 36-56, copy 56-57;
+    # the backward pass is never interrupted
+    assert result.channel == [(31, 36)] and result.comm_end_ms == 57
+    assert result.backward_end_ms == 100 and result.iteration_ms == 100
+    assert {e.resource for e in result.events} >= {"host", "copy", "channel", "compute"}
+
+
+def test_buckets_launch_in_index_order():
+    model = IterationModel(0, 100, 0, [30, 10])  # a later bucket cannot go first
+    result = simulate(model, [SimGroup(0, GroupCost(0, 1, 0)), SimGroup(1, GroupCost(0, 1, 0))])
+    assert result.channel == [(30, 31), (31, 32)]
+
+
+# -- DDP's buckets -------------------------------------------------------------------------
+
+
+def test_bucketing_rule_closes_a_bucket_at_the_limit():
+    mib = 1 << 20
+    assert ddp_buckets([mib, mib, 3 * mib, mib], bucket_cap_mb=2) == [[0, 1], [2], [3]]
+    assert ddp_buckets([mib // 2] * 5, bucket_cap_mb=None) == [[0, 1], [2, 3, 4]]
+    assert ddp_buckets([4, 4], ["float32", "float16"], bucket_cap_mb=25) == [[0], [1]]
+
+
+def ddp_truth(rank, world, spec, caps):
+    """For each cap: the parameters' ready order in iteration 0 and DDP's rebuilt buckets."""
+    out = []
+    for cap in caps:
+        workload = load_workload(spec)
+        model = workload.model
+        order = []
+        handles = [p.register_post_accumulate_grad_hook(lambda p, n=n, seen=order: seen.append(n))
+                   for n, p in model.named_parameters()]
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap)
+        inputs, target = workload.make_batch(2)
+        for iteration in range(3):  # rebuilt at the second forward, logged after
+            workload.loss(ddp(inputs), target).backward()
+            if iteration == 0:
+                ready_order = list(order)
+        for handle in handles:
+            handle.remove()
+        names = [n for n, _ in model.named_parameters()]
+        params = dict(model.named_parameters())
+        rebuilt = [[names[int(i)] for i in bucket.split()] for bucket in
+                   ddp._get_ddp_logging_data()["rebuilt_per_bucket_param_indices"].split(",")]
+        sizes = [params[n].numel() * params[n].element_size() for n in ready_order]
+        out.append((ready_order, sizes, rebuilt))
+    return out
+
+
+@pytest.mark.parametrize("spec", ["mlp", "cnn", "transformer:layers=2", "lstm:width=256"])
+def test_simulated_buckets_equal_real_ddp_buckets(spec):
+    caps = [None, 1, 5]
+    for cap, (order, sizes, rebuilt) in zip(caps, run_ranks(ddp_truth, 1, spec, caps)[0]):
+        simulated = [[order[i] for i in bucket] for bucket in ddp_buckets(sizes,
+                                                                           bucket_cap_mb=cap)]
+        assert simulated == rebuilt, (spec, cap)
+
+
+# -- fits and formulas ------------------------------------------------------------------------
+
+
+def test_linear_fit_recovers_exact_coefficients_and_reports_quality():
+    sizes = [1e3, 1e4, 1e5, 1e6]
+    fit = fit_linear(sizes, [0.2 + 3e-6 * s for s in sizes])
+    assert fit.intercept == pytest.approx(0.2) and fit.slope == pytest.approx(3e-6)
+    assert fit.r2 == pytest.approx(1.0) and fit.worst_relative_error < 1e-9
+    noisy = fit_linear(sizes, [1.0, 0.5, 2.0, 5.0])
+    assert noisy.intercept >= 0 and noisy.slope >= 0 and noisy.r2 < 1
+
+
+def test_ring_formulas():
+    assert ring_ms("allreduce", 4, 1000, 0.1, 0.01) == pytest.approx(2 * 3 * 0.1 + 1.5 * 1000 * 0.01)
+    assert ring_ms("allgather", 4, 1000, 0.1, 0.01) == pytest.approx(0.3 + 0.75 * 10)
+    assert ring_ms("allreduce", 1, 1000, 0.1, 0.01) == 0
+
+
+def test_profile_links_extrapolate_the_fitted_costs():
+    profile = synthetic_profile(mlp_shapes(), world_size=8, nodes=2, latency_us=40,
+                                bandwidth_gbps=8)
+    fitted = CommModel(profile, Cluster("profiled", 2, 4))
+    extrapolated = CommModel(profile, Cluster("same shape", 2, 4, "profile", "profile"))
+    for nbytes in (1 << 16, 1 << 24):
+        assert extrapolated.time_ms("allreduce", "inter", "float32", nbytes) == \
+            pytest.approx(fitted.time_ms("allreduce", "inter", "float32", nbytes), rel=0.05)
+    bigger = CommModel(profile, Cluster("bigger", 8, 4, "profile", "profile"))
+    assert bigger.time_ms("allreduce", "world", "float32", 1 << 24) > \
+        fitted.time_ms("allreduce", "world", "float32", 1 << 24)
+
+
+def test_shipped_cluster_configs_load():
+    for name in ("gbe1", "gbe10", "v100-nvlink-100g", "v100-pcie-25g", "a100-ib200"):
+        cluster = load_cluster(name)
+        assert cluster.world_size >= 8
+        assert cluster.inter.bandwidth_gbps > 0
+    assert torch.__version__  # configs are independent of torch
