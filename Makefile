@@ -19,7 +19,7 @@ install-dev: install
 	$(BIN)/pip install -q -e ".[dev]"
 
 run: install
-	$(BIN)/bytecomp compressors
+	$(BIN)/bytecomp plan profiles/transformer --cluster gbe1 --out plan.yaml
 
 test: install-dev
 	$(BIN)/python -m pytest -q
