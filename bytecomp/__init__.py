@@ -3,7 +3,23 @@
 Profile a job (``bytecomp profile``), plan (``bytecomp plan``), and apply the
 plan in the training script::
 
-    executor = bytecomp.apply_plan(ddp_model, "plan.yaml")
+    ddp = DistributedDataParallel(model, bucket_cap_mb=plan.bucket_cap_mb)
+    executor = bytecomp.apply_plan(ddp, "plan.yaml")
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["apply_plan", "load_plan", "Plan", "__version__"]
+
+
+def __getattr__(name):
+    # Imported on first use, so that `bytecomp --help` does not pay for torch.
+    if name == "apply_plan":
+        from bytecomp.runtime import apply_plan
+
+        return apply_plan
+    if name in ("load_plan", "Plan"):
+        from bytecomp import plan
+
+        return getattr(plan, name)
+    raise AttributeError(f"module 'bytecomp' has no attribute {name!r}")

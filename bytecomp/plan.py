@@ -237,3 +237,39 @@ def load_plan(path) -> Plan:
     plan = plan_from_dict(data, str(path))
     plan.path = path
     return plan
+
+
+def plan_for_model(model, choose, world_size: int, nodes: int = 1,
+                   bucket_cap_mb: float = 25.0, predicted_ms: dict | None = None) -> Plan:
+    """A plan that gives each parameter ``choose(name, param) -> Option``, grouped as
+    the planner groups: DDP's buckets at ``bucket_cap_mb`` (parameters in reverse
+    order, DDP's first guess of the ready order) and, inside a bucket, one group per
+    option. Used for baselines ("this compressor on every tensor") and tests.
+
+    >>> plan = plan_for_model(model, lambda n, p: Option("topk:ratio=0.01", "device",
+    ...                       "allgather"), world_size=4)
+    """
+    from bytecomp.profile.workloads import fingerprint
+    from bytecomp.timeline.buckets import ddp_buckets
+
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    ready = list(reversed(params))
+    buckets = ddp_buckets([p.numel() * p.element_size() for _, p in ready],
+                          [str(p.dtype) for _, p in ready], bucket_cap_mb)
+    entries: dict[str, PlanEntry] = {}
+    group = 0
+    for members in buckets:
+        by_option: dict[Option, list[str]] = {}
+        for position in members:
+            name, param = ready[position]
+            by_option.setdefault(choose(name, param), []).append(name)
+        for option, names in by_option.items():
+            for name in names:
+                entries[name] = PlanEntry(name, "compress" if option.compressed else "none",
+                                          canonical(option.spec) if option.compressed else None,
+                                          option.place, option.collective, group)
+            group += 1
+    ordered = [entries[name] for name, _ in ready]
+    plan = Plan(fingerprint(model), world_size, nodes, world_size // nodes, float(bucket_cap_mb),
+                ordered, predicted_ms or {}, {"algorithm": "plan_for_model"})
+    return plan_from_dict(plan.to_dict(), "<plan_for_model>")  # validated like a file

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import queue
 import socket
+import time
 import traceback
 
 
@@ -55,12 +56,20 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 300, env: dict | None
     for process in processes:
         process.start()
     values: dict[int, object] = {}
+    deadline = time.monotonic() + timeout
     try:
         while len(values) < world_size:
             try:
-                rank, ok, value = results.get(timeout=timeout)
+                rank, ok, value = results.get(timeout=0.5)
             except queue.Empty:
-                raise AssertionError(f"ranks timed out after {timeout} s") from None
+                dead = [r for r, p in enumerate(processes)
+                        if p.exitcode not in (None, 0) and r not in values]
+                if dead:
+                    raise AssertionError(f"rank {dead[0]} died with exit code "
+                                         f"{processes[dead[0]].exitcode}") from None
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"ranks timed out after {timeout} s") from None
+                continue
             if not ok:
                 raise AssertionError(f"rank {rank} failed:\n{value}")
             values[rank] = value

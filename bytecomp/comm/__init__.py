@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from bytecomp.comm.schemes import SCHEMES, check_scheme, exchange, supported_schemes
+from bytecomp.comm.schemes import (
+    SCHEMES,
+    Exchange,
+    check_scheme,
+    exchange,
+    make_exchange,
+    supported_schemes,
+)
 from bytecomp.comm.topology import Topology
 from bytecomp.comm.worker import CommWorker
 from bytecomp.compress.base import Compressor
@@ -28,12 +35,19 @@ class Communicator:
 
     def exchange(self, x: torch.Tensor, compressor: Compressor, state: dict,
                  scheme: str = "allreduce") -> torch.futures.Future:
-        check_scheme(compressor, scheme)
-        return self.worker.submit(exchange, x, compressor, state, self.topology, scheme,
-                                  device=x.device)
+        """Encode ``x`` now, then communicate and decode in the background."""
+        staged = make_exchange(x, compressor, state, self.topology, scheme)
+        staged.encode()
+        return self.worker.submit(_finish, staged, device=x.device)
 
     def close(self) -> None:
         self.worker.close()
 
 
-__all__ = ["SCHEMES", "CommWorker", "Communicator", "Topology", "exchange", "supported_schemes"]
+def _finish(staged: Exchange) -> torch.Tensor:
+    staged.communicate()
+    return staged.decode()
+
+
+__all__ = ["SCHEMES", "CommWorker", "Communicator", "Exchange", "Topology", "check_scheme",
+           "exchange", "make_exchange", "supported_schemes"]

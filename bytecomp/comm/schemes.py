@@ -10,9 +10,11 @@
 * ``hierarchical``: intra-node reduce-scatter uncompressed, inter-node exchange of
   each rank's chunk with the compressor, intra-node allgather uncompressed.
 
-Every function returns the mean over all ranks, identical on every rank, with
-the input's shape and dtype; the input may be overwritten. They are synchronous:
-:class:`bytecomp.comm.worker.CommWorker` runs them in the background.
+Every exchange returns the mean over all ranks, identical on every rank, with
+the input's shape and dtype; the input may be overwritten. An exchange has
+three stages (encode, communicate, decode) so that the executor can run
+compression on the hook's thread or on host workers and the collectives on its
+FIFO communication thread (:class:`bytecomp.comm.worker.CommWorker`).
 """
 
 from __future__ import annotations
@@ -63,23 +65,68 @@ def mean_of_decompressed(compressor: Compressor, payloads, ctx, like: torch.Tens
     return total.div_(len(payloads)).to(like.dtype)
 
 
-def flat(x: torch.Tensor, compressor: Compressor, state: dict, group: dist.ProcessGroup,
-         scheme: str = "allreduce") -> torch.Tensor:
+class Exchange:
+    """One tensor's exchange in three stages, which may run on different threads:
+    ``encode`` (compression), ``communicate`` (every collective, with the work the
+    scheme does between them) and ``decode`` (decompression and averaging), in that
+    order. ``sent_bytes`` counts what this rank handed to collectives."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+        self.sent_bytes = 0
+
+    def encode(self) -> None:
+        pass
+
+    def communicate(self) -> None:
+        pass
+
+    def decode(self) -> torch.Tensor:
+        return self.x
+
+    def run(self) -> torch.Tensor:
+        self.encode()
+        self.communicate()
+        return self.decode()
+
+
+def _nbytes(payload) -> int:
+    return sum(t.numel() * t.element_size() for t in payload)
+
+
+class FlatExchange(Exchange):
     """One-stage exchange over ``group``: the native rounds, or an allgather."""
-    peers = peers_of(group)
-    shape, x = x.shape, x.reshape(-1)
-    payload, ctx = compressor.compress(x, state, peers)
-    rounds = compressor.collectives_of_rounds() if scheme == "allreduce" else ("allgather",)
-    for number, collective in enumerate(rounds):
-        if collective == "allreduce":
-            result = allreduce_mean_(payload, group)
+
+    def __init__(self, x, compressor: Compressor, state: dict, group, scheme: str = "allreduce"):
+        super().__init__(x)
+        self.shape, self.flat = x.shape, x.reshape(-1)
+        self.compressor, self.state, self.group = compressor, state, group
+        self.peers = peers_of(group)
+        self.rounds = compressor.collectives_of_rounds() if scheme == "allreduce" \
+            else ("allgather",)
+
+    def encode(self) -> None:
+        self.payload, self.ctx = self.compressor.compress(self.flat, self.state, self.peers)
+
+    def communicate(self) -> None:
+        payload = self.payload
+        for number, collective in enumerate(self.rounds):
+            self.sent_bytes += _nbytes(payload)
+            if collective == "allreduce":
+                result = allreduce_mean_(payload, self.group)
+            else:
+                result = allgather_payloads(payload, self.group, self.compressor.fixed_size)
+            if number + 1 < len(self.rounds):
+                payload, self.ctx = self.compressor.advance(result, self.ctx, self.state,
+                                                            self.peers)
+        self.result = result
+
+    def decode(self) -> torch.Tensor:
+        if self.rounds[-1] == "allreduce":
+            out = self.compressor.decompress(self.result, self.ctx)
         else:
-            result = allgather_payloads(payload, group, compressor.fixed_size)
-        if number + 1 < len(rounds):
-            payload, ctx = compressor.advance(result, ctx, state, peers)
-    if rounds[-1] == "allreduce":
-        return compressor.decompress(result, ctx).reshape(shape)
-    return mean_of_decompressed(compressor, result, ctx, x).reshape(shape)
+            out = mean_of_decompressed(self.compressor, self.result, self.ctx, self.flat)
+        return out.reshape(self.shape)
 
 
 def _padded(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -88,52 +135,90 @@ def _padded(x: torch.Tensor, multiple: int) -> torch.Tensor:
     return F.pad(flat_x, (0, padding)) if padding else flat_x
 
 
-def two_shot(x: torch.Tensor, compressor: Compressor, state: dict,
-             group: dist.ProcessGroup) -> torch.Tensor:
+class TwoShotExchange(Exchange):
     """Alltoall + allgather: each rank averages and re-compresses one chunk."""
-    peers = peers_of(group)
-    chunks = _padded(x, peers.size).view(peers.size, -1)
-    chunk_states = state.setdefault("chunks", [{"salt": j} for j in range(peers.size)])
-    compressed = [compressor.compress(chunks[j], chunk_states[j], peers) for j in range(peers.size)]
-    received = alltoall_payloads([p for p, _ in compressed], group, compressor.fixed_size)
-    own_chunk = mean_of_decompressed(compressor, received, compressed[peers.rank][1], chunks[0])
-    server_state = state.setdefault("server", {"salt": SERVER_SALT})
-    payload, ctx = compressor.compress(own_chunk, server_state, peers)
-    gathered = allgather_payloads(payload, group, compressor.fixed_size)
-    out = torch.cat([compressor.decompress(p, ctx) for p in gathered])
-    return out[: x.numel()].view(x.shape)
+
+    def __init__(self, x, compressor: Compressor, state: dict, group):
+        super().__init__(x)
+        self.compressor, self.state, self.group = compressor, state, group
+        self.peers = peers_of(group)
+
+    def encode(self) -> None:
+        size = self.peers.size
+        self.chunks = _padded(self.x, size).view(size, -1)
+        chunk_states = self.state.setdefault("chunks", [{"salt": j} for j in range(size)])
+        self.compressed = [self.compressor.compress(self.chunks[j], chunk_states[j], self.peers)
+                           for j in range(size)]
+
+    def communicate(self) -> None:
+        compressor, peers = self.compressor, self.peers
+        outgoing = [payload for payload, _ in self.compressed]
+        self.sent_bytes += sum(_nbytes(p) for p in outgoing)
+        received = alltoall_payloads(outgoing, self.group, compressor.fixed_size)
+        own_chunk = mean_of_decompressed(compressor, received, self.compressed[peers.rank][1],
+                                         self.chunks[0])
+        server_state = self.state.setdefault("server", {"salt": SERVER_SALT})
+        payload, self.ctx = compressor.compress(own_chunk, server_state, peers)
+        self.sent_bytes += _nbytes(payload)
+        self.gathered = allgather_payloads(payload, self.group, compressor.fixed_size)
+
+    def decode(self) -> torch.Tensor:
+        out = torch.cat([self.compressor.decompress(p, self.ctx) for p in self.gathered])
+        return out[: self.x.numel()].view(self.x.shape)
 
 
-def hierarchical(x: torch.Tensor, compressor: Compressor, state: dict,
-                 topology: Topology) -> torch.Tensor:
-    """Intra-node reduce-scatter, inter-node compressed exchange, intra-node allgather."""
-    k = topology.ranks_per_node
-    padded = _padded(x, k)
-    if k > 1:
-        chunk = torch.empty(padded.numel() // k, dtype=x.dtype, device=x.device)
-        reduce_scatter_flat(chunk, padded, group=topology.intra)
-        chunk.div_(k)
-    else:
-        chunk = padded
-    if topology.nodes > 1:
-        native = "allreduce" if "allreduce" in supported_schemes(compressor) else "allgather"
-        chunk = flat(chunk, compressor, state, topology.inter, native)
-    if k > 1:
-        out = torch.empty_like(padded)
-        all_gather_flat(out, chunk.contiguous(), group=topology.intra)
-    else:
-        out = chunk
-    return out[: x.numel()].view(x.shape)
+class HierarchicalExchange(Exchange):
+    """Intra-node reduce-scatter, inter-node compressed exchange, intra-node allgather.
+    Compression happens between collectives, so all of it runs in ``communicate``."""
+
+    def __init__(self, x, compressor: Compressor, state: dict, topology: Topology):
+        super().__init__(x)
+        self.compressor, self.state, self.topology = compressor, state, topology
+
+    def communicate(self) -> None:
+        topology, x = self.topology, self.x
+        k = topology.ranks_per_node
+        padded = _padded(x, k)
+        if k > 1:
+            chunk = torch.empty(padded.numel() // k, dtype=x.dtype, device=x.device)
+            self.sent_bytes += padded.numel() * padded.element_size()
+            reduce_scatter_flat(chunk, padded, group=topology.intra)
+            chunk.div_(k)
+        else:
+            chunk = padded
+        if topology.nodes > 1:
+            native = "allreduce" if "allreduce" in supported_schemes(self.compressor) \
+                else "allgather"
+            inner = FlatExchange(chunk, self.compressor, self.state, topology.inter, native)
+            chunk = inner.run()
+            self.sent_bytes += inner.sent_bytes
+        if k > 1:
+            out = torch.empty_like(padded)
+            self.sent_bytes += chunk.numel() * chunk.element_size()
+            all_gather_flat(out, chunk.contiguous(), group=topology.intra)
+        else:
+            out = chunk
+        self.out = out[: x.numel()].view(x.shape)
+
+    def decode(self) -> torch.Tensor:
+        return self.out
+
+
+def make_exchange(x: torch.Tensor, compressor: Compressor, state: dict, topology: Topology,
+                  scheme: str = "allreduce") -> Exchange:
+    """The staged exchange of ``x`` with ``compressor`` on ``scheme`` (the input may be
+    overwritten; the result is the mean over all ranks, identical on every rank)."""
+    check_scheme(compressor, scheme)
+    if x.numel() == 0:
+        return Exchange(x)
+    if scheme == "twoshot":
+        return TwoShotExchange(x, compressor, state, topology.world)
+    if scheme == "hierarchical":
+        return HierarchicalExchange(x, compressor, state, topology)
+    return FlatExchange(x, compressor, state, topology.world, scheme)
 
 
 def exchange(x: torch.Tensor, compressor: Compressor, state: dict, topology: Topology,
              scheme: str = "allreduce") -> torch.Tensor:
     """Average ``x`` over all ranks with ``compressor`` on ``scheme`` (synchronous)."""
-    check_scheme(compressor, scheme)
-    if x.numel() == 0:
-        return x
-    if scheme == "twoshot":
-        return two_shot(x, compressor, state, topology.world)
-    if scheme == "hierarchical":
-        return hierarchical(x, compressor, state, topology)
-    return flat(x, compressor, state, topology.world, scheme)
+    return make_exchange(x, compressor, state, topology, scheme).run()

@@ -39,11 +39,13 @@ class Topology:
         return self.rank % self.ranks_per_node
 
     @classmethod
-    def build(cls, nodes: int | None = None, ranks_per_node: int | None = None) -> Topology:
+    def build(cls, nodes: int | None = None, ranks_per_node: int | None = None,
+              backend: str | None = None) -> Topology:
         """Create bytecomp's own groups (so its traffic never interleaves with DDP's).
 
         ``ranks_per_node`` defaults to torchrun's ``LOCAL_WORLD_SIZE`` and then to
-        the whole world (one node).
+        the whole world (one node). ``backend`` (``"gloo"`` for host-side payloads
+        in an NCCL job) defaults to the job's.
         """
         if not dist.is_initialized():
             raise BytecompError("torch.distributed is not initialized: call "
@@ -61,17 +63,17 @@ class Topology:
                 f"{nodes} nodes x {ranks_per_node} ranks per node does not match the "
                 f"world size {world_size}"
             )
-        world = dist.new_group(list(range(world_size)))
+        world = dist.new_group(list(range(world_size)), backend=backend)
         rank = dist.get_rank()
         intra = inter = None
         for node in range(nodes):
             members = [node * ranks_per_node + local for local in range(ranks_per_node)]
-            group = dist.new_group(members)
+            group = dist.new_group(members, backend=backend)
             if rank in members:
                 intra = group
         for local in range(ranks_per_node):
             members = [node * ranks_per_node + local for node in range(nodes)]
-            group = dist.new_group(members)
+            group = dist.new_group(members, backend=backend)
             if rank in members:
                 inter = group
         return cls(world, nodes, ranks_per_node, rank, intra, inter)

@@ -1,0 +1,236 @@
+"""apply_plan on real gloo ranks: exactness, agreement, convergence, checkpoints, errors."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import bytecomp  # noqa: E402
+from bytecomp.comm.schemes import supported_schemes  # noqa: E402
+from bytecomp.compress import default_specs, from_spec  # noqa: E402
+from bytecomp.errors import BytecompError  # noqa: E402
+from bytecomp.model.strategy import Option  # noqa: E402
+from bytecomp.plan import plan_for_model  # noqa: E402
+from bytecomp.profile.workloads import load_workload  # noqa: E402
+
+from ranks import run_ranks  # noqa: E402
+
+SMALL = "mlp:inputs=32,width=64,depth=2"
+
+
+def batch(rank: int, step: int, inputs: int = 32):
+    generator = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(8, inputs, generator=generator), torch.randint(0, 10, (8,),
+                                                                       generator=generator)
+
+
+def parameters_agree(model) -> bool:
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, flat)
+    return all(torch.equal(everyone[0], other) for other in everyone)
+
+
+# -- fp32 plans are exact -----------------------------------------------------------------
+
+
+def fp32_plan_gradients(rank, world, collective, nodes):
+    reference = load_workload("mlp:width=256,depth=3")
+    planned = load_workload("mlp:width=256,depth=3")
+    ddp_reference = DistributedDataParallel(reference.model, bucket_cap_mb=1)
+    ddp_planned = DistributedDataParallel(planned.model, bucket_cap_mb=1)
+    plan = plan_for_model(planned.model, lambda n, p: Option(None, "device", collective), world,
+                          nodes, bucket_cap_mb=1)
+    executor = bytecomp.apply_plan(ddp_planned, plan)
+    worst = 0.0
+    for step in range(3):
+        inputs, target = batch(rank, step, 512)
+        for workload, ddp in ((reference, ddp_reference), (planned, ddp_planned)):
+            workload.loss(ddp(inputs), target).backward()
+        for a, b in zip(reference.model.parameters(), planned.model.parameters()):
+            assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7), (step, a.shape)
+            worst = max(worst, (a.grad - b.grad).abs().max().item())
+            for p in (a, b):
+                p.data.add_(p.grad, alpha=-0.1)
+                p.grad = None
+    executor.close()
+    return worst
+
+
+@pytest.mark.parametrize("world,collective,nodes", [(2, "allreduce", 1), (4, "allreduce", 1),
+                                                    (4, "hierarchical", 2)])
+def test_fp32_plan_gives_ddp_default_gradients(world, collective, nodes):
+    for worst in run_ranks(fp32_plan_gradients, world, collective, nodes):
+        assert worst < 1e-5
+
+
+# -- every compressor keeps ranks identical ---------------------------------------------------
+
+
+def train_every_compressor(rank, world, nodes):
+    failures = []
+    for spec in default_specs():
+        if from_spec(spec).name == "none":
+            continue
+        workload = load_workload(SMALL)
+        ddp = DistributedDataParallel(workload.model, bucket_cap_mb=0.01)
+        schemes = [s for s in supported_schemes(from_spec(spec))
+                   if s != "hierarchical" or nodes > 1]
+        names = [n for n, _ in workload.model.named_parameters()]
+
+        def choose(name, param, schemes=schemes, names=names, spec=spec):
+            index = names.index(name)  # rotate schemes and placements over the tensors
+            return Option(spec, "host" if index % 3 == 2 else "device",
+                          schemes[index % len(schemes)])
+
+        plan = plan_for_model(workload.model, choose, world, nodes, bucket_cap_mb=0.01)
+        executor = bytecomp.apply_plan(ddp, plan)
+        optimizer = torch.optim.SGD(workload.model.parameters(), lr=0.01)
+        for step in range(20):
+            inputs, target = batch(rank, step)
+            workload.loss(ddp(inputs), target).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        if not parameters_agree(workload.model):
+            failures.append(f"{spec} ({', '.join(schemes)})")
+        if executor.stats.steps != 20:
+            failures.append(f"{spec}: counted {executor.stats.steps} steps")
+        executor.close()
+    return failures
+
+
+@pytest.mark.parametrize("world,nodes", [(2, 1), (4, 2)])
+def test_every_compressor_leaves_bit_identical_parameters_after_20_steps(world, nodes):
+    for rank, failures in enumerate(run_ranks(train_every_compressor, world, nodes)):
+        assert not failures, f"rank {rank}: parameters differ across ranks with " + \
+            "; ".join(failures)
+
+
+# -- convergence and checkpoints on the example task ------------------------------------------
+
+
+def example_run(rank, world, plans, tmp):
+    from train import TrainConfig, train
+
+    results = {}
+    for name, option in plans.items():
+        model = load_workload(TrainConfig.model).model
+        path = Path(tmp) / f"{name}.yaml"
+        if rank == 0:
+            plan_for_model(model, lambda n, p, o=option: o, world).save(path)
+        dist.barrier()
+        results[name] = train(TrainConfig(plan=str(path), log_every=0))["final_loss"]
+    return results
+
+
+def test_topk_with_error_feedback_reaches_the_fp32_loss(tmp_path):
+    plans = {"fp32": Option(None), "topk": Option("topk:ratio=0.01", "device", "allgather")}
+    losses = run_ranks(example_run, 2, plans, str(tmp_path))[0]
+    relative = abs(losses["topk"] - losses["fp32"]) / losses["fp32"]
+    assert relative <= 0.05, (f"final loss (mean of the last 100 of 600 steps): top-k 1% with "
+                              f"error feedback {losses['topk']:.4f}, fp32 {losses['fp32']:.4f}, "
+                              f"{100 * relative:.1f}% apart (limit 5%)")
+
+
+STATEFUL = ["powersgd:rank=2", "acpsgd:rank=2", "exdyna:density=0.05", "signum",
+            "randomk:ratio=0.05", "topk:ratio=0.05", "qsgd:levels=16"]
+
+
+def checkpoint_resume(rank, world, tmp):
+    from train import TrainConfig, train
+
+    model = load_workload(TrainConfig.model).model
+    names = [n for n, _ in model.named_parameters()]
+
+    def choose(name, param):
+        spec = STATEFUL[names.index(name) % len(STATEFUL)]
+        compressor = from_spec(spec)
+        return Option(spec, "device", supported_schemes(compressor)[0])
+
+    plan_path = Path(tmp) / "plan.yaml"
+    if rank == 0:
+        plan_for_model(model, choose, world, bucket_cap_mb=0.05).save(plan_path)
+    dist.barrier()
+    common = {"plan": str(plan_path), "steps": 20, "log_every": 0,
+              "checkpoint": str(Path(tmp) / "ckpt.pt")}
+    uninterrupted = train(TrainConfig(**common, checkpoint_every=10))["parameters"]
+    resumed = train(TrainConfig(**common, resume=True))["parameters"]
+    return torch.equal(uninterrupted, resumed), (uninterrupted - resumed).abs().max().item()
+
+
+def test_resume_from_step_10_equals_the_uninterrupted_run(tmp_path):
+    for equal, difference in run_ranks(checkpoint_resume, 2, str(tmp_path)):
+        assert equal, f"parameters at step 20 differ by up to {difference}"
+
+
+# -- mismatches fail on every rank ---------------------------------------------------------------
+
+
+def mismatch(rank, world, case):
+    workload = load_workload(SMALL)
+    ddp = DistributedDataParallel(workload.model)
+    spec = "topk:ratio=0.01"
+    model, plan_world = workload.model, world
+    if case == "ranks differ":
+        spec = "topk:ratio=0.01" if rank == 0 else "topk:ratio=0.02"
+    elif case == "another model":
+        model = load_workload("mlp:inputs=32,width=64,depth=3").model
+    elif case == "other shapes":
+        model = load_workload("mlp:inputs=32,width=65,depth=2").model
+    elif case == "another world size":
+        plan_world = world * 2
+    plan = plan_for_model(model, lambda n, p: Option(spec, "device", "allgather"), plan_world)
+    started = time.monotonic()
+    try:
+        bytecomp.apply_plan(ddp, plan)
+    except BytecompError as error:
+        return str(error), time.monotonic() - started
+    return None, time.monotonic() - started
+
+
+@pytest.mark.parametrize("case,message", [
+    ("ranks differ", "the plan differs between ranks"),
+    ("another model", "the plan names tensor 'hidden.2.bias', which the model does not have"),
+    ("other shapes", "the plan was made for another model (its fingerprint differs"),
+    ("another world size", "the plan is for 4 ranks but this job has 2"),
+])
+def test_mismatched_plans_fail_clearly_on_every_rank(case, message):
+    for rank, (error, seconds) in enumerate(run_ranks(mismatch, 2, case)):
+        assert error is not None and message in error, (rank, error)
+        assert seconds < 30
+
+
+def unplanned_tensor(rank, world):
+    workload = load_workload(SMALL)
+    smaller = load_workload("mlp:inputs=32,width=64,depth=1").model  # lacks hidden.1
+    plan = plan_for_model(smaller, lambda n, p: Option(None), world)
+    plan.entries = [e for e in plan.entries if e.name in dict(workload.model.named_parameters())]
+    errors = []
+    try:
+        bytecomp.apply_plan(DistributedDataParallel(workload.model), plan)
+    except BytecompError as error:
+        errors.append(str(error))
+    ddp = DistributedDataParallel(workload.model)
+    executor = bytecomp.apply_plan(ddp, plan, fallback="fp32")
+    inputs, target = batch(rank, 0)
+    workload.loss(ddp(inputs), target).backward()
+    executor.close()
+    try:
+        executor.load_state_dict({"format": 1, "plan_digest": "other", "step": 0, "ranks": []})
+    except BytecompError as error:
+        errors.append(str(error))
+    return errors, parameters_agree(workload.model)
+
+
+def test_unplanned_tensors_need_the_fp32_fallback():
+    for errors, _ in run_ranks(unplanned_tensor, 2):
+        assert "is not in the plan (pass fallback='fp32'" in errors[0]
+        assert "saved with another plan" in errors[1]
