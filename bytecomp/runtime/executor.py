@@ -178,7 +178,7 @@ class Executor:
     def _build_groups(self, fallback) -> list[GroupSpec]:
         groups = []
         compressors: dict[str, Compressor] = {}
-        for group_id, entries in sorted(self.plan.groups().items()):
+        for _, entries in sorted(self.plan.groups().items()):
             spec = entries[0].compressor if entries[0].action == "compress" else "none"
             compressor = compressors.setdefault(spec, from_spec(spec))
             names = [e.name for e in entries]
