@@ -240,11 +240,14 @@ def load_plan(path) -> Plan:
 
 
 def plan_for_model(model, choose, world_size: int, nodes: int = 1,
-                   bucket_cap_mb: float = 25.0, predicted_ms: dict | None = None) -> Plan:
+                   bucket_cap_mb: float = 25.0, predicted_ms: dict | None = None,
+                   ready_order: list[str] | None = None) -> Plan:
     """A plan that gives each parameter ``choose(name, param) -> Option``, grouped as
-    the planner groups: DDP's buckets at ``bucket_cap_mb`` (parameters in reverse
-    order, DDP's first guess of the ready order) and, inside a bucket, one group per
-    option. Used for baselines ("this compressor on every tensor") and tests.
+    the planner groups: DDP's buckets at ``bucket_cap_mb`` and, inside a bucket, one
+    group per option. Buckets follow ``ready_order`` (parameter names in the order
+    their gradients become ready, e.g. a profile's tensors.csv) or else the reverse
+    parameter order, DDP's own first guess. Used for baselines ("this compressor on
+    every tensor") and tests.
 
     >>> plan = plan_for_model(model, lambda n, p: Option("topk:ratio=0.01", "device",
     ...                       "allgather"), world_size=4)
@@ -253,7 +256,11 @@ def plan_for_model(model, choose, world_size: int, nodes: int = 1,
     from bytecomp.timeline.buckets import ddp_buckets
 
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    ready = list(reversed(params))
+    if ready_order is not None:
+        named = dict(params)
+        ready = [(name, named[name]) for name in ready_order if name in named]
+    else:
+        ready = list(reversed(params))
     buckets = ddp_buckets([p.numel() * p.element_size() for _, p in ready],
                           [str(p.dtype) for _, p in ready], bucket_cap_mb)
     entries: dict[str, PlanEntry] = {}

@@ -48,14 +48,36 @@ def unpack(buffer: torch.Tensor, dtypes: list[torch.dtype], numels: list[int]) -
     return payload
 
 
+def divide_first(tensor: torch.Tensor) -> bool:
+    """16-bit payloads are divided before they are summed (as PyTorch's fp16 hook does),
+    so that the sum cannot overflow; wider ones after, off the hook's thread."""
+    return tensor.element_size() < 4
+
+
+def averages_in_reduction(group: dist.ProcessGroup) -> bool:
+    """NCCL averages inside its reduction kernel (ReduceOp.AVG): no pass to divide."""
+    return dist.get_backend(group) == "nccl" and hasattr(dist.ReduceOp, "AVG")
+
+
+def allreduce_average(tensor: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
+    """Start the allreduce that averages ``tensor``; returns (work, divide afterwards?)."""
+    if averages_in_reduction(group):
+        return dist.all_reduce(tensor, op=dist.ReduceOp.AVG, group=group, async_op=async_op), \
+            False
+    if divide_first(tensor):
+        tensor.div_(dist.get_world_size(group))
+        return dist.all_reduce(tensor, group=group, async_op=async_op), False
+    return dist.all_reduce(tensor, group=group, async_op=async_op), True
+
+
 def allreduce_mean_(payload: Payload, group: dist.ProcessGroup) -> Payload:
-    """Average every tensor over the group, in place (divided first, as PyTorch's
-    fp16 hook does, so that 16-bit sums do not overflow)."""
+    """Average every tensor over the group, in place."""
     size = dist.get_world_size(group)
     for tensor in payload:
         if size > 1 and tensor.numel():
-            tensor.div_(size)
-            dist.all_reduce(tensor, group=group)
+            _, divide_after = allreduce_average(tensor, group)
+            if divide_after:
+                tensor.div_(size)
     return payload
 
 
@@ -86,6 +108,24 @@ def allgather_payloads(payload: Payload, group: dist.ProcessGroup, fixed_size: b
     all_gather_flat(gathered, mine, group=group)
     rows = gathered.view(size, longest)
     return [unpack(rows[r], dtypes, counts[r]) for r in range(size)]
+
+
+def allgather_fixed_async(payload: Payload, group: dist.ProcessGroup):
+    """Start an allgather of a fixed-size payload; return the work and a function that
+    unpacks every rank's payload (in rank order) once the work is done."""
+    size = dist.get_world_size(group)
+    device = payload[0].device if payload else torch.device("cpu")
+    dtypes = [t.dtype for t in payload]
+    numels = [t.numel() for t in payload]
+    mine = pack(payload, device)
+    gathered = torch.empty(size * mine.numel(), dtype=torch.uint8, device=device)
+    work = all_gather_flat(gathered, mine, group=group, async_op=True)
+
+    def unpacked() -> list[Payload]:
+        rows = gathered.view(size, mine.numel())
+        return [unpack(rows[r], dtypes, numels) for r in range(size)]
+
+    return work, unpacked
 
 
 def alltoall_payloads(payloads: list[Payload], group: dist.ProcessGroup,

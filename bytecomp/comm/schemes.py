@@ -23,7 +23,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from bytecomp.comm.collectives import allgather_payloads, allreduce_mean_, alltoall_payloads
+from bytecomp.comm.collectives import (
+    allgather_fixed_async,
+    allgather_payloads,
+    allreduce_average,
+    allreduce_mean_,
+    alltoall_payloads,
+)
 from bytecomp.comm.compat import all_gather_flat, reduce_scatter_flat
 from bytecomp.comm.topology import Topology
 from bytecomp.compress.base import Compressor, Peers
@@ -57,12 +63,13 @@ def peers_of(group: dist.ProcessGroup) -> Peers:
     return Peers(dist.get_rank(group), dist.get_world_size(group))
 
 
-def mean_of_decompressed(compressor: Compressor, payloads, ctx, like: torch.Tensor) -> torch.Tensor:
-    """Mean of every rank's decompressed payload, summed in rank order in float32."""
-    total = torch.zeros(like.numel(), dtype=torch.float32, device=like.device)
-    for payload in payloads:
-        total += compressor.decompress(payload, ctx).float()
-    return total.div_(len(payloads)).to(like.dtype)
+def mean_of_decompressed(compressor: Compressor, payloads, ctx, like: torch.Tensor,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of every rank's decompressed payload, summed in rank order in float32, into
+    ``out`` (a new tensor shaped like ``like`` by default)."""
+    if out is None:
+        out = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
+    return compressor.aggregate_into(payloads, ctx, out.reshape(-1))
 
 
 class Exchange:
@@ -81,8 +88,11 @@ class Exchange:
     def communicate(self) -> None:
         pass
 
-    def decode(self) -> torch.Tensor:
-        return self.x
+    def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The averaged tensor; written into ``out`` when given (which may be the input)."""
+        if out is None or out.data_ptr() == self.x.data_ptr():
+            return self.x if out is None else out
+        return out.copy_(self.x.reshape(out.shape))
 
     def run(self) -> torch.Tensor:
         self.encode()
@@ -94,14 +104,24 @@ def _nbytes(payload) -> int:
     return sum(t.numel() * t.element_size() for t in payload)
 
 
+def one_collective(compressor: Compressor, scheme: str) -> bool:
+    """True when the flat exchange is a single collective (see
+    :meth:`FlatExchange.communicate_async`): one allreduce round, or one allgather of a
+    fixed-size payload."""
+    if scheme == "allreduce":
+        return compressor.collectives_of_rounds() == ("allreduce",)
+    return scheme == "allgather" and compressor.rounds == 1 and compressor.fixed_size
+
+
 class FlatExchange(Exchange):
     """One-stage exchange over ``group``: the native rounds, or an allgather."""
 
-    def __init__(self, x, compressor: Compressor, state: dict, group, scheme: str = "allreduce"):
+    def __init__(self, x, compressor: Compressor, state: dict, group, scheme: str = "allreduce",
+                 peers: Peers | None = None):
         super().__init__(x)
         self.shape, self.flat = x.shape, x.reshape(-1)
         self.compressor, self.state, self.group = compressor, state, group
-        self.peers = peers_of(group)
+        self.peers = peers or peers_of(group)
         self.rounds = compressor.collectives_of_rounds() if scheme == "allreduce" \
             else ("allgather",)
 
@@ -121,12 +141,44 @@ class FlatExchange(Exchange):
                                                             self.peers)
         self.result = result
 
-    def decode(self) -> torch.Tensor:
-        if self.rounds[-1] == "allreduce":
-            out = self.compressor.decompress(self.result, self.ctx)
+    def communicate_async(self) -> torch.futures.Future:
+        """Issue the single collective now; the future completes when it is done."""
+        payload = self.payload
+        self.sent_bytes += _nbytes(payload)
+        size = dist.get_world_size(self.group)
+        if size == 1:
+            self.result = payload if self.rounds[0] == "allreduce" else [payload]
+            done = torch.futures.Future()
+            done.set_result(None)
+            return done
+        if self.rounds[0] == "allreduce":
+            works, self.divide_after = [], []
+            for tensor in payload:
+                work, divide_after = allreduce_average(tensor, self.group, async_op=True)
+                works.append(work)
+                if divide_after:
+                    self.divide_after.append(tensor)
+            self.result = payload
         else:
-            out = mean_of_decompressed(self.compressor, self.result, self.ctx, self.flat)
-        return out.reshape(self.shape)
+            gathered, finish = allgather_fixed_async(payload, self.group)
+            works = [gathered]
+            self.result = finish
+        if len(works) == 1:
+            return works[0].get_future()
+        return torch.futures.collect_all([w.get_future() for w in works])
+
+    def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        if callable(self.result):  # an asynchronous allgather: unpack now
+            self.result = self.result()
+        for tensor in getattr(self, "divide_after", ()):  # an asynchronous allreduce's sum
+            tensor.div_(self.peers.size)
+        self.divide_after = ()
+        if self.rounds[-1] == "allreduce":
+            if out is None:
+                return self.compressor.decompress(self.result, self.ctx).reshape(self.shape)
+            return self.compressor.decompress_into(self.result, self.ctx, out.reshape(-1))
+        result = mean_of_decompressed(self.compressor, self.result, self.ctx, self.flat, out)
+        return result.reshape(self.shape) if out is None else out
 
 
 def _padded(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -162,9 +214,10 @@ class TwoShotExchange(Exchange):
         self.sent_bytes += _nbytes(payload)
         self.gathered = allgather_payloads(payload, self.group, compressor.fixed_size)
 
-    def decode(self) -> torch.Tensor:
-        out = torch.cat([self.compressor.decompress(p, self.ctx) for p in self.gathered])
-        return out[: self.x.numel()].view(self.x.shape)
+    def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        full = torch.cat([self.compressor.decompress(p, self.ctx) for p in self.gathered])
+        result = full[: self.x.numel()].view(self.x.shape)
+        return result if out is None else out.copy_(result.reshape(out.shape))
 
 
 class HierarchicalExchange(Exchange):
@@ -200,8 +253,8 @@ class HierarchicalExchange(Exchange):
             out = chunk
         self.out = out[: x.numel()].view(x.shape)
 
-    def decode(self) -> torch.Tensor:
-        return self.out
+    def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.out if out is None else out.copy_(self.out.reshape(out.shape))
 
 
 def make_exchange(x: torch.Tensor, compressor: Compressor, state: dict, topology: Topology,

@@ -176,6 +176,21 @@ class Compressor:
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         raise NotImplementedError
 
+    def decompress_into(self, payload: Payload, ctx: Any, out: torch.Tensor) -> torch.Tensor:
+        """``decompress`` written into ``out`` (a flat tensor of the original dtype)."""
+        result = self.decompress(payload, ctx)
+        if result.data_ptr() != out.data_ptr():
+            out.copy_(result.reshape(out.shape))
+        return out
+
+    def aggregate_into(self, payloads: list[Payload], ctx: Any, out: torch.Tensor) -> torch.Tensor:
+        """The mean of every rank's decompressed payload, summed in rank order in float32,
+        written into ``out``."""
+        total = torch.zeros(out.numel(), dtype=torch.float32, device=out.device)
+        for payload in payloads:
+            total += self.decompress(payload, ctx).float()
+        return out.copy_(total.div_(len(payloads)))
+
 
 # -- helpers shared by the compressors -------------------------------------------
 

@@ -68,3 +68,9 @@ class ErrorFeedback(Compressor):
 
     def decompress(self, payload, ctx):
         return self.inner.decompress(payload, ctx[0])
+
+    def decompress_into(self, payload, ctx, out):
+        return self.inner.decompress_into(payload, ctx[0], out)
+
+    def aggregate_into(self, payloads, ctx, out):
+        return self.inner.aggregate_into(payloads, ctx[0], out)

@@ -48,6 +48,9 @@ class Cast(Compressor):
     def decompress(self, payload, ctx):
         return payload[0].to(ctx.dtype)
 
+    def decompress_into(self, payload, ctx, out):
+        return out.copy_(payload[0])
+
 
 class FP16(Cast):
     name = "fp16"

@@ -37,6 +37,20 @@ class _IndexedSparse(Compressor):
         values, indices = payload
         return scatter_values(values, indices, ctx)
 
+    def aggregate_into(self, payloads, ctx, out):
+        """Sum the sparse payloads into ``out`` in rank order (no dense temporaries).
+        CUDA's index_add_ sums with atomics in no fixed order, so ranks could disagree
+        in the last bit: there the dense rank-order sum is used."""
+        if out.device.type != "cpu":
+            return super().aggregate_into(payloads, ctx, out)
+        total = out if out.dtype == torch.float32 else \
+            torch.empty(out.numel(), dtype=torch.float32)
+        total.zero_()
+        for values, indices in payloads:
+            total.index_add_(0, indices.long(), values.float())
+        total.div_(len(payloads))
+        return out if total is out else out.copy_(total)
+
 
 class TopK(_IndexedSparse):
     """Top-k: the ``ceil(ratio * n)`` elements of largest magnitude."""

@@ -5,8 +5,11 @@ executor files each gradient under its plan group; when a group has all its
 members (possibly from several buckets) it is launched:
 
 * ``device`` placement: encode on the hook's own thread (as a device-side
-  encode delays the backward pass), then the collectives and the decode on the
-  executor's FIFO communication thread;
+  encode delays the backward pass). An exchange that is one collective (an
+  allreduce of a summable payload, an allgather of a fixed-size one) is then
+  issued asynchronously right there, on a process group of its own, and
+  decoded when it completes; any other (several rounds, sizes to exchange,
+  two-shot, hierarchical) runs on the executor's FIFO communication thread;
 * ``host`` placement: copy out (pinned memory on CUDA), encode and decode on a
   pool of host worker threads, collectives on the same FIFO thread (a gloo
   group when the job runs NCCL), copy back.
@@ -26,15 +29,16 @@ import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from bytecomp.comm.schemes import make_exchange
+from bytecomp.comm.schemes import FlatExchange, make_exchange, one_collective
 from bytecomp.comm.topology import Topology
 from bytecomp.comm.worker import CommWorker
-from bytecomp.compress import Compressor, from_spec
+from bytecomp.compress import Compressor, Peers, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.plan import Plan, load_plan
 from bytecomp.profile.workloads import fingerprint
@@ -90,13 +94,40 @@ class Stats:
         }
 
 
+class _Bucket:
+    """A bucket's future, completed when the last group holding one of its gradients
+    has written its result back."""
+
+    def __init__(self, future: torch.futures.Future, buffer: torch.Tensor, groups: int) -> None:
+        self.future = future
+        self.buffer = buffer
+        self.remaining = groups
+
+
 class _Step:
-    """Arrivals and futures of the groups of the step in progress."""
+    """Arrivals and waiting buckets of the step in progress."""
 
     def __init__(self) -> None:
         self.arrived: dict[int, dict[str, torch.Tensor]] = {}
-        self.futures: dict[int, torch.futures.Future] = {}
+        self.waiting: dict[int, list[_Bucket]] = {}
         self.launched: set[int] = set()
+        self.lock = threading.Lock()
+
+    def group_done(self, group: int, error: BaseException | None = None) -> None:
+        with self.lock:
+            buckets = self.waiting.pop(group, [])
+            ready = []
+            for bucket in buckets:
+                bucket.remaining -= 1
+                if error is not None or bucket.remaining == 0:
+                    ready.append(bucket)
+        for bucket in ready:
+            if bucket.future.done():
+                continue
+            if error is not None:
+                bucket.future.set_exception(error)
+            else:
+                bucket.future.set_result(bucket.buffer)
 
 
 class Executor:
@@ -120,6 +151,10 @@ class Executor:
         self.groups = self._build_groups(fallback)
         self.group_of = {name: g for g in self.groups for name in g.names}
         self.topology = Topology.build(plan.nodes, plan.ranks_per_node)
+        # Single-collective exchanges are issued asynchronously from the hook's thread, in
+        # hook order, on a group of their own (the FIFO thread's collectives use another).
+        self.direct = dist.new_group(list(range(dist.get_world_size())))
+        self.direct_peers = Peers(dist.get_rank(self.direct), dist.get_world_size(self.direct))
         hosted = any(g.place == "host" for g in self.groups)
         self.host_topology = self.topology
         if hosted and dist.get_backend() != "gloo":
@@ -198,22 +233,26 @@ class Executor:
     @staticmethod
     def _hook(self: Executor, bucket):  # no annotations: DDP rejects postponed ones
         step = self._current
-        buffer = bucket.buffer()
-        waiting = {}
-        for param, grad in zip(bucket.parameters(), bucket.gradients()):
-            group = self.group_of[self.name_of[id(param)]]
-            if group.index not in step.futures:
-                step.futures[group.index] = self._new_future()
-            waiting[group.index] = step.futures[group.index]
+        members = [(self.group_of[self.name_of[id(p)]], self.name_of[id(p)], grad)
+                   for p, grad in zip(bucket.parameters(), bucket.gradients())]
+        touched = list(dict.fromkeys(group.index for group, _, _ in members))
+        waiting = _Bucket(self._new_future(), bucket.buffer(), len(touched))
+        with step.lock:
+            for index in touched:
+                step.waiting.setdefault(index, []).append(waiting)
+        complete = []
+        for group, name, grad in members:
             arrived = step.arrived.setdefault(group.index, {})
-            arrived[self.name_of[id(param)]] = grad
+            arrived[name] = grad
             if len(arrived) == len(group.names):
-                step.launched.add(group.index)
-                self._launch(group, [arrived[n] for n in group.names], step.futures[group.index])
+                complete.append(group)
+        for group in complete:
+            step.launched.add(group.index)
+            views = [step.arrived[group.index][n] for n in group.names]
+            self._launch(group, views, partial(step.group_done, group.index))
         if bucket.is_last():
             self._end_step(step)
-        return torch.futures.collect_all(list(waiting.values())).then(
-            lambda done: _result(done, buffer))
+        return waiting.future
 
     def _new_future(self) -> torch.futures.Future:
         if self.device.type == "cuda":
@@ -239,41 +278,52 @@ class Executor:
 
     # -- running a group -------------------------------------------------------------------------
     @staticmethod
-    def _flat_input(views: list[torch.Tensor]) -> torch.Tensor:
-        """The members as one flat tensor: the bucket's own memory when they lie side by
-        side in it (no copy), else a concatenation."""
-        first = views[0]
+    def _flat_input(views: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+        """The members as one flat tensor, and whether it is the bucket's own memory
+        (when they lie side by side in it: no copy in, the result decoded in place)."""
         adjacent = all(v.is_contiguous() for v in views) and all(
             b.data_ptr() == a.data_ptr() + a.numel() * a.element_size()
             for a, b in zip(views, views[1:]))
         if adjacent:
             total = sum(v.numel() for v in views)
-            return first.reshape(-1).as_strided((total,), (1,))
-        return torch.cat([v.reshape(-1) for v in views])
+            return views[0].reshape(-1).as_strided((total,), (1,)), True
+        return torch.cat([v.reshape(-1) for v in views]), False
 
     @staticmethod
-    def _write_back(views: list[torch.Tensor], result: torch.Tensor) -> None:
+    def _deliver(staged, views: list[torch.Tensor], x: torch.Tensor, in_bucket: bool) -> None:
+        """Decode the group's average into the bucket: in place, or piece by piece."""
+        if in_bucket:
+            staged.decode(out=x)
+            return
+        flat = staged.decode().reshape(-1)
         offset = 0
-        flat = result.reshape(-1)
         for view in views:
-            piece = flat[offset: offset + view.numel()].view_as(view)
-            if piece.data_ptr() != view.data_ptr():
-                view.copy_(piece, non_blocking=True)
+            view.copy_(flat[offset: offset + view.numel()].view_as(view), non_blocking=True)
             offset += view.numel()
 
-    def _launch(self, group: GroupSpec, views, done: torch.futures.Future) -> None:
+    def _launch(self, group: GroupSpec, views, done) -> None:
+        """Run ``group``'s exchange; ``done(error=None)`` when its result is written back."""
         state = self._state_of(group)
         if group.place == "host":
             self._launch_on_host(group, views, done, state)
             return
         try:
             started = time.perf_counter()
-            staged = make_exchange(self._flat_input(views), group.compressor, state,
-                                   self.topology, group.scheme)
+            x, in_bucket = self._flat_input(views)
+            direct = x.numel() and one_collective(group.compressor, group.scheme)
+            staged = FlatExchange(x, group.compressor, state, self.direct, group.scheme,
+                                  self.direct_peers) if direct else make_exchange(x, group.compressor, state, self.topology,
+                                             group.scheme)
             staged.encode()
-            self.stats.add(encode_s=time.perf_counter() - started)
+            issued = time.perf_counter()
+            self.stats.add(encode_s=issued - started)
+            if direct:
+                staged.communicate_async().then(
+                    lambda future: self._finish(future, staged, views, x, in_bucket, done,
+                                                issued))
+                return
         except BaseException as error:
-            done.set_exception(error)
+            done(error)
             return
 
         def communicate_and_decode():
@@ -281,23 +331,36 @@ class Executor:
                 started = time.perf_counter()
                 staged.communicate()
                 middle = time.perf_counter()
-                result = staged.decode()
-                self._write_back(views, result)
+                self._deliver(staged, views, x, in_bucket)
                 self.stats.add(communicate_s=middle - started,
                                decode_s=time.perf_counter() - middle,
                                sent_bytes=staged.sent_bytes)
-                done.set_result(None)
+                done()
             except BaseException as error:
-                done.set_exception(error)
+                done(error)
 
         self.worker.submit(communicate_and_decode, device=self.device)
+
+    def _finish(self, future, staged, views, x, in_bucket, done, issued: float) -> None:
+        """Completion of an asynchronous collective: decode, write back, release."""
+        try:
+            for inner in future.value():  # raises if the collective failed
+                if isinstance(inner, torch.futures.Future):
+                    inner.value()
+            middle = time.perf_counter()
+            self._deliver(staged, views, x, in_bucket)
+            self.stats.add(communicate_s=middle - issued, decode_s=time.perf_counter() - middle,
+                           sent_bytes=staged.sent_bytes)
+            done()
+        except BaseException as error:
+            done(error)
 
     def _launch_on_host(self, group: GroupSpec, views, done, state) -> None:
         cuda = self.device.type == "cuda"
 
         def encode():
             started = time.perf_counter()
-            x = self._flat_input(views)
+            x, _ = self._flat_input(views)
             if cuda:
                 host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
                 host.copy_(x)
@@ -312,13 +375,17 @@ class Executor:
         def decode(staged):
             try:
                 started = time.perf_counter()
-                self._write_back(views, staged.decode().to(self.device))
+                result = staged.decode().reshape(-1).to(self.device)
+                offset = 0
+                for view in views:
+                    view.copy_(result[offset: offset + view.numel()].view_as(view))
+                    offset += view.numel()
                 if cuda:
                     torch.cuda.current_stream(self.device).synchronize()
                 self.stats.add(decode_s=time.perf_counter() - started)
-                done.set_result(None)
+                done()
             except BaseException as error:
-                done.set_exception(error)
+                done(error)
 
         def communicate():  # on the FIFO thread, in launch order
             try:
@@ -329,7 +396,7 @@ class Executor:
                                sent_bytes=staged.sent_bytes)
                 self.host_pool.submit(decode, staged)
             except BaseException as error:
-                done.set_exception(error)
+                done(error)
 
         self.worker.submit(communicate)
 
@@ -360,12 +427,6 @@ class Executor:
         self.worker.close()
         if self.host_pool is not None:
             self.host_pool.shutdown(wait=True)
-
-
-def _result(done: torch.futures.Future, buffer: torch.Tensor) -> torch.Tensor:
-    for future in done.value():
-        future.value()  # re-raises a group's failure in DDP's backward
-    return buffer
 
 
 def _to_device(value, device):

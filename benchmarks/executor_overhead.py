@@ -1,0 +1,187 @@
+"""Overhead of the executor against hand-written DDP hooks, measured side by side.
+
+On spawned gloo ranks, one process group, one model per configuration (same
+initial weights), iterations interleaved round-robin so that noise hits every
+configuration alike (every other round in reverse order); per configuration
+the median iteration time (forward,
+backward with communication, optimizer; after a barrier; slowest rank):
+
+* DDP's built-in allreduce vs an all-fp32 bytecomp plan, and PyTorch's own
+  Python ``allreduce_hook`` vs the same plan: a hook must average the bucket in
+  an extra pass, which DDP's built-in path fuses into its gradient copy, so the
+  second pair isolates bytecomp's own overhead;
+* PyTorch's ``fp16_compress_hook`` vs a bytecomp plan with fp16 on every tensor;
+* a minimal hand-written top-k hook (bytecomp's top-k compressor with error
+  feedback, values and indices allgathered asynchronously) vs a bytecomp plan
+  with the same top-k on every tensor.
+
+Plans group tensors by DDP's buckets in the gradient-ready order recorded from
+one backward pass, as plans made from a profile do. Target: each bytecomp
+configuration within 3% of its reference (median over trials of the per-trial
+difference).
+
+    python benchmarks/executor_overhead.py [--model cnn] [--nproc 2] [--rounds 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+import bytecomp
+from bytecomp.compress import from_spec
+from bytecomp.launch import free_port
+from bytecomp.model.strategy import Option
+from bytecomp.plan import plan_for_model
+from bytecomp.profile.workloads import load_workload
+
+TOPK = "topk:ratio=0.01"
+
+
+def topk_hook(state, bucket):
+    """A minimal top-k hook: compress the bucket, allgather values and indices, average."""
+    buffer = bucket.buffer()
+    compressor = state["compressor"]
+    memory = state["memory"].setdefault(bucket.index(), {})
+    (values, indices), ctx = compressor.compress(buffer, memory)
+    world = dist.get_world_size()
+    all_values = values.new_empty(world * values.numel())
+    all_indices = indices.new_empty(world * indices.numel())
+    futures = [dist.all_gather_into_tensor(all_values, values, async_op=True).get_future(),
+               dist.all_gather_into_tensor(all_indices, indices, async_op=True).get_future()]
+
+    def decode(_):
+        out = torch.zeros_like(buffer)
+        out.index_add_(0, all_indices.long(), all_values)
+        return out.div_(world)
+
+    return torch.futures.collect_all(futures).then(decode)
+
+
+def ready_order(model) -> list[str]:
+    """The order gradients become ready, recorded from one backward pass."""
+    order = []
+    handles = [p.register_post_accumulate_grad_hook(lambda p, n=n: order.append(n))
+               for n, p in model.named_parameters()]
+    return order, handles
+
+
+def configurations(model, world: int, cap_mb: float, order: list[str]):
+    def plan(spec, scheme):
+        option = Option(spec, "device", scheme)
+        return plan_for_model(model, lambda n, p: option, world, bucket_cap_mb=cap_mb,
+                              ready_order=order)
+
+    return [
+        ("DDP built-in allreduce", None, None),
+        ("bytecomp all-fp32 plan", None, plan(None, "allreduce")),
+        ("PyTorch allreduce_hook", default_hooks.allreduce_hook, None),
+        ("bytecomp all-fp32 plan ", None, plan(None, "allreduce")),
+        ("PyTorch fp16_compress_hook", default_hooks.fp16_compress_hook, None),
+        ("bytecomp fp16 plan", None, plan("fp16", "allreduce")),
+        ("hand-written top-k hook", topk_hook, None),
+        ("bytecomp top-k plan", None, plan(TOPK, "allgather")),
+    ]
+
+
+def rank_main(rank, world, port, model_spec, rounds, warmup, cap_mb, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    workload = load_workload(model_spec)
+    inputs, target = workload.make_batch(workload.batch_size)
+    order, handles = ready_order(workload.model)
+    workload.loss(workload.model(*inputs if isinstance(inputs, tuple) else (inputs,)),
+                  target).backward()
+    workload.model.zero_grad(set_to_none=True)
+    for handle in handles:
+        handle.remove()
+    runs = []
+    for name, hook, plan in configurations(workload.model, world, cap_mb, order):
+        model = copy.deepcopy(workload.model)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+        if hook is topk_hook:
+            ddp.register_comm_hook({"compressor": from_spec(TOPK), "memory": {}}, hook)
+        elif hook is not None:
+            ddp.register_comm_hook(None, hook)
+        executor = bytecomp.apply_plan(ddp, plan) if plan is not None else None
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        runs.append((name, ddp, optimizer, executor, []))
+    for round_number in range(warmup + rounds):
+        # every other round in reverse, so that no configuration always follows another
+        order = runs if round_number % 2 == 0 else list(reversed(runs))
+        for _, ddp, optimizer, _, times in order:
+            dist.barrier()
+            start = time.perf_counter()
+            workload.loss(ddp(inputs), target).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            elapsed = time.perf_counter() - start
+            if round_number >= warmup:
+                times.append(elapsed)
+    table = torch.tensor([times for *_, times in runs], dtype=torch.float64)
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        results.put([(name, 1000 * statistics.median(row.tolist()))
+                     for (name, *_), row in zip(runs, table)])
+    for *_, executor, _ in runs:
+        if executor is not None:
+            executor.close()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--bucket-cap-mb", type=float, default=1.0)
+    parser.add_argument("--trials", type=int, default=3,
+                        help="independent runs; the table gives the median of each figure")
+    parser.add_argument("--markdown", help="append the table as markdown here")
+    args = parser.parse_args()
+    context = mp.get_context("spawn")
+    trials = []
+    for _ in range(args.trials):
+        results = context.Queue()
+        mp.start_processes(rank_main, args=(args.nproc, free_port(), args.model, args.rounds,
+                                            args.warmup, args.bucket_cap_mb, results),
+                           nprocs=args.nproc, start_method="spawn")
+        trials.append(results.get())
+    lines = [f"{args.model} on {args.nproc} gloo ranks, bucket cap {args.bucket_cap_mb:g} MB; "
+             f"each trial: median of {args.rounds} interleaved iterations; median of "
+             f"{args.trials} trials:", "",
+             "| configuration | iteration ms | vs reference | per trial |", "|---|---|---|---|"]
+    print(lines[0])
+    for index, name in enumerate(name for name, _ in trials[0]):
+        milliseconds = statistics.median(trial[index][1] for trial in trials)
+        if index % 2:
+            per_trial = [100 * (trial[index][1] / trial[index - 1][1] - 1) for trial in trials]
+            ratio = f"{statistics.median(per_trial):+.1f}%"
+            spread = ", ".join(f"{value:+.1f}%" for value in per_trial)
+        else:
+            ratio, spread = "reference", ""
+        print(f"  {name:30s} {milliseconds:9.2f} ms   {ratio:>10s}   {spread}")
+        lines.append(f"| {name} | {milliseconds:.2f} | {ratio} | {spread} |")
+    if args.markdown:
+        with open(args.markdown, "a") as handle:
+            handle.write("\n".join(lines) + "\n\n")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    main()
