@@ -238,6 +238,59 @@ def simulate(
         console.print(f"wrote {gantt_png(result, png, str(plan_file))}")
 
 
+@app.command()
+def bench(
+    profile: str = typer.Argument(..., help="Profile directory the plan was made from."),
+    plan_file: str = typer.Option(..., "--plan", help="The plan to measure."),
+    out: str = typer.Option("bench", help="Output directory (bench.csv, bench.md)."),
+    compressor: str = typer.Option(None, help="Compressor for the 'on every tensor' baseline "
+                                   "(default: the plan's first, else topk:ratio=0.01)."),
+    cluster: str = typer.Option(None, help="Cluster config of this job, for the predictions "
+                                "(default: the profiled cluster)."),
+    iterations: int = typer.Option(10, min=1, help="Measured iterations per strategy."),
+    warmup: int = typer.Option(3, min=2, help="Iterations before measuring."),
+    nproc: int = typer.Option(None, help="Local ranks to spawn (leave out under torchrun or "
+                              "bytecomp emulate)."),
+    force: bool = typer.Option(False, help="Replace an existing output directory."),
+):
+    """Measure the plan and the baselines for real, beside the model's predictions."""
+    from bytecomp.bench import BenchConfig, run_bench
+
+    if nproc is not None and nproc < 1:
+        raise BytecompError(f"--nproc must be at least 1, got {nproc}")
+    run_bench(BenchConfig(profile, plan_file, out, compressor, cluster, iterations, warmup,
+                          force), nproc)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def emulate(
+    ctx: typer.Context,
+    nodes: int = typer.Option(2, help="Emulated nodes (one network namespace each)."),
+    ranks_per_node: int = typer.Option(1, help="Ranks per node (they share its namespace)."),
+    bandwidth: str = typer.Option("1gbit", help="Link rate of every node, both directions "
+                                  "(tc syntax: 100mbit, 1gbit, 10gbit)."),
+    latency: str = typer.Option("0", help="Added one-way latency (needs the netem qdisc)."),
+    check: bool = typer.Option(False, "--check", help="Measure a 2-node allreduce of 16 MiB "
+                               "and compare the achieved bandwidth with the configured one."),
+):
+    """Run COMMAND's ranks in network namespaces over shaped links, like torchrun:
+    bytecomp emulate --nodes 2 --ranks-per-node 2 --bandwidth 1gbit -- python train.py"""
+    from bytecomp.emulate import check_bandwidth, run_emulated
+
+    if check:
+        result = check_bandwidth(bandwidth)
+        table = Table(title="emulated 2-node allreduce of 16 MiB (gloo)")
+        for column in ("configured Gbit/s", "achieved Gbit/s (bus)", "achieved share",
+                       "time ms"):
+            table.add_column(column, justify="right")
+        table.add_row(f"{result['configured_gbps']:.3f}", f"{result['achieved_gbps']:.3f}",
+                      f"{100 * result['share']:.1f}%", f"{result['time_ms']:.1f}")
+        console.print(table)
+        return
+    code = run_emulated(list(ctx.args), nodes, ranks_per_node, bandwidth, latency)
+    raise typer.Exit(code)
+
+
 def _shown(value) -> str:
     from bytecomp.compress.base import format_value
 

@@ -147,3 +147,30 @@ def _stop(processes) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=5)
+
+
+def run_job(fn: Callable, args: tuple, nproc: int | None, backend: str, timeout_s: float,
+            on_stop: Callable[[], None] = lambda: None) -> None:
+    """``fn(*args, nodes, ranks_per_node)`` on every rank: this torchrun job's ranks, or
+    ``nproc`` spawned local ranks (default 1)."""
+    if in_torchrun():
+        shape = torchrun_shape()
+        if nproc is not None and nproc != shape.world_size:
+            raise BytecompError(f"--nproc {nproc} differs from torchrun's WORLD_SIZE "
+                                f"{shape.world_size}; leave --nproc out under torchrun")
+        init_from_env(backend, timeout_s)
+        try:
+            fn(*args, shape.nodes, shape.ranks_per_node)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+        return
+    nproc = 1 if nproc is None else nproc
+    spawn(_spawned, (fn, args, nproc), nproc, backend, timeout_s, on_stop)
+
+
+def _spawned(fn: Callable, args: tuple, nproc: int) -> None:
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+    fn(*args, 1, nproc)

@@ -1,8 +1,15 @@
 """Linear models ``time = a + b * size`` fitted to sweeps with scipy.
 
-The fit minimizes *relative* error (small sizes matter as much as large ones:
-a 1 KiB allreduce is latency, a 64 MiB one bandwidth) with both coefficients
-kept non-negative, so that extrapolation never predicts negative times.
+A sweep has two regimes: small sizes measure the fixed cost (latency, launch
+overhead), large ones the cost per byte or element (bandwidth). A single
+least-squares line is pulled by whichever regime has more points; worse, on a
+shaped link the small sizes ride the token bucket's burst and look faster than
+the link, which no straight line reconciles. So the two are fitted apart, as
+an alpha-beta model is meant: ``a`` is the intercept of the line through the
+three smallest sizes, ``b`` the least-squares slope of the sizes within 16x of
+the largest, through ``a`` (scipy's bounded least squares, both non-negative,
+so extrapolation never predicts negative times). Exact linear data gives its
+exact coefficients back.
 """
 
 from __future__ import annotations
@@ -29,8 +36,22 @@ class LinearFit:
         return self.intercept + self.slope * x
 
 
+SMALLEST = 3
+LARGE_RANGE = 16.0
+
+
+def _intercept(x: np.ndarray, y: np.ndarray) -> float:
+    """Non-negative intercept of the least-squares line through the smallest sizes."""
+    order = np.argsort(x)[:SMALLEST]
+    xs, ys = x[order], y[order]
+    if np.ptp(xs) == 0:
+        return float(max(0.0, ys.min()))
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return float(np.clip(intercept, 0.0, ys.min()))
+
+
 def fit_linear(x, y) -> LinearFit:
-    """Fit non-negative ``a + b x`` to points ``(x, y)`` by relative least squares."""
+    """Fit non-negative ``a + b x`` to a sweep ``(x, y)`` (see the module docstring)."""
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     if x.size == 0:
@@ -39,8 +60,12 @@ def fit_linear(x, y) -> LinearFit:
     if x.size == 1 or np.ptp(x) == 0:
         a, b = 0.0, float(np.mean(y / np.maximum(x, 1e-12)))
     else:
-        system = np.column_stack([weights, x * weights])
-        a, b = lsq_linear(system, np.ones_like(y), bounds=(0, np.inf)).x
+        a = _intercept(x, y) if x.size > SMALLEST else 0.0
+        large = x >= x.max() / LARGE_RANGE
+        if x.size <= SMALLEST:
+            large = np.ones_like(x, dtype=bool)
+        system = x[large].reshape(-1, 1)
+        b = float(lsq_linear(system, y[large] - a, bounds=(0, np.inf)).x[0])
     predicted = a + b * x
     residual = float(np.sum((y - predicted) ** 2))
     spread = float(np.sum((y - y.mean()) ** 2))

@@ -1,0 +1,247 @@
+"""``bytecomp bench``: measure a plan and the baselines for real, beside the model's
+predictions.
+
+On every rank of the job (spawned, under torchrun, or under ``bytecomp
+emulate``), one copy of the profiled workload per strategy, with the same
+initial weights:
+
+* fp32 DDP (DDP's built-in allreduce);
+* PyTorch's ``fp16_compress_hook``;
+* PyTorch's ``powerSGD_hook`` (the profile's PowerSGD rank, error feedback and
+  warm start, compressing from the second iteration);
+* one compressor on every tensor (bytecomp's executor);
+* the bytecomp plan (bytecomp's executor).
+
+Iterations are interleaved round-robin (every other round reversed) after a
+warm-up; an iteration's time is the slowest rank's, after a barrier. The
+prediction of each strategy comes from the same models ``bytecomp plan`` uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from rich.table import Table
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+from torch.nn.parallel import DistributedDataParallel
+
+import bytecomp
+from bytecomp.compress import canonical, from_spec
+from bytecomp.errors import BytecompError
+from bytecomp.files import directory_atomic
+from bytecomp.model.clusters import load_cluster
+from bytecomp.plan import load_plan, plan_for_model
+from bytecomp.profile.store import load_profile
+from bytecomp.profile.training import to_device
+from bytecomp.profile.workloads import load_workload
+from bytecomp.search import Planner, simulate_plan
+from bytecomp.search.planner import native_option
+from bytecomp.ui import Reporter
+
+DEFAULT_COMPRESSOR = "topk:ratio=0.01"
+
+
+@dataclass
+class BenchConfig:
+    profile: str
+    plan: str
+    out: str = "bench"
+    compressor: str | None = None
+    cluster: str | None = None
+    iterations: int = 10
+    warmup: int = 3
+    force: bool = False
+
+
+@dataclass
+class Strategy:
+    name: str
+    ddp: DistributedDataParallel
+    optimizer: torch.optim.Optimizer
+    predicted_ms: float
+    executor: object = None
+
+
+def _every_compressor(config: BenchConfig, plan) -> str:
+    if config.compressor:
+        return canonical(config.compressor)
+    return plan.compressors[0] if plan.compressors else DEFAULT_COMPRESSOR
+
+
+def _predictions(profile, plan, cluster, spec: str) -> tuple[dict[str, float], int | None]:
+    planner = Planner(profile, cluster, [spec])
+    baselines = {b.name: b.time_ms for b in planner.baselines()}
+    powersgd_spec = planner.baseline_specs["powersgd"]
+    rank = from_spec(powersgd_spec).values["rank"] if powersgd_spec else None
+    plan_ms = simulate_plan(Planner(profile, cluster, plan.compressors or None, strict=True),
+                            plan, record=False).iteration_ms
+    option = native_option(spec)
+    return {
+        "fp32 DDP": baselines["fp32 DDP"],
+        "fp16 hook": baselines.get("fp16 hook", float("nan")),
+        "PowerSGD hook": baselines.get(f"PowerSGD hook (rank {rank})", float("nan")),
+        "every": baselines[f"{spec} on every tensor ({option.collective})"],
+        "plan": plan_ms,
+    }, rank
+
+
+def _strategies(workload, device, profile, plan, spec, predicted, rank, world, nodes):
+    cap = profile.bucket_cap_mb
+    order = list(profile.tensors["name"])
+    device_ids = [device.index] if device.type == "cuda" else None
+
+    def fresh(bucket_cap_mb):
+        model = copy.deepcopy(workload.model).to(device)
+        ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
+        return ddp, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    strategies = []
+    ddp, optimizer = fresh(cap)
+    strategies.append(Strategy("fp32 DDP", ddp, optimizer, predicted["fp32 DDP"]))
+    ddp, optimizer = fresh(cap)
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    strategies.append(Strategy("fp16 hook", ddp, optimizer, predicted["fp16 hook"]))
+    if rank is not None:
+        ddp, optimizer = fresh(cap)
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                       start_powerSGD_iter=2, min_compression_rate=2,
+                                       use_error_feedback=True, warm_start=True)
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+        strategies.append(Strategy(f"PowerSGD hook (rank {rank})", ddp, optimizer,
+                                   predicted["PowerSGD hook"]))
+    option = native_option(spec)
+    every = plan_for_model(workload.model, lambda n, p: option, world, nodes, cap,
+                           ready_order=order)
+    ddp, optimizer = fresh(cap)
+    strategies.append(Strategy(f"{spec} on every tensor", ddp, optimizer, predicted["every"],
+                               bytecomp.apply_plan(ddp, every)))
+    ddp, optimizer = fresh(plan.bucket_cap_mb)
+    strategies.append(Strategy("bytecomp plan", ddp, optimizer, predicted["plan"],
+                               bytecomp.apply_plan(ddp, plan)))
+    return strategies
+
+
+def _clock(device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _measure(strategies, workload, batch, device, config, progress) -> list[list[float]]:
+    inputs, target = batch
+    times = [[] for _ in strategies]
+    for round_number in range(config.warmup + config.iterations):
+        order = list(enumerate(strategies))
+        if round_number % 2:
+            order.reverse()
+        for index, strategy in order:
+            dist.barrier()
+            start = _clock(device)
+            workload.loss(strategy.ddp(*inputs), target).backward()
+            strategy.optimizer.step()
+            strategy.optimizer.zero_grad()
+            elapsed = _clock(device) - start
+            if round_number >= config.warmup:
+                times[index].append(1000 * elapsed)
+        progress()
+    table = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    return table.tolist()
+
+
+def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
+    """Run on every rank; rank 0 writes the results and returns them."""
+    profile = load_profile(config.profile)
+    plan = load_plan(config.plan)
+    cluster = load_cluster(config.cluster) if config.cluster else None
+    world = dist.get_world_size()
+    shape = (cluster.nodes, cluster.ranks_per_node) if cluster else \
+        (profile.nodes, profile.ranks_per_node)
+    if shape[0] * shape[1] != world:
+        raise BytecompError(f"this job has {world} ranks but the predictions are for "
+                            f"{shape[0] * shape[1]} ({'--cluster' if cluster else 'the profile'});"
+                            f" pass --cluster with this job's shape")
+    spec = _every_compressor(config, plan)
+    predicted, rank = _predictions(profile, plan, cluster, spec)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
+        if torch.cuda.is_available() else torch.device("cpu")
+    workload = load_workload(profile.meta["model"]["spec"])
+    batch = to_device(workload.make_batch(int(profile.meta["batch_size"])), device)
+    strategies = _strategies(workload, device, profile, plan, spec, predicted, rank, world,
+                             shape[0])
+    reporter = Reporter(enabled=dist.get_rank() == 0)
+    with reporter.session():
+        progress = reporter.phase(f"{len(strategies)} strategies, interleaved",
+                                  config.warmup + config.iterations)
+        times = _measure(strategies, workload, batch, device, config, progress)
+    stats = {}
+    for strategy in strategies:
+        if strategy.executor is not None:
+            stats[strategy.name] = strategy.executor.stats.summary()
+            strategy.executor.close()
+    if dist.get_rank() != 0:
+        return None
+    rows = []
+    fp32 = statistics.median(times[0])
+    for strategy, samples in zip(strategies, times):
+        median = statistics.median(samples)
+        rows.append({
+            "strategy": strategy.name, "measured_ms": median,
+            "p10_ms": float(np.percentile(samples, 10)), "p90_ms": float(np.percentile(samples, 90)),
+            "predicted_ms": strategy.predicted_ms,
+            "error": (strategy.predicted_ms - median) / median,
+            "speedup_vs_fp32": fp32 / median,
+            **{f"rank0_{key}": value for key, value in stats.get(strategy.name, {}).items()
+               if key.endswith("ms_per_step") or key == "bytes_vs_fp32"},
+        })
+    results = pd.DataFrame(rows)
+    _write(results, config, profile, world, shape)
+    reporter.print(_table(results, profile, shape, config))
+    return results
+
+
+def _table(results: pd.DataFrame, profile, shape, config) -> Table:
+    table = Table(title=f"bytecomp bench: {profile.meta['model']['spec']} on {shape[0]} x "
+                        f"{shape[1]} ranks, median of {config.iterations} interleaved iterations")
+    for column in ("strategy", "measured ms", "p10", "p90", "predicted ms", "error",
+                   "speedup vs fp32"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for row in results.itertuples():
+        table.add_row(row.strategy, f"{row.measured_ms:.2f}", f"{row.p10_ms:.2f}",
+                      f"{row.p90_ms:.2f}", f"{row.predicted_ms:.2f}", f"{100 * row.error:+.1f}%",
+                      f"{row.speedup_vs_fp32:.2f}x")
+    errors = results["error"].abs()
+    table.caption = (f"prediction error: median {100 * errors.median():.1f}%, worst "
+                     f"{100 * errors.max():.1f}%")
+    return table
+
+
+def _write(results: pd.DataFrame, config: BenchConfig, profile, world: int, shape) -> None:
+    with directory_atomic(config.out, config.force) as folder:
+        results.to_csv(folder / "bench.csv", index=False)
+        lines = ["| strategy | measured ms (p10-p90) | predicted ms | error | speedup vs fp32 |",
+                 "|---|---|---|---|---|"]
+        for row in results.itertuples():
+            lines.append(f"| {row.strategy} | {row.measured_ms:.2f} ({row.p10_ms:.2f}-"
+                         f"{row.p90_ms:.2f}) | {row.predicted_ms:.2f} | {100 * row.error:+.1f}% | "
+                         f"{row.speedup_vs_fp32:.2f}x |")
+        header = (f"{profile.meta['model']['spec']}, {shape[0]} x {shape[1]} ranks "
+                  f"({world} in the job), profile {config.profile}, plan {config.plan}\n\n")
+        (folder / "bench.md").write_text(header + "\n".join(lines) + "\n")
+
+
+def ensure_output(config: BenchConfig) -> Path:
+    out = Path(config.out)
+    if out.exists() and not config.force:
+        raise BytecompError(f"{out} already exists (use --force to replace it)")
+    return out

@@ -1,0 +1,174 @@
+"""An emulated cluster on one machine: a network namespace per node.
+
+Each node is a namespace whose ``eth0`` is one end of a veth pair; the other
+ends join a bridge in the root namespace. A token bucket (tc tbf) shapes both
+directions of every node's link: egress of ``eth0`` inside the node, and
+egress of the bridge-side end towards it. Ranks of one node share its
+namespace, so their traffic to each other stays on loopback. Addresses are
+private (10.x.y.0/24, chosen per run) and exist only inside the namespaces;
+the bridge has none. Names carry a random run id, so runs do not collide, and
+everything is removed on exit, error or interrupt.
+
+Needs root (CAP_NET_ADMIN) and iproute2 (``ip``, ``tc``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+from bytecomp.errors import BytecompError
+
+PREFIX = "bc"
+NODE_INTERFACE = "eth0"
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def parse_rate(text: str) -> float:
+    """Bits per second from a tc-style rate: ``100mbit``, ``1gbit``, ``2.5gbit``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)bit\s*", text.lower())
+    if not match:
+        raise BytecompError(f"bandwidth {text!r} is not a rate like 100mbit, 1gbit or 10gbit")
+    rate = float(match.group(1)) * _UNITS[match.group(2)]
+    if rate <= 0:
+        raise BytecompError("bandwidth must be positive")
+    return rate
+
+
+def parse_latency(text: str) -> float:
+    """Seconds from ``100us``, ``2ms``, ``0``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(us|ms|s)?\s*", text.lower())
+    if not match:
+        raise BytecompError(f"latency {text!r} is not a time like 100us or 2ms")
+    value = float(match.group(1))
+    return value * {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1e-6}[match.group(2)]
+
+
+def tbf_burst_bytes(rate_bps: float) -> int:
+    """A bucket deep enough for one timer tick at this rate and for 64 KiB GSO segments."""
+    return int(max(256 * 1024, rate_bps / 8 / 250))
+
+
+def _run(*command: str, namespace: str | None = None, check: bool = True) -> str:
+    full = (["ip", "netns", "exec", namespace] if namespace else []) + list(command)
+    result = subprocess.run(full, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise BytecompError(f"`{' '.join(full)}` failed: {result.stderr.strip() or result.stdout}")
+    return result.stdout
+
+
+def check_support(latency_s: float = 0.0) -> None:
+    """One clear error when this machine cannot emulate a cluster."""
+    if os.geteuid() != 0:
+        raise BytecompError("bytecomp emulate needs root (CAP_NET_ADMIN) to create network "
+                            "namespaces and shape links")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise BytecompError(f"bytecomp emulate needs `{tool}` (iproute2)")
+    probe = f"{PREFIX}probe{secrets.token_hex(3)}"
+    result = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BytecompError(f"this machine cannot create network namespaces: "
+                            f"{result.stderr.strip()}")
+    try:
+        if latency_s > 0:
+            netem = subprocess.run(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev",
+                                    "lo", "root", "netem", "delay", "1ms"],
+                                   capture_output=True, text=True)
+            if netem.returncode != 0:
+                raise BytecompError("--latency needs the netem qdisc, which this kernel does "
+                                    "not have; leave --latency out")
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+
+
+@dataclass
+class EmulatedCluster:
+    """Namespaces, veth pairs, a bridge and shaping for ``nodes`` nodes (a context manager)."""
+
+    nodes: int
+    rate_bps: float
+    latency_s: float = 0.0
+    run_id: str = field(default_factory=lambda: secrets.token_hex(3))
+    created: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.subnet = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}"
+
+    @property
+    def bridge(self) -> str:
+        return f"{PREFIX}{self.run_id}br"
+
+    def namespace(self, node: int) -> str:
+        return f"{PREFIX}{self.run_id}n{node}"
+
+    def host_link(self, node: int) -> str:
+        return f"{PREFIX}{self.run_id}v{node}"
+
+    def address(self, node: int) -> str:
+        return f"{self.subnet}.{node + 1}"
+
+    def _shape(self, device: str, namespace: str | None) -> None:
+        rate = f"{int(self.rate_bps)}bit"
+        burst = str(tbf_burst_bytes(self.rate_bps))
+        tbf = ["tbf", "rate", rate, "burst", burst, "latency", "100ms"]
+        if self.latency_s > 0:
+            delay = f"{self.latency_s * 1e6:.0f}us"
+            _run("tc", "qdisc", "add", "dev", device, "root", "handle", "1:", "netem", "delay",
+                 delay, namespace=namespace)
+            _run("tc", "qdisc", "add", "dev", device, "parent", "1:", "handle", "2:", *tbf,
+                 namespace=namespace)
+        else:
+            _run("tc", "qdisc", "add", "dev", device, "root", *tbf, namespace=namespace)
+
+    def __enter__(self) -> EmulatedCluster:
+        try:
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            self.created.append(("link", self.bridge))
+            _run("ip", "link", "set", self.bridge, "up")
+            for node in range(self.nodes):
+                namespace, host = self.namespace(node), self.host_link(node)
+                _run("ip", "netns", "add", namespace)
+                self.created.append(("netns", namespace))
+                _run("ip", "link", "add", host, "type", "veth", "peer", "name", NODE_INTERFACE,
+                     "netns", namespace)
+                self.created.append(("link", host))
+                _run("ip", "link", "set", host, "master", self.bridge)
+                _run("ip", "link", "set", host, "up")
+                _run("ip", "addr", "add", f"{self.address(node)}/24", "dev", NODE_INTERFACE,
+                     namespace=namespace)
+                _run("ip", "link", "set", NODE_INTERFACE, "up", namespace=namespace)
+                _run("ip", "link", "set", "lo", "up", namespace=namespace)
+                self._shape(NODE_INTERFACE, namespace)  # node -> bridge
+                self._shape(host, None)                 # bridge -> node
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def teardown(self) -> None:
+        """Remove everything this run created (deleting a namespace removes its veth pair
+        and qdiscs); safe to call twice."""
+        for kind, name in reversed(self.created):
+            if kind == "netns":
+                subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            else:
+                subprocess.run(["ip", "link", "del", name], capture_output=True)
+        self.created.clear()
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+
+def leftovers(run_id: str | None = None) -> list[str]:
+    """Namespaces and links of bytecomp runs (of ``run_id``, or of any run) still present."""
+    prefix = PREFIX + (run_id or "")
+    names = [line.split()[0] for line in _run("ip", "netns", "list", check=False).splitlines()
+             if line.strip()]
+    links = re.findall(r"^\d+: ([^:@]+)", _run("ip", "-o", "link", "show", check=False),
+                       flags=re.M)
+    return [n for n in names + links if n.startswith(prefix) and "probe" not in n]

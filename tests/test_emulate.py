@@ -1,0 +1,109 @@
+"""The emulated cluster and bytecomp bench (network namespaces: needs root)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from bytecomp.emulate import check_bandwidth
+from bytecomp.emulate.netns import leftovers, parse_latency, parse_rate, tbf_burst_bytes
+from bytecomp.errors import BytecompError
+
+
+def _netns_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (CAP_NET_ADMIN) for network namespaces"
+    probe = subprocess.run(["ip", "netns", "add", "bcpytestprobe"], capture_output=True,
+                           text=True)
+    if probe.returncode != 0:
+        return f"network namespaces unavailable: {probe.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", "bcpytestprobe"], capture_output=True)
+    return None
+
+
+REASON = _netns_reason()
+netns = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+BYTECOMP = [sys.executable, "-m", "bytecomp"]
+
+
+def test_rates_and_latencies_parse():
+    assert parse_rate("1gbit") == 1e9 and parse_rate("100mbit") == 1e8
+    assert parse_rate("2.5gbit") == 2.5e9
+    assert parse_latency("100us") == pytest.approx(1e-4)
+    assert parse_latency("2ms") == pytest.approx(2e-3)
+    assert tbf_burst_bytes(1e9) >= 64 * 1024 and tbf_burst_bytes(1e10) > tbf_burst_bytes(1e9)
+    with pytest.raises(BytecompError, match="not a rate"):
+        parse_rate("fast")
+
+
+@netns
+def test_emulated_allreduce_reaches_the_configured_bandwidth():
+    result = check_bandwidth("1gbit", size_mb=16)
+    assert 0.85 <= result["share"] <= 1.05, result
+
+
+@netns
+def test_interrupting_emulate_leaves_nothing_behind():
+    process = subprocess.Popen([*BYTECOMP, "emulate", "--nodes", "2", "--ranks-per-node", "2",
+                                "--", "sleep", "60"], stderr=subprocess.PIPE, text=True)
+    banner = process.stderr.readline()
+    run_id = banner.split("run ")[1].split(",")[0]
+    deadline = time.monotonic() + 20
+    while len(leftovers(run_id)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(leftovers(run_id)) >= 3  # two namespaces and the bridge, at least
+    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    assert "tbf" in qdiscs
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=20)
+    assert process.returncode != 0
+    assert leftovers(run_id) == []
+    assert f"bc{run_id}" not in subprocess.run(["tc", "qdisc", "show"], capture_output=True,
+                                               text=True).stdout
+    sleepers = subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True, text=True)
+    assert sleepers.stdout.strip() == ""
+
+
+@netns
+def test_a_failing_rank_ends_emulate_with_its_exit_code():
+    result = subprocess.run([*BYTECOMP, "emulate", "--nodes", "2", "--", sys.executable, "-c",
+                             "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3
+
+
+@netns
+def test_profile_plan_bench_under_emulation(tmp_path):
+    started = time.monotonic()
+    profile, plan, out = tmp_path / "profile", tmp_path / "plan.yaml", tmp_path / "bench"
+    emulate = [*BYTECOMP, "emulate", "--nodes", "2", "--bandwidth", "1gbit", "--"]
+    steps = [
+        [*emulate, *BYTECOMP, "profile", "--model", "mlp", "--quick", "--out", str(profile)],
+        [*BYTECOMP, "plan", str(profile), "--out", str(plan)],
+        [*emulate, *BYTECOMP, "bench", str(profile), "--plan", str(plan), "--out", str(out),
+         "--iterations", "4"],
+    ]
+    for command in steps:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=170)
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert time.monotonic() - started < 180
+    table = pd.read_csv(out / "bench.csv")
+    assert list(table["strategy"])[0] == "fp32 DDP" and "bytecomp plan" in list(table["strategy"])
+    assert (table["measured_ms"] > 0).all() and (table["predicted_ms"] > 0).all()
+    assert "| bytecomp plan |" in (out / "bench.md").read_text()
+
+
+def test_emulate_without_root_is_one_clear_line():
+    # The process believes it is not root: the same code path as a real unprivileged user.
+    script = ("import os, sys; os.geteuid = lambda: 1000; from bytecomp.cli import main; "
+              "sys.argv = ['bytecomp', 'emulate', '--nodes', '2', '--', 'true']; main()")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "needs root" in lines[0] and "Traceback" not in result.stderr
