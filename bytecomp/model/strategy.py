@@ -15,7 +15,7 @@ merged group of ``numel`` elements has three parts:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from bytecomp.compress import from_spec
@@ -73,6 +73,7 @@ class StrategyCosts:
         self.element_size = element_size
         self._cache: dict = {}
         self._payloads: dict = {}
+        self.gathers = "d2d" in compute.copies  # the profile measured memory copies
 
     # -- collectives ---------------------------------------------------------------
     def _collective(self, name: str, group: str, dtype: str, nbytes: float) -> float:
@@ -124,6 +125,14 @@ class StrategyCosts:
                     + self._collective("allreduce", "inter", "float32", nbytes / per_node)
                     + self._collective("allgather", "intra", "float32", nbytes))
         return self._collective("allreduce", "world", "float32", nbytes)
+
+    def gathered(self, cost: GroupCost, nbytes: float) -> GroupCost:
+        """``cost`` plus gathering scattered members into one tensor before encoding and
+        scattering the result back after decoding (device memory copies)."""
+        copy = self.compute.copy_ms("d2d", nbytes)
+        if copy <= 0:
+            return cost
+        return replace(cost, encode_ms=cost.encode_ms + copy, decode_ms=cost.decode_ms + copy)
 
     def cost(self, option: Option, numel: int, shapes: tuple | None = None) -> GroupCost:
         key = (option, numel, shapes)

@@ -228,18 +228,26 @@ def compressor_steps(specs: list[str], devices: list, settings: SweepSettings) -
 
 
 def sweep_copies(device: torch.device, settings: SweepSettings, progress=None) -> list[dict]:
-    """Rows of copies.csv (CUDA only): direction, bytes, time_ms, pinned host memory."""
-    if device.type != "cuda":
-        return []
+    """Rows of copies.csv: direction, bytes, time_ms. ``d2d`` is a copy within the device's
+    memory (what gathering a merged group's scattered tensors costs; every rank copies
+    at once, as in training); on GPUs also ``d2h`` and ``h2d`` through pinned host
+    memory."""
     clock = Clock(device)
     rows = []
-    for nbytes in sizes(settings, memory_limit_bytes(device, 1)):
-        on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        on_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        for direction, fn in (("d2h", partial(on_host.copy_, on_device, non_blocking=True)),
-                              ("h2d", partial(on_device.copy_, on_host, non_blocking=True))):
-            stats = summarize(time_call_ms(fn, clock, settings.repeats))
-            rows.append({"direction": direction, "bytes": nbytes, "time_ms": stats["median_ms"]})
-        if progress:
-            progress()
+    limit = min(memory_limit_bytes(device, 1), 64 << 20)
+    for nbytes in sizes(settings, limit):
+        source = torch.ones(nbytes, dtype=torch.uint8, device=device)
+        target = torch.empty_like(source)
+        directions = [("d2d", partial(target.copy_, source))]
+        if device.type == "cuda":
+            on_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            directions += [("d2h", partial(on_host.copy_, source, non_blocking=True)),
+                           ("h2d", partial(source.copy_, on_host, non_blocking=True))]
+        for direction, fn in directions:
+            samples = _reduce([time_call_ms(fn, clock, settings.repeats)], dist.ReduceOp.MAX,
+                              torch.device("cpu"))[0]
+            rows.append({"direction": direction, "bytes": nbytes,
+                         "time_ms": summarize(samples)["median_ms"]})
+    if progress:
+        progress()
     return rows

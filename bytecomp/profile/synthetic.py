@@ -126,8 +126,9 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
     if device == "cuda":
         compressors += [{**row, "device": "cpu", "encode_ms": row["encode_ms"] * 10,
                          "decode_ms": row["decode_ms"] * 10} for row in list(compressors)]
-    copies = [{"direction": d, "bytes": 1 << e, "time_ms": 0.01 + (1 << e) / 2.5e7}
-              for d in ("d2h", "h2d") for e in range(10, 27, 4)]
+    copies = [{"direction": d, "bytes": 1 << e, "time_ms": 0.01 + (1 << e) / rate}
+              for d, rate in (("d2h", 2.5e7), ("h2d", 2.5e7), ("d2d", 2e8))
+              for e in range(10, 27, 4)]
     forward_ms = backward_ms / 2
     times = {key: {"median_ms": value, "p10_ms": value, "p90_ms": value} for key, value in
              (("forward", forward_ms), ("backward", backward_ms), ("optimizer", 0.05 * backward_ms),

@@ -157,7 +157,8 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
     """Exact search; returns (assignment, time, proven optimal).
 
     Bound of a partial assignment: the larger of (a) the simulation of the assigned
-    tensors alone and (b) a channel-only relaxation in which every bucket's channel
+    tensors alone, without the cost of gathering scattered members (a later tensor
+    may join and make a group contiguous), and (b) a channel-only relaxation in which every bucket's channel
     work is its assigned groups plus its unassigned elements at the cheapest
     asymptotic per-element cost, from the buckets' natural ready times.
     """
@@ -185,7 +186,7 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
         return model.forward_ms + max(model.backward_ms, channel) + model.optimizer_ms
 
     def bound(is_leaf: bool) -> float:
-        groups = problem._fast_sim_groups(partial, cap_mb)
+        groups = problem._fast_sim_groups(partial, cap_mb, gather=is_leaf)
         if not is_leaf:
             relaxed = relaxation(groups)
             if relaxed >= best[1] - EPSILON:

@@ -291,5 +291,5 @@ def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
         release = max(owner[m] for m in members)  # the executor launches it then
         groups.append((release, group_id, Group(release, problem.options.index(option), members)))
     ordered = [group for _, _, group in sorted(groups, key=lambda item: item[:2])]
-    return simulate(problem.iteration_model(plan.bucket_cap_mb), problem.sim_groups(ordered),
-                    record)
+    return simulate(problem.iteration_model(plan.bucket_cap_mb),
+                    problem.sim_groups(ordered, plan.bucket_cap_mb), record)

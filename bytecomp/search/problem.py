@@ -60,6 +60,7 @@ class Problem:
                          from_spec(o.spec).name in ("powersgd", "acpsgd") for o in options]
         self.evaluations = 0
         self._bucket_groups: dict = {}
+        self._layouts: dict = {}
 
     # -- buckets ---------------------------------------------------------------------
     def buckets(self, cap_mb: float) -> list[list[int]]:
@@ -97,22 +98,45 @@ class Problem:
                     for option, positions in by_option.items()]
         return out
 
-    def sim_groups(self, groups: list[Group]) -> list[SimGroup]:
+    def scattered(self, members: tuple[int, ...], cap_mb: float) -> bool:
+        """True unless the members are one run of adjacent tensors in one bucket, i.e.
+        the executor must gather them into one tensor and scatter the result back."""
+        if len(members) < 2:
+            return False
+        layout = self._layouts.get(cap_mb)
+        if layout is None:
+            layout = [(0, 0)] * len(self.tensors)
+            for bucket, positions in enumerate(self.buckets(cap_mb)):
+                for index, position in enumerate(positions):
+                    layout[position] = (bucket, index)
+            self._layouts[cap_mb] = layout
+        bucket, first = layout[members[0]]
+        if any(layout[p][0] != bucket for p in members):
+            return True
+        indices = [layout[p][1] for p in members]
+        return max(indices) - min(indices) + 1 != len(members)
+
+    def sim_groups(self, groups: list[Group], cap_mb: float | None = None) -> list[SimGroup]:
         sim = []
         for group in groups:
             numel = sum(self.tensors[p].numel for p in group.members)
             shapes = tuple(self.tensors[p].shape for p in group.members) \
                 if self.low_rank[group.option] else None
             cost = self.costs.cost(self.options[group.option], numel, shapes)
+            if cap_mb is not None and self.scattered(group.members, cap_mb):
+                cost = self.costs.gathered(cost, sum(self.tensors[p].bytes
+                                                     for p in group.members))
             sim.append(SimGroup(group.bucket, cost, self.options[group.option].label,
                                 group.members))
         return sim
 
-    def _fast_sim_groups(self, assignment, cap_mb: float) -> list[SimGroup]:
-        """``sim_groups(groups(...))``, with each bucket's groups cached by its options."""
+    def _fast_sim_groups(self, assignment, cap_mb: float, gather: bool = True) -> list[SimGroup]:
+        """``sim_groups(groups(...))``, with each bucket's groups cached by its options.
+        ``gather=False`` leaves out the cost of gathering scattered members (a partial
+        assignment's groups may become contiguous later: bounds must not count it)."""
         out = []
         for index, members in enumerate(self.buckets(cap_mb)):
-            key = (cap_mb, index, tuple(assignment[p] for p in members))
+            key = (cap_mb, gather, index, tuple(assignment[p] for p in members))
             cached = self._bucket_groups.get(key)
             if cached is None:
                 if len(self._bucket_groups) > 200_000:
@@ -121,8 +145,11 @@ class Problem:
                 for position in members:
                     if assignment[position] != UNASSIGNED:
                         by_option.setdefault(assignment[position], []).append(position)
+                # one option in the bucket: its group is the whole bucket, never scattered
+                scatter_check = gather and len(by_option) > 1 and self.costs.gathers
                 cached = self._bucket_groups[key] = self.sim_groups(
-                    [Group(index, option, tuple(p)) for option, p in by_option.items()])
+                    [Group(index, option, tuple(p)) for option, p in by_option.items()],
+                    cap_mb if scatter_check else None)
             out += cached
         return out
 

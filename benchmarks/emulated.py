@@ -1,0 +1,136 @@
+"""Plans against baselines on an emulated cluster, and the model's prediction error.
+
+For each workload, cluster shape and link rate: ``bytecomp profile`` under
+``bytecomp emulate``, ``bytecomp plan`` for the profiled cluster, then
+``bytecomp bench`` under the same emulation. Every command is the one a user
+would type. Results: one bench.csv per run under --out, a summary CSV and a
+markdown table, and the targets evaluated:
+
+* median prediction error at most 10% over all rows, worst at most 20%;
+* the plan never measured slower than the best baseline by more than 3%;
+* at 100 Mbit/s and 1 Gbit/s, on communication-bound runs (measured fp32 DDP
+  iteration at least twice the profile's compute-only iteration), at least
+  1.5x faster than fp32 DDP.
+
+Needs root (network namespaces). Takes about an hour with the defaults.
+
+    python benchmarks/emulated.py --out benchmarks/results/emulated
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+COMPRESSORS = ["fp16", "int8", "topk:ratio=0.01", "randomk:ratio=0.01", "dgc:ratio=0.01",
+               "efsignsgd", "powersgd:rank=4", "acpsgd:rank=4"]
+BYTECOMP = [sys.executable, "-m", "bytecomp"]
+
+
+def run(command: list[str], log: Path) -> None:
+    with open(log, "a") as out:
+        out.write("$ " + " ".join(command) + "\n")
+        out.flush()
+        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise SystemExit(f"failed ({result.returncode}): {' '.join(command)}; see {log}")
+
+
+def one(model: str, nodes: int, per_node: int, bandwidth: str, out: Path, args) -> pd.DataFrame:
+    name = f"{model}-{nodes}x{per_node}-{bandwidth}"
+    folder = out / name
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "log.txt"
+    emulate = [*BYTECOMP, "emulate", "--nodes", str(nodes), "--ranks-per-node", str(per_node),
+               "--bandwidth", bandwidth, "--"]
+    profile, plan, bench = folder / "profile", folder / "plan.yaml", folder / "bench"
+    compressors = [flag for spec in COMPRESSORS for flag in ("--compressor", spec)]
+    started = time.monotonic()
+    run([*emulate, *BYTECOMP, "profile", "--model", model, "--out", str(profile), "--force",
+         "--iterations", str(args.profile_iterations), "--warmup", "2", "--max-mb",
+         str(args.max_mb), *compressors, "--machine", f"emulated {nodes}x{per_node} at "
+         f"{bandwidth} on this project's CI machine"], log)
+    run([*BYTECOMP, "plan", str(profile), "--out", str(plan)], log)
+    run([*emulate, *BYTECOMP, "bench", str(profile), "--plan", str(plan), "--out", str(bench),
+         "--force", "--iterations", str(args.bench_iterations)], log)
+    table = pd.read_csv(bench / "bench.csv")
+    meta = yaml.safe_load((profile / "profile.yaml").read_text())
+    table.insert(0, "run", name)
+    table.insert(1, "model", model)
+    table.insert(2, "shape", f"{nodes}x{per_node}")
+    table.insert(3, "bandwidth", bandwidth)
+    table["compute_only_ms"] = meta["times"]["iteration_compute"]["median_ms"]
+    table["minutes"] = (time.monotonic() - started) / 60
+    print(f"{name}: done in {table['minutes'].iloc[0]:.1f} min", flush=True)
+    return table
+
+
+def evaluate(results: pd.DataFrame) -> list[str]:
+    errors = results["error"].abs()
+    lines = [f"- prediction error over {len(results)} rows: median {100 * errors.median():.1f}% "
+             f"(target <= 10%), worst {100 * errors.max():.1f}% (target <= 20%)"]
+    slower, bound_runs = [], []
+    for run_name, rows in results.groupby("run", sort=False):
+        plan = rows[rows.strategy == "bytecomp plan"].measured_ms.iloc[0]
+        baselines = rows[rows.strategy != "bytecomp plan"]
+        best = baselines.loc[baselines.measured_ms.idxmin()]
+        slower.append((run_name, plan / best.measured_ms - 1, best.strategy))
+        fp32 = rows[rows.strategy == "fp32 DDP"].iloc[0]
+        if rows.bandwidth.iloc[0] in ("100mbit", "1gbit") and \
+                fp32.measured_ms >= 2 * rows.compute_only_ms.iloc[0]:
+            bound_runs.append((run_name, fp32.measured_ms / plan))
+    worst = max(slower, key=lambda item: item[1])
+    lines.append(f"- plan vs the best baseline: worst {100 * worst[1]:+.1f}% ({worst[0]}, best "
+                 f"baseline {worst[2]}); target <= +3%; runs above it: "
+                 f"{sum(1 for _, value, _ in slower if value > 0.03)} of {len(slower)}")
+    if bound_runs:
+        lowest = min(bound_runs, key=lambda item: item[1])
+        lines.append(f"- communication-bound runs at 100 Mbit/s and 1 Gbit/s: "
+                     f"{len(bound_runs)}; speedup over fp32 DDP at least {lowest[1]:.2f}x "
+                     f"({lowest[0]}); target >= 1.5x")
+    return lines
+
+
+def markdown(results: pd.DataFrame, lines: list[str]) -> str:
+    rows = ["| run | strategy | measured ms (p10-p90) | predicted ms | error | vs fp32 |",
+            "|---|---|---|---|---|---|"]
+    for row in results.itertuples():
+        rows.append(f"| {row.run} | {row.strategy} | {row.measured_ms:.1f} ({row.p10_ms:.1f}-"
+                    f"{row.p90_ms:.1f}) | {row.predicted_ms:.1f} | {100 * row.error:+.1f}% | "
+                    f"{row.speedup_vs_fp32:.2f}x |")
+    return "\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["cnn", "transformer"])
+    parser.add_argument("--shapes", nargs="+", default=["2x1", "2x2"])
+    parser.add_argument("--bandwidths", nargs="+", default=["100mbit", "1gbit", "10gbit"])
+    parser.add_argument("--out", default="benchmarks/results/emulated")
+    parser.add_argument("--profile-iterations", type=int, default=10)
+    parser.add_argument("--bench-iterations", type=int, default=10)
+    parser.add_argument("--max-mb", type=float, default=32)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tables = []
+    for model in args.models:
+        for shape in args.shapes:
+            nodes, per_node = (int(v) for v in shape.split("x"))
+            for bandwidth in args.bandwidths:
+                tables.append(one(model, nodes, per_node, bandwidth, out, args))
+                results = pd.concat(tables, ignore_index=True)
+                results.to_csv(out / "summary.csv", index=False)
+    lines = evaluate(results)
+    (out / "summary.md").write_text(markdown(results, lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
