@@ -62,10 +62,10 @@ SMALL_INSTANCES = [
 def test_search_finds_the_brute_force_optimum_on_small_instances(shapes, cluster, device,
                                                                   specs, caps):
     world, nodes = cluster
-    for bandwidth in (1.0, 10.0, 100.0):
+    for bandwidth, interference in ((1.0, 0.0), (10.0, 0.3), (100.0, 0.0)):
         profile = synthetic_profile(shapes, world_size=world, nodes=nodes, device=device,
                                     specs=specs + ["fp16", "powersgd:rank=4"],
-                                    bandwidth_gbps=bandwidth)
+                                    bandwidth_gbps=bandwidth, interference=interference)
         planner = Planner(profile, None, specs, strict=True)
         result = planner.search(caps)
         assert result.exact, result.algorithm

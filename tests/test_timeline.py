@@ -62,6 +62,37 @@ def test_host_work_runs_beside_the_backward_pass_with_copies():
     assert {e.resource for e in result.events} >= {"host", "copy", "channel", "compute"}
 
 
+def test_communication_slows_the_backward_pass_by_the_interference():
+    model = IterationModel(0, 100, 0, [10], interference=0.5)
+    result = simulate(model, [SimGroup(0, GroupCost(0, 40, 0))])
+    # channel busy 10-50: 20 ms of backward work in those 40 ms; 70 left after 50
+    assert result.backward_end_ms == pytest.approx(120)
+    assert result.iteration_ms == pytest.approx(120)
+
+
+def test_single_pass_and_event_simulations_agree():
+    import random
+
+    from bytecomp.timeline.simulator import _Simulation
+
+    generator = random.Random(7)
+    for _ in range(1500):
+        buckets = generator.randint(1, 6)
+        ready = sorted(generator.uniform(0, 100) for _ in range(buckets))
+        model = IterationModel(generator.uniform(0, 10), generator.uniform(ready[-1], 130),
+                               generator.uniform(0, 5), ready,
+                               interference=generator.choice([0.0, 0.25, 0.6]))
+        groups = [SimGroup(b, GroupCost(generator.choice([0, generator.uniform(0, 10)]),
+                                        generator.uniform(0, 30),
+                                        generator.choice([0, generator.uniform(0, 10)])))
+                  for b in range(buckets) for _ in range(generator.randint(0, 3))]
+        fast = simulate(model, groups)
+        events = _Simulation(model, groups, False).run()
+        assert fast.iteration_ms == pytest.approx(events.iteration_ms, abs=1e-9)
+        flat = [t for interval in fast.channel for t in interval]
+        assert flat == pytest.approx([t for interval in events.channel for t in interval], abs=1e-9)
+
+
 def test_buckets_launch_in_index_order():
     model = IterationModel(0, 100, 0, [30, 10])  # a later bucket cannot go first
     result = simulate(model, [SimGroup(0, GroupCost(0, 1, 0)), SimGroup(1, GroupCost(0, 1, 0))])

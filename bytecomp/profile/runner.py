@@ -121,8 +121,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                    f"batch {batch_size} per rank")
     with reporter.session():
         steps = 2 * (training.warmup + training.iterations)
-        times, tensors = measure_training(workload, device, training,
-                                          reporter.phase("training iterations", steps))
+        times, tensors, interference = measure_training(
+            workload, device, training, reporter.phase("training iterations", steps))
         collectives = sweep_collectives(
             topology, device, sweep,
             reporter.phase("collective sweeps", collective_steps(topology, sweep)))
@@ -153,6 +153,7 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "warmup": training.warmup,
         "quick": config.quick,
         "times": times,
+        "interference": interference,
         "compressor_specs": config.specs,
         "sweep": {"min_bytes": sweep.min_bytes, "max_bytes": sweep.max_bytes,
                   "size_factor": sweep.size_factor, "repeats": sweep.repeats,

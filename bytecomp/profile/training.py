@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from dataclasses import dataclass
 
 import pandas as pd
@@ -152,10 +153,55 @@ def _record_buckets(model, device, workload, batch, optimizer, settings) -> dict
     return seen
 
 
+class _BackgroundTraffic:
+    """Allreduces back to back, on a group of their own, until any rank asks to stop (the
+    request travels in the allreduce itself, so every rank stops after the same one)."""
+
+    def __init__(self, group, device: torch.device, nbytes: int = 4 << 20) -> None:
+        self.group = group
+        self.buffer = torch.zeros(nbytes // 4, device=device)
+        self.stop_requested = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.buffer[0] = 1.0 if self.stop_requested else 0.0
+            dist.all_reduce(self.buffer, group=self.group)
+            if self.buffer[0].item() > 0:
+                return
+
+    def stop(self) -> None:
+        self.stop_requested = True
+        self.thread.join()
+
+
+def measure_interference(ddp, workload, batch, optimizer, clock, rounds: int = 2,
+                         per_round: int = 4) -> dict:
+    """How much of the compute stream communication takes: backward passes alone and
+    while allreduces run back to back beside them (gloo reduces and moves bytes with
+    the CPU; on GPUs NCCL takes some SMs). ``fraction`` = 1 - alone / with traffic."""
+    group = dist.new_group(list(range(dist.get_world_size())))
+    alone, busy = [], []
+    for _ in range(rounds):
+        alone += [_one_iteration(ddp, workload, batch, optimizer, clock, True)[0][1]
+                  for _ in range(per_round)]
+        traffic = _BackgroundTraffic(group, clock.device)
+        busy += [_one_iteration(ddp, workload, batch, optimizer, clock, True)[0][1]
+                 for _ in range(per_round)]
+        traffic.stop()
+    table = _reduce_max([alone, busy], clock.device)
+    alone_ms, busy_ms = table[0].median().item(), table[1].median().item()
+    fraction = min(0.9, max(0.0, 1.0 - alone_ms / busy_ms)) if busy_ms > 0 else 0.0
+    return {"fraction": round(fraction, 4), "backward_alone_ms": round(alone_ms, 4),
+            "backward_with_traffic_ms": round(busy_ms, 4)}
+
+
 def measure_training(workload: Workload, device: torch.device, settings: TrainingSettings,
-                     progress=None) -> tuple[dict, pd.DataFrame]:
-    """Return ``(times, tensors)``: statistics of each phase, and one row per parameter
-    in gradient-ready order (name, shape, numel, dtype, bytes, ready_ms, bucket)."""
+                     progress=None) -> tuple[dict, pd.DataFrame, dict]:
+    """Return ``(times, tensors, interference)``: statistics of each phase, one row per
+    parameter in gradient-ready order (name, shape, numel, dtype, bytes, ready_ms,
+    bucket), and :func:`measure_interference`'s result."""
     model = workload.model.to(device)
     clock = Clock(device)
     batch = to_device(workload.make_batch(settings.batch_size), device)
@@ -166,6 +212,7 @@ def measure_training(workload: Workload, device: torch.device, settings: Trainin
     compute, with_ddp, ready, names = _iterate(ddp, workload, batch, optimizer, clock, settings,
                                                recorder, progress)
     recorder.remove()
+    interference = measure_interference(ddp, workload, batch, optimizer, clock)
     del ddp
     gc.collect()
     buckets = _record_buckets(model, device, workload, batch, optimizer, settings)
@@ -197,4 +244,4 @@ def measure_training(workload: Workload, device: torch.device, settings: Trainin
         })
     # Ready order: by median ready time; ties go to the later parameter (reverse order).
     rows.sort(key=lambda row: (row["ready_ms"], -order[row["name"]]))
-    return times, pd.DataFrame(rows)
+    return times, pd.DataFrame(rows), interference

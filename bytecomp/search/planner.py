@@ -125,9 +125,14 @@ class Planner:
                 options.append(option)
         times = profile.meta["times"]
         costs = StrategyCosts(self.comm, self.compute, profile.device_type)
+        # Communication's cost to the compute stream was measured on the profiled network
+        # only; a cluster config's links (GPUs, NCCL) are taken as not interfering.
+        interference = profile.meta.get("interference", {}).get("fraction", 0.0) \
+            if self.cluster.measured else 0.0
         self.problem = Problem(tensors_of(profile), times["forward"]["median_ms"],
                                times["backward_compute"]["median_ms"],
-                               times["optimizer"]["median_ms"], costs, options)
+                               times["optimizer"]["median_ms"], costs, options,
+                               interference=float(interference))
         self.searchable = list(range(searchable))
         self.notes: list[str] = []
 

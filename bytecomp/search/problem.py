@@ -46,7 +46,7 @@ class Problem:
 
     def __init__(self, tensors: list[Tensor], forward_ms: float, backward_ms: float,
                  optimizer_ms: float, costs: StrategyCosts, options: list[Option],
-                 host_workers: int = 4) -> None:
+                 host_workers: int = 4, interference: float = 0.0) -> None:
         self.tensors = tensors
         self.forward_ms = forward_ms
         self.backward_ms = max(backward_ms, max((t.ready_ms for t in tensors), default=0.0))
@@ -54,6 +54,7 @@ class Problem:
         self.costs = costs
         self.options = options
         self.host_workers = host_workers
+        self.interference = interference
         self._buckets: dict[float, list[list[int]]] = {}
         self._models: dict[float, IterationModel] = {}
         self.low_rank = [o.compressed and not from_spec(o.spec).chunkable and
@@ -81,7 +82,8 @@ class Problem:
             ready = [max(self.tensors[p].ready_ms for p in members)
                      for members in self.buckets(cap_mb)]
             self._models[cap_mb] = IterationModel(self.forward_ms, self.backward_ms,
-                                                  self.optimizer_ms, ready, self.host_workers)
+                                                  self.optimizer_ms, ready, self.host_workers,
+                                                  self.interference)
         return self._models[cap_mb]
 
     # -- groups and evaluation ---------------------------------------------------------

@@ -7,7 +7,9 @@ communication, then the optimizer. Resources:
   decodes run on it too and, while they run, the backward pass waits, so
   every later gradient is delayed (the backward pass is work measured in
   milliseconds of the compute-only profile; gradients become ready as it
-  advances);
+  advances). While the channel is busy the backward pass advances at
+  ``1 - interference`` of its speed: communication takes compute (gloo
+  reduces and moves bytes with the CPU), as the profile measures;
 * the **channel** is FIFO (bytecomp runs every exchange on one communication
   thread): a group's collectives start when the group is encoded and every
   earlier group has left the channel;
@@ -49,6 +51,7 @@ class IterationModel:
     optimizer_ms: float
     bucket_ready_ms: list[float]  # backward work after which each bucket is ready
     host_workers: int = 4
+    interference: float = 0.0  # share of the compute stream lost while the channel is busy
 
 
 @dataclass(frozen=True)
@@ -100,27 +103,58 @@ def _simulate_device_only(model: IterationModel, groups: list[SimGroup]) -> SimR
 
     Channel completions come in group order, so decodes reach the compute stream in
     order too; the loop advances the backward pass to each bucket's ready point,
-    letting every decode that arrives on the way interrupt it, then runs the
-    bucket's encodes and queues its groups on the channel."""
+    letting every decode that arrives on the way interrupt it (and the channel's
+    busy intervals slow it), then runs the bucket's encodes and queues its groups on
+    the channel. A group's channel interval starts no earlier than its launch, so
+    the intervals known when advancing are all that can slow that stretch."""
     released: list[list[SimGroup]] = [[] for _ in model.bucket_ready_ms]
     for group in groups:
         released[group.bucket].append(group)
     backward_total = max([model.backward_ms, *model.bucket_ready_ms])
+    slow = 1.0 - model.interference
     clock = work = channel_free = last_finish = 0.0
     decodes: deque = deque()
-    channel = []
+    channel: list[tuple[float, float]] = []
+    first = 0  # first channel interval that may still end after the clock
+
+    def finish_time(start: float, need: float) -> float:
+        """When ``need`` ms of backward work started at ``start`` are done."""
+        nonlocal first
+        while first < len(channel) and channel[first][1] <= start:
+            first += 1
+        time = start
+        for begin, end in channel[first:]:
+            if begin > time:
+                if need <= begin - time:
+                    return time + need
+                need -= begin - time
+                time = begin
+            capacity = (end - time) * slow
+            if need <= capacity:
+                return time + need / slow
+            need -= capacity
+            time = end
+        return time + need
+
+    def progress(start: float, stop: float) -> float:
+        """Backward work done between ``start`` and ``stop`` with no device job."""
+        busy = sum(max(0.0, min(end, stop) - max(begin, start)) for begin, end in channel[first:])
+        return (stop - start) - busy * (1.0 - slow)
 
     def advance_to(target: float) -> None:
         nonlocal clock, work, last_finish
-        while decodes and decodes[0][0] < clock + (target - work):
-            arrival, duration = decodes.popleft()
-            if arrival > clock:
-                work += arrival - clock
-                clock = arrival
-            clock += duration
-            last_finish = max(last_finish, clock)
-        clock += target - work
-        work = target
+        while target - work > 1e-12:
+            done = finish_time(clock, target - work)
+            if decodes and decodes[0][0] < done:
+                arrival, duration = decodes.popleft()
+                if arrival > clock:
+                    work += progress(clock, arrival)
+                    clock = arrival
+                clock += duration
+                last_finish = max(last_finish, clock)
+            else:
+                clock, work = done, target
+        work = max(work, target)
 
     ready = 0.0
     for bucket, bucket_groups in enumerate(released):
@@ -165,6 +199,7 @@ class _Simulation:
             self.released[group.bucket].append(index)
         # compute stream
         self.work = 0.0
+        self.rate = 1.0
         self.running_since: float | None = 0.0
         self.version = 0
         self.next_bucket = 0
@@ -217,11 +252,25 @@ class _Simulation:
         if target is None or self.running_since is None:
             return
         self.version += 1
-        self.push(self.now + max(0.0, target - self.work), self._milestone, self.version, target)
+        self.push(self.now + max(0.0, target - self.work) / self.rate, self._milestone,
+                  self.version, target)
+
+    def _set_channel_busy(self, busy: bool) -> None:
+        rate = 1.0 - self.model.interference if busy else 1.0
+        if rate == self.rate:
+            return
+        if self.running_since is not None:  # settle the progress so far at the old rate
+            self.work += (self.now - self.running_since) * self.rate
+            self.log("compute", "backward", self.running_since, self.now)
+            self.running_since = self.now
+            self.rate = rate
+            self._schedule_backward()
+        else:
+            self.rate = rate
 
     def _pause_backward(self) -> None:
         if self.running_since is not None:
-            self.work += self.now - self.running_since
+            self.work += (self.now - self.running_since) * self.rate
             self.log("compute", "backward", self.running_since, self.now)
             self.running_since = None
             self.version += 1
@@ -294,12 +343,15 @@ class _Simulation:
         self.next_channel += 1
         duration = self.groups[index].cost.channel_ms
         self.channel_busy = True
+        self._set_channel_busy(True)
         self.channel[index] = (self.now, self.now + duration)
         self.log("channel", "collective", self.now, self.now + duration, self.groups[index].label)
         self.push(self.now + duration, self._channel_done, index)
 
     def _channel_done(self, index: int) -> None:
         self.channel_busy = False
+        if self.next_channel >= len(self.groups) or not self.encoded[self.next_channel]:
+            self._set_channel_busy(False)
         cost = self.groups[index].cost
         if cost.host:
             self._host(cost.decode_ms, index, "decode", self._host_decoded)
