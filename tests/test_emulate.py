@@ -12,7 +12,13 @@ import pandas as pd
 import pytest
 
 from bytecomp.emulate import check_bandwidth
-from bytecomp.emulate.netns import leftovers, parse_latency, parse_rate, tbf_burst_bytes
+from bytecomp.emulate.netns import (
+    leftovers,
+    parse_latency,
+    parse_rate,
+    reap_abandoned,
+    tbf_burst_bytes,
+)
 from bytecomp.errors import BytecompError
 
 
@@ -68,6 +74,22 @@ def test_interrupting_emulate_leaves_nothing_behind():
                                                text=True).stdout
     sleepers = subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True, text=True)
     assert sleepers.stdout.strip() == ""
+
+
+@netns
+def test_the_next_run_removes_what_a_killed_run_left_behind():
+    process = subprocess.Popen([*BYTECOMP, "emulate", "--nodes", "2", "--", "sleep", "30"],
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run_id = process.stderr.readline().split("run ")[1].split(",")[0]
+    deadline = time.monotonic() + 20
+    while len(leftovers(run_id)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGKILL)  # no chance to clean up: the ranks die with it
+    process.wait(timeout=10)
+    assert len(leftovers(run_id)) >= 3
+    reaped = reap_abandoned()
+    assert run_id in reaped and len(reaped[run_id]) >= 3
+    assert leftovers(run_id) == []
 
 
 @netns

@@ -25,6 +25,7 @@ from bytecomp.emulate.netns import (
     check_support,
     parse_latency,
     parse_rate,
+    reap_abandoned,
 )
 from bytecomp.errors import BytecompError
 
@@ -78,6 +79,10 @@ def run_emulated(command: list[str], nodes: int, ranks_per_node: int, bandwidth:
         raise BytecompError("--nodes and --ranks-per-node must be at least 1")
     rate, latency_s = parse_rate(bandwidth), parse_latency(latency)
     check_support(latency_s)
+    for run_id, names in reap_abandoned().items():
+        if not quiet and names:
+            print(f"bytecomp emulate: removed what run {run_id} left behind when it was "
+                  f"killed: {', '.join(names)}", file=sys.stderr, flush=True)
 
     def terminate(_signum, _frame):
         raise KeyboardInterrupt

@@ -7,7 +7,9 @@ egress of the bridge-side end towards it. Ranks of one node share its
 namespace, so their traffic to each other stays on loopback. Addresses are
 private (10.x.y.0/24, chosen per run) and exist only inside the namespaces;
 the bridge has none. Names carry a random run id, so runs do not collide, and
-everything is removed on exit, error or interrupt.
+everything is removed on exit, error or interrupt. A run killed outright
+(SIGKILL) cannot clean up; its owner file in ``OWNERS`` lets the next run
+remove what it left (``reap_abandoned``).
 
 Needs root (CAP_NET_ADMIN) and iproute2 (``ip``, ``tc``).
 """
@@ -20,11 +22,13 @@ import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bytecomp.errors import BytecompError
 
 PREFIX = "bc"
 NODE_INTERFACE = "eth0"
+OWNERS = Path("/run/bytecomp-emulate")  # one file per live run: its id, holding its pid
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
 
@@ -127,6 +131,8 @@ class EmulatedCluster:
 
     def __enter__(self) -> EmulatedCluster:
         try:
+            OWNERS.mkdir(parents=True, exist_ok=True)
+            (OWNERS / self.run_id).write_text(str(os.getpid()))
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             self.created.append(("link", self.bridge))
             _run("ip", "link", "set", self.bridge, "up")
@@ -159,6 +165,7 @@ class EmulatedCluster:
             else:
                 subprocess.run(["ip", "link", "del", name], capture_output=True)
         self.created.clear()
+        (OWNERS / self.run_id).unlink(missing_ok=True)
 
     def __exit__(self, *exc) -> None:
         self.teardown()
@@ -172,3 +179,38 @@ def leftovers(run_id: str | None = None) -> list[str]:
     links = re.findall(r"^\d+: ([^:@]+)", _run("ip", "-o", "link", "show", check=False),
                        flags=re.M)
     return [n for n in names + links if n.startswith(prefix) and "probe" not in n]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_abandoned() -> dict[str, list[str]]:
+    """Remove what runs whose process is gone (killed outright) left behind.
+
+    Returns ``{run_id: [removed namespaces and links]}``. Runs still alive are
+    never touched."""
+    reaped: dict[str, list[str]] = {}
+    for owner in sorted(OWNERS.glob("*")) if OWNERS.is_dir() else []:
+        try:
+            pid = int(owner.read_text().strip())
+        except (OSError, ValueError):
+            pid = -1
+        if pid > 0 and _alive(pid):
+            continue
+        names = leftovers(owner.name)
+        for name in names:  # namespaces first: deleting one removes its veth pair
+            if name[len(PREFIX) + len(owner.name):].startswith("n"):
+                subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        for name in names:
+            if not name[len(PREFIX) + len(owner.name):].startswith("n"):
+                subprocess.run(["ip", "link", "del", name], capture_output=True)
+        owner.unlink(missing_ok=True)
+        reaped[owner.name] = names
+    return reaped
