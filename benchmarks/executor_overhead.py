@@ -6,10 +6,12 @@ configuration alike (every other round in reverse order); per configuration
 the median iteration time (forward,
 backward with communication, optimizer; after a barrier; slowest rank):
 
-* DDP's built-in allreduce vs an all-fp32 bytecomp plan, and PyTorch's own
-  Python ``allreduce_hook`` vs the same plan: a hook must average the bucket in
-  an extra pass, which DDP's built-in path fuses into its gradient copy, so the
-  second pair isolates bytecomp's own overhead;
+* DDP's built-in allreduce vs an all-fp32 bytecomp plan (which
+  ``apply_plan`` leaves to DDP's own allreduce, registering no hook), and
+  PyTorch's own Python ``allreduce_hook`` vs the same plan forced through
+  bytecomp's hook (``native=False``): a hook must average the bucket in an
+  extra pass, which DDP's built-in path fuses into its gradient copy, so the
+  second pair isolates the hook's own overhead;
 * PyTorch's ``fp16_compress_hook`` vs a bytecomp plan with fp16 on every tensor;
 * a minimal hand-written top-k hook (bytecomp's top-k compressor with error
   feedback, values and indices allgathered asynchronously) vs a bytecomp plan
@@ -84,15 +86,16 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
         return plan_for_model(model, lambda n, p: option, world, bucket_cap_mb=cap_mb,
                               ready_order=order)
 
+    # (name, hook, plan, native): each bytecomp row is compared with the row above it
     return [
-        ("DDP built-in allreduce", None, None),
-        ("bytecomp all-fp32 plan", None, plan(None, "allreduce")),
-        ("PyTorch allreduce_hook", default_hooks.allreduce_hook, None),
-        ("bytecomp all-fp32 plan ", None, plan(None, "allreduce")),
-        ("PyTorch fp16_compress_hook", default_hooks.fp16_compress_hook, None),
-        ("bytecomp fp16 plan", None, plan("fp16", "allreduce")),
-        ("hand-written top-k hook", topk_hook, None),
-        ("bytecomp top-k plan", None, plan(TOPK, "allgather")),
+        ("DDP built-in allreduce", None, None, True),
+        ("bytecomp all-fp32 plan", None, plan(None, "allreduce"), True),
+        ("PyTorch allreduce_hook", default_hooks.allreduce_hook, None, True),
+        ("bytecomp all-fp32 plan, through the hook", None, plan(None, "allreduce"), False),
+        ("PyTorch fp16_compress_hook", default_hooks.fp16_compress_hook, None, True),
+        ("bytecomp fp16 plan", None, plan("fp16", "allreduce"), True),
+        ("hand-written top-k hook", topk_hook, None, True),
+        ("bytecomp top-k plan", None, plan(TOPK, "allgather"), True),
     ]
 
 
@@ -110,14 +113,14 @@ def rank_main(rank, world, port, model_spec, rounds, warmup, cap_mb, results):
     for handle in handles:
         handle.remove()
     runs = []
-    for name, hook, plan in configurations(workload.model, world, cap_mb, order):
+    for name, hook, plan, native in configurations(workload.model, world, cap_mb, order):
         model = copy.deepcopy(workload.model)
         ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb)
         if hook is topk_hook:
             ddp.register_comm_hook({"compressor": from_spec(TOPK), "memory": {}}, hook)
         elif hook is not None:
             ddp.register_comm_hook(None, hook)
-        executor = bytecomp.apply_plan(ddp, plan) if plan is not None else None
+        executor = bytecomp.apply_plan(ddp, plan, native=native) if plan is not None else None
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         runs.append((name, ddp, optimizer, executor, []))
     for round_number in range(warmup + rounds):

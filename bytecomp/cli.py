@@ -131,6 +131,9 @@ def plan(
     budget: float = typer.Option(1.5, help="Seconds of local search, over all caps."),
     strict: bool = typer.Option(False, help="Only the --compressor specs (by default the "
                                 "fp16 and PowerSGD baselines' methods are candidates too)."),
+    min_gain: float = typer.Option(5.0, help="Percent: unless the searched plan is predicted "
+                                   "this much faster than the fastest baseline, the plan is "
+                                   "that baseline (0: always the searched plan)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show fit quality and pruning."),
 ):
     """Search the per-tensor strategy with the shortest predicted iteration; write plan.yaml."""
@@ -141,9 +144,11 @@ def plan(
         raise BytecompError(f"--algorithm must be auto, greedy, local or exact, got {algorithm!r}")
     if any(cap <= 0 for cap in bucket_cap_mb or []):
         raise BytecompError("--bucket-cap-mb must be positive")
+    if not 0 <= min_gain < 100:
+        raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
     loaded = load_profile(profile)
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict)
-    result = planner.search(bucket_cap_mb or None, algorithm, budget)
+    result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100)
     written = to_plan(result, loaded).save(out)
     if verbose:
         _print_fits(planner)

@@ -43,13 +43,21 @@ def parameters_agree(model) -> bool:
 
 
 def fp32_plan_gradients(rank, world, collective, nodes):
+    """The worst gradient difference, through the hook and (for a flat allreduce plan)
+    through DDP's own allreduce."""
+    return max(fp32_plan_difference(rank, world, collective, nodes, native)
+               for native in (False, True))
+
+
+def fp32_plan_difference(rank, world, collective, nodes, native):
     reference = load_workload("mlp:width=256,depth=3")
     planned = load_workload("mlp:width=256,depth=3")
     ddp_reference = DistributedDataParallel(reference.model, bucket_cap_mb=1)
     ddp_planned = DistributedDataParallel(planned.model, bucket_cap_mb=1)
     plan = plan_for_model(planned.model, lambda n, p: Option(None, "device", collective), world,
                           nodes, bucket_cap_mb=1)
-    executor = bytecomp.apply_plan(ddp_planned, plan)
+    executor = bytecomp.apply_plan(ddp_planned, plan, native=native)
+    assert executor.native == (native and collective == "allreduce")
     worst = 0.0
     for step in range(3):
         inputs, target = batch(rank, step, 512)
@@ -61,6 +69,9 @@ def fp32_plan_gradients(rank, world, collective, nodes):
             for p in (a, b):
                 p.data.add_(p.grad, alpha=-0.1)
                 p.grad = None
+    assert executor.stats.steps == 3
+    if executor.native:
+        assert executor.stats.summary()["bytes_vs_fp32"] == pytest.approx(1.0)
     executor.close()
     return worst
 

@@ -84,6 +84,25 @@ def test_plan_is_never_predicted_slower_than_a_baseline(bandwidth, nodes):
         assert 0 <= result.gap < 1
 
 
+def test_a_plan_not_faster_than_the_best_baseline_by_min_gain_is_that_baseline(tmp_path):
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=10.0)
+    searched = Planner(profile, None, ["topk:ratio=0.01"]).search()
+    best = min(searched.baselines, key=lambda b: b.time_ms)
+    gain = 1 - searched.time_ms / best.time_ms
+    assert gain > 0.005  # the search does beat the baseline here, by a little
+    just_above = Planner(profile, None, ["topk:ratio=0.01"]).search(min_gain=gain * 1.5)
+    assert just_above.time_ms == pytest.approx(best.time_ms)
+    assert just_above.assignment == best.assignment and just_above.cap_mb == best.cap_mb
+    assert "baseline kept" in just_above.algorithm
+    assert any(best.name in note for note in just_above.notes)
+    just_below = Planner(profile, None, ["topk:ratio=0.01"]).search(min_gain=gain * 0.5)
+    assert just_below.time_ms == pytest.approx(searched.time_ms, rel=0.02)
+    plan = to_plan(just_above, profile)
+    plan.save(tmp_path / "plan.yaml")
+    assert load_plan(tmp_path / "plan.yaml").predicted_ms["plan"] == pytest.approx(best.time_ms,
+                                                                               rel=1e-4)
+
+
 def test_shipped_profile_plans_on_every_cluster():
     profile = load_profile(ROOT / "profiles" / "cnn")
     for cluster in (None, "gbe1", "gbe10", "v100-nvlink-100g", "a100-ib200"):
@@ -219,3 +238,5 @@ def test_plan_errors_are_one_line(tmp_path):
                    "topk:ratio=0.2 has no cpu timings", "--compressor topk:ratio=0.2")
     one_line_error(bytecomp("plan", "profiles/cnn", "--compressor", "topk:ratio=9"),
                    "ratio=9 is out of range")
+    one_line_error(bytecomp("plan", "profiles/cnn", "--min-gain", "-1"),
+                   "--min-gain is a percentage")

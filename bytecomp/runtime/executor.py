@@ -133,7 +133,8 @@ class _Step:
 class Executor:
     """Runs a plan as a DDP communication hook. Create it with :func:`apply_plan`."""
 
-    def __init__(self, ddp, plan: Plan, fallback: str | None = None, host_workers: int = 2):
+    def __init__(self, ddp, plan: Plan, fallback: str | None = None, host_workers: int = 2,
+                 native: bool = True):
         if fallback not in (None, "fp32"):
             raise BytecompError(f"fallback must be None or 'fp32', got {fallback!r}")
         if not dist.is_initialized():
@@ -167,7 +168,20 @@ class Executor:
         self._fp32_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
         self._current = _Step()
         self._check_bucket_cap()
-        ddp.register_comm_hook(self, Executor._hook)
+        self.native = native and self._plain_allreduce()
+        if self.native:  # DDP's own allreduce is this plan: no hook, no Python per bucket
+            ddp.register_forward_pre_hook(self._count_native_step)
+        else:
+            ddp.register_comm_hook(self, Executor._hook)
+
+    def _plain_allreduce(self) -> bool:
+        """Whether the plan is fp32 allreduce of every gradient over the whole job."""
+        return all(g.compressor.name == "none" and g.place == "device" and
+                   g.scheme == "allreduce" for g in self.groups)
+
+    def _count_native_step(self, *_) -> None:
+        if torch.is_grad_enabled():
+            self.stats.add(steps=1, fp32_bytes=self._fp32_bytes, sent_bytes=self._fp32_bytes)
 
     # -- checks before the first step ---------------------------------------------------------
     def _local_problem(self, model, fallback) -> str | None:
@@ -440,7 +454,7 @@ def _to_device(value, device):
 
 
 def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
-               host_workers: int = 2) -> Executor:
+               host_workers: int = 2, native: bool = True) -> Executor:
     """Register a communication hook on ``ddp_model`` that executes ``plan``.
 
     Every rank must call it with the same plan, before the first backward pass.
@@ -448,7 +462,10 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     the job (world size) and that all ranks hold the same plan (their digests
     agree); any mismatch raises the same :class:`~bytecomp.errors.BytecompError`
     on every rank. A parameter the plan does not name is an error unless
-    ``fallback="fp32"``.
+    ``fallback="fp32"``. A plan that allreduces every gradient in fp32 is what
+    DDP does by itself: with ``native=True`` no hook is registered for it (the
+    executor only counts steps and bytes); ``native=False`` runs it through the
+    hook like any other plan.
 
     >>> ddp = DistributedDataParallel(model, bucket_cap_mb=plan.bucket_cap_mb)
     >>> executor = bytecomp.apply_plan(ddp, "plan.yaml")
@@ -457,4 +474,4 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     """
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
-    return Executor(ddp_model, plan, fallback, host_workers)
+    return Executor(ddp_model, plan, fallback, host_workers, native)

@@ -175,7 +175,7 @@ class Planner:
         return view
 
     def search(self, caps: list[float] | None = None, algorithm: str = "auto",
-               budget_s: float | None = None) -> PlanResult:
+               budget_s: float | None = None, min_gain: float = 0.0) -> PlanResult:
         """Find the best assignment and bucket cap.
 
         1. The greedy starts from each of the three fastest baselines that use
@@ -186,6 +186,9 @@ class Planner:
            the greedy took, at least 20 ms), unless ``algorithm == "greedy"``.
         4. Where the problem is small (options ** tensors <= 50,000), branch and
            bound at every cap proves the optimum (``exact``).
+        5. Unless the result is predicted at least ``min_gain`` (a fraction)
+           faster than the fastest baseline, that baseline is the plan: a gain
+           smaller than the model's error is not worth a more complex plan.
         """
         started = time.perf_counter()
         problem = self.problem
@@ -232,10 +235,28 @@ class Planner:
         names = {"greedy": "greedy", "local": "greedy + full local search",
                  "auto": "greedy + local search", "exact": "greedy + local search"}
         name = "exact (branch and bound)" if exact else names[algorithm]
+        kept = _baseline_to_keep(baselines, searchable, value, min_gain)
+        if kept is not None:
+            self.notes.append(f"the search's plan ({value:.2f} ms) is predicted less than "
+                              f"{100 * min_gain:g}% faster than the {kept.name} baseline "
+                              f"({kept.time_ms:.2f} ms): the plan is that baseline")
+            assignment, value, cap = list(kept.assignment), kept.time_ms, kept.cap_mb
+            name += f", then the {kept.name} baseline kept (--min-gain)"
         problem.evaluations = view.evaluations
         return PlanResult(problem, self.cluster, self.specs, assignment, cap, value, baselines,
                           name, 1000 * (time.perf_counter() - started), bound, exact,
                           view.evaluations, self.notes)
+
+
+def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: float,
+                      min_gain: float) -> Baseline | None:
+    """The fastest baseline that a plan can express, if the search beats it by less than
+    ``min_gain``."""
+    usable = [b for b in baselines if set(b.assignment) <= searchable]
+    if not usable or min_gain <= 0:
+        return None
+    best = min(usable, key=lambda b: b.time_ms)
+    return best if value > best.time_ms * (1 - min_gain) else None
 
 
 def to_plan(result: PlanResult, profile: Profile) -> Plan:
