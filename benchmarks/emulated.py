@@ -12,7 +12,9 @@ markdown table, and the targets evaluated:
   iteration at least twice the profile's compute-only iteration), at least
   1.5x faster than fp32 DDP.
 
-Needs root (network namespaces). Takes about an hour with the defaults.
+Needs root (network namespaces). Takes about two hours with the defaults
+(profiling at 100 Mbit/s is most of it); ``--reuse-profiles`` plans and
+benches again on the profiles already there.
 
     python benchmarks/emulated.py --out benchmarks/results/emulated
 """
@@ -42,7 +44,8 @@ def run(command: list[str], log: Path) -> None:
         raise SystemExit(f"failed ({result.returncode}): {' '.join(command)}; see {log}")
 
 
-def one(model: str, nodes: int, per_node: int, bandwidth: str, out: Path, args) -> pd.DataFrame:
+def one(model: str, nodes: int, per_node: int, bandwidth: str, out: Path, args) -> None:
+    """Profile (unless reused), plan and bench one run; its files go to out/<run>/."""
     name = f"{model}-{nodes}x{per_node}-{bandwidth}"
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -52,23 +55,41 @@ def one(model: str, nodes: int, per_node: int, bandwidth: str, out: Path, args) 
     profile, plan, bench = folder / "profile", folder / "plan.yaml", folder / "bench"
     compressors = [flag for spec in COMPRESSORS for flag in ("--compressor", spec)]
     started = time.monotonic()
-    run([*emulate, *BYTECOMP, "profile", "--model", model, "--out", str(profile), "--force",
-         "--iterations", str(args.profile_iterations), "--warmup", "2", "--max-mb",
-         str(args.max_mb), *compressors, "--machine", f"emulated {nodes}x{per_node} at "
-         f"{bandwidth} on this project's CI machine"], log)
-    run([*BYTECOMP, "plan", str(profile), "--out", str(plan)], log)
+    if not (args.reuse_profiles and (profile / "profile.yaml").exists()):
+        run([*emulate, *BYTECOMP, "profile", "--model", model, "--out", str(profile),
+             "--force", "--iterations", str(args.profile_iterations), "--warmup", "2",
+             "--max-mb", str(args.max_mb), *compressors, "--machine",
+             f"emulated {nodes}x{per_node} at {bandwidth} on this project's CI machine"], log)
+    run([*BYTECOMP, "plan", str(profile), "--out", str(plan), "--min-gain",
+         str(args.min_gain)], log)
     run([*emulate, *BYTECOMP, "bench", str(profile), "--plan", str(plan), "--out", str(bench),
          "--force", "--iterations", str(args.bench_iterations)], log)
-    table = pd.read_csv(bench / "bench.csv")
-    meta = yaml.safe_load((profile / "profile.yaml").read_text())
-    table.insert(0, "run", name)
-    table.insert(1, "model", model)
-    table.insert(2, "shape", f"{nodes}x{per_node}")
-    table.insert(3, "bandwidth", bandwidth)
-    table["compute_only_ms"] = meta["times"]["iteration_compute"]["median_ms"]
-    table["minutes"] = (time.monotonic() - started) / 60
-    print(f"{name}: done in {table['minutes'].iloc[0]:.1f} min", flush=True)
-    return table
+    print(f"{name}: done in {(time.monotonic() - started) / 60:.1f} min", flush=True)
+
+
+def load_runs(out: Path) -> pd.DataFrame:
+    """Every finished run under ``out`` (also from earlier invocations), as one table."""
+    tables = []
+    for bench in sorted(out.glob("*/bench/bench.csv")):
+        folder = bench.parent.parent
+        model, shape, bandwidth = folder.name.rsplit("-", 2)
+        meta = yaml.safe_load((folder / "profile" / "profile.yaml").read_text())
+        table = pd.read_csv(bench)
+        table.insert(0, "run", folder.name)
+        table.insert(1, "model", model)
+        table.insert(2, "shape", shape)
+        table.insert(3, "bandwidth", bandwidth)
+        table["compute_only_ms"] = meta["times"]["iteration_compute"]["median_ms"]
+        table["rate_bps"] = RATES[bandwidth]
+        tables.append(table)
+    if not tables:
+        return pd.DataFrame()
+    everything = pd.concat(tables, ignore_index=True)
+    return everything.sort_values(["model", "shape", "rate_bps"], kind="stable") \
+        .reset_index(drop=True)
+
+
+RATES = {"100mbit": 1e8, "1gbit": 1e9, "10gbit": 1e10}
 
 
 COMPUTE_ONLY = "compute only (no communication)"
@@ -128,20 +149,39 @@ def main() -> None:
     parser.add_argument("--profile-iterations", type=int, default=10)
     parser.add_argument("--bench-iterations", type=int, default=10)
     parser.add_argument("--max-mb", type=float, default=32)
+    parser.add_argument("--min-gain", type=float, default=5.0,
+                        help="bytecomp plan --min-gain (percent)")
+    parser.add_argument("--reuse-profiles", action="store_true",
+                        help="keep profiles already under --out; plan and bench again")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tables = []
+    failed = []
     for model in args.models:
         for shape in args.shapes:
             nodes, per_node = (int(v) for v in shape.split("x"))
             for bandwidth in args.bandwidths:
-                tables.append(one(model, nodes, per_node, bandwidth, out, args))
-                results = pd.concat(tables, ignore_index=True)
-                results.to_csv(out / "summary.csv", index=False)
-    lines = evaluate(results)
-    (out / "summary.md").write_text(markdown(results, lines))
+                try:
+                    one(model, nodes, per_node, bandwidth, out, args)
+                except SystemExit as error:  # one failed run must not lose the others
+                    failed.append(str(error))
+                    print(error, flush=True)
+                    continue
+                write_summary(out, failed)
+    lines = write_summary(out, failed)
     print("\n".join(lines))
+    if failed:
+        raise SystemExit(f"{len(failed)} run(s) failed")
+
+
+def write_summary(out: Path, failed: list[str]) -> list[str]:
+    results = load_runs(out)
+    if results.empty:
+        return ["no finished runs"]
+    results.to_csv(out / "summary.csv", index=False)
+    lines = evaluate(results) + [f"- failed: {line}" for line in failed]
+    (out / "summary.md").write_text(markdown(results, lines))
+    return lines
 
 
 if __name__ == "__main__":
