@@ -121,12 +121,35 @@ def evaluate(everything: pd.DataFrame) -> list[str]:
     lines.append(f"- plan vs the best baseline: worst {100 * worst[1]:+.1f}% ({worst[0]}, best "
                  f"baseline {worst[2]}); target <= +3%; runs above it: "
                  f"{sum(1 for _, value, _ in slower if value > 0.03)} of {len(slower)}")
+    twins = same_strategy_twice(results)
+    if twins:
+        gaps = pd.Series([abs(gap) for _, gap in twins])
+        lines.append(f"- runs whose plan is one of the baselines: {len(twins)} of {len(slower)}; "
+                     f"there the same strategy, measured twice in one run, differs by "
+                     f"{100 * gaps.median():.1f}% (median) to {100 * gaps.max():.1f}% "
+                     f"(worst): the bench's noise floor")
     if bound_runs:
         lowest = min(bound_runs, key=lambda item: item[1])
         lines.append(f"- communication-bound runs at 100 Mbit/s and 1 Gbit/s: "
                      f"{len(bound_runs)}; speedup over fp32 DDP at least {lowest[1]:.2f}x "
                      f"({lowest[0]}); target >= 1.5x")
     return lines
+
+
+def same_strategy_twice(results: pd.DataFrame) -> list[tuple[str, float]]:
+    """(run, plan measured / twin measured - 1) where the plan is a baseline.
+
+    The plan is that baseline when both have the same prediction (the search
+    found it, or --min-gain kept it); both are then measured side by side.
+    """
+    twins = []
+    for run_name, rows in results.groupby("run", sort=False):
+        plan = rows[rows.strategy == "bytecomp plan"].iloc[0]
+        baselines = rows[rows.strategy != "bytecomp plan"]
+        same = baselines[(baselines.predicted_ms - plan.predicted_ms).abs() < 1e-6]
+        if not same.empty:
+            twins.append((run_name, plan.measured_ms / same.measured_ms.iloc[0] - 1))
+    return twins
 
 
 def markdown(results: pd.DataFrame, lines: list[str]) -> str:

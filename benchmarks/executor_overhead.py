@@ -43,6 +43,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
+from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress import from_spec
 from bytecomp.launch import free_port
 from bytecomp.model.strategy import Option
@@ -61,8 +62,8 @@ def topk_hook(state, bucket):
     world = dist.get_world_size()
     all_values = values.new_empty(world * values.numel())
     all_indices = indices.new_empty(world * indices.numel())
-    futures = [dist.all_gather_into_tensor(all_values, values, async_op=True).get_future(),
-               dist.all_gather_into_tensor(all_indices, indices, async_op=True).get_future()]
+    futures = [all_gather_flat(all_values, values, async_op=True).get_future(),
+               all_gather_flat(all_indices, indices, async_op=True).get_future()]
 
     def decode(_):
         out = torch.zeros_like(buffer)
