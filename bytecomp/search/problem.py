@@ -9,6 +9,7 @@ each member as its own matrix). A group is released when its bucket is.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 from bytecomp.compress import from_spec
 from bytecomp.model.strategy import Option, StrategyCosts
@@ -62,6 +63,7 @@ class Problem:
         self.evaluations = 0
         self._bucket_groups: dict = {}
         self._layouts: dict = {}
+        self._pickers: dict[float, list] = {}
 
     # -- buckets ---------------------------------------------------------------------
     def buckets(self, cap_mb: float) -> list[list[int]]:
@@ -137,8 +139,12 @@ class Problem:
         ``gather=False`` leaves out the cost of gathering scattered members (a partial
         assignment's groups may become contiguous later: bounds must not count it)."""
         out = []
+        pickers = self._pickers.get(cap_mb)
+        if pickers is None:  # reads a bucket's options in one C call (this is the hot loop)
+            pickers = self._pickers[cap_mb] = [itemgetter(*members, members[0])
+                                               for members in self.buckets(cap_mb)]
         for index, members in enumerate(self.buckets(cap_mb)):
-            key = (cap_mb, gather, index, tuple(assignment[p] for p in members))
+            key = (cap_mb, gather, index, pickers[index](assignment))
             cached = self._bucket_groups.get(key)
             if cached is None:
                 if len(self._bucket_groups) > 200_000:
