@@ -64,6 +64,8 @@ class Problem:
         self._bucket_groups: dict = {}
         self._layouts: dict = {}
         self._pickers: dict[float, list] = {}
+        self._numel = [t.numel for t in tensors]
+        self._bytes = [t.bytes for t in tensors]
 
     # -- buckets ---------------------------------------------------------------------
     def buckets(self, cap_mb: float) -> list[list[int]]:
@@ -123,13 +125,13 @@ class Problem:
     def sim_groups(self, groups: list[Group], cap_mb: float | None = None) -> list[SimGroup]:
         sim = []
         for group in groups:
-            numel = sum(self.tensors[p].numel for p in group.members)
+            numel = sum(map(self._numel.__getitem__, group.members))
             shapes = tuple(self.tensors[p].shape for p in group.members) \
                 if self.low_rank[group.option] else None
             cost = self.costs.cost(self.options[group.option], numel, shapes)
             if cap_mb is not None and self.scattered(group.members, cap_mb):
-                cost = self.costs.gathered(cost, sum(self.tensors[p].bytes
-                                                     for p in group.members))
+                cost = self.costs.gathered(cost, sum(map(self._bytes.__getitem__,
+                                                         group.members)))
             sim.append(SimGroup(group.bucket, cost, self.options[group.option].label,
                                 group.members))
         return sim
