@@ -242,3 +242,27 @@ def test_plan_errors_are_one_line(tmp_path):
                    "ratio=9 is out of range")
     one_line_error(bytecomp("plan", "profiles/cnn", "--min-gain", "-1"),
                    "--min-gain is a percentage")
+
+
+def test_gathering_scattered_members_is_charged_where_the_executor_does_it():
+    """Device groups gather and scatter on the compute stream (encode and decode); a host
+    group on a GPU gathers on the device before its copy out, and its copy back writes
+    each member in place."""
+    profile = synthetic_profile(mlp_shapes(), world_size=8, nodes=2)
+    costs = Planner(profile, None, ["topk:ratio=0.01"]).problem.costs
+    nbytes = 4 << 20
+    copy = costs.compute.copy_ms("d2d", nbytes)
+    assert copy > 0
+    for option in Planner(profile, None, ["topk:ratio=0.01"]).problem.options:
+        if not option.compressed:
+            continue
+        alone = costs.cost(option, nbytes // 4)
+        gathered = costs.gathered(alone, nbytes)
+        if option.place == "host":
+            assert gathered.copy_in_ms == pytest.approx(alone.copy_in_ms + copy)
+            assert (gathered.encode_ms, gathered.decode_ms, gathered.copy_out_ms) == \
+                (alone.encode_ms, alone.decode_ms, alone.copy_out_ms)
+        else:
+            assert gathered.encode_ms == pytest.approx(alone.encode_ms + copy)
+            assert gathered.decode_ms == pytest.approx(alone.decode_ms + copy)
+        assert gathered.channel_ms == alone.channel_ms

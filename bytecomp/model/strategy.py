@@ -129,14 +129,22 @@ class StrategyCosts:
 
     def gathered(self, cost: GroupCost, nbytes: float) -> GroupCost:
         """``cost`` plus gathering scattered members into one tensor before encoding and
-        scattering the result back after decoding (device memory copies)."""
+        scattering the result back after decoding (device memory copies).
+
+        A host group on a GPU gathers on the device before its copy to the host (so
+        the gather goes with the copy in), and its copy back writes each member in
+        place (no scatter); everywhere else encode and decode pay both."""
         key = (id(cost), nbytes)
         hit = self._gathered.get(key)
         if hit is not None and hit[0] is cost:
             return hit[1]
         copy = self.compute.copy_ms("d2d", nbytes)
-        out = cost if copy <= 0 else replace(cost, encode_ms=cost.encode_ms + copy,
-                                             decode_ms=cost.decode_ms + copy)
+        if copy <= 0:
+            out = cost
+        elif cost.host and self.device_type != "cpu":
+            out = replace(cost, copy_in_ms=cost.copy_in_ms + copy)
+        else:
+            out = replace(cost, encode_ms=cost.encode_ms + copy, decode_ms=cost.decode_ms + copy)
         self._gathered[key] = (cost, out)  # keeps cost alive, so its id stays its own
         return out
 
