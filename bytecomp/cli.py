@@ -5,7 +5,9 @@ Errors a user can cause end as one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import math
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -13,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bytecomp.errors import BytecompError
+from bytecomp.files import check_output_file
 
 app = typer.Typer(
     help="Gradient-compression strategy optimizer for PyTorch DDP: profile, plan, apply.",
@@ -45,7 +48,7 @@ SCHEME_ABBREVIATIONS = {"allreduce": "AR", "allgather": "AG", "twoshot": "2S",
 @app.command()
 def compressors(
     specs: list[str] = typer.Argument(None, help="Specs to show (default: every compressor)."),
-    numel: int = typer.Option(1 << 20, help="Elements used for the payload column."),
+    numel: int = typer.Option(1 << 20, min=1, help="Elements used for the payload column."),
 ):
     """List the compressors: parameters, capabilities and payload size."""
     from bytecomp.comm.schemes import supported_schemes
@@ -82,7 +85,8 @@ def profile(
     nproc: int = typer.Option(None, help="Local ranks to spawn (default 1; leave out under "
                               "torchrun, which sets the ranks)."),
     out: str = typer.Option(None, help="Profile directory (default profiles/<model>)."),
-    batch_size: int = typer.Option(None, help="Batch per rank (default: the workload's)."),
+    batch_size: int = typer.Option(None, min=1, help="Batch per rank (default: the "
+                                   "workload's)."),
     bucket_cap_mb: float = typer.Option(25.0, help="DDP bucket cap used while profiling."),
     iterations: int = typer.Option(20, min=1, help="Timed iterations per phase."),
     warmup: int = typer.Option(3, min=0, help="Untimed iterations before each phase."),
@@ -109,6 +113,11 @@ def profile(
                            quick=quick, force=force, device=device, timeout_s=timeout,
                            max_mb=max_mb, machine=machine)
     run_profile(config, nproc)
+
+
+def _require_positive(option: str, value: float) -> None:
+    if not 0 < value < math.inf:
+        raise BytecompError(f"{option} must be a positive number, got {value:g}")
 
 
 def _load_cluster(cluster: str | None):
@@ -142,10 +151,13 @@ def plan(
 
     if algorithm not in ("auto", "greedy", "local", "exact"):
         raise BytecompError(f"--algorithm must be auto, greedy, local or exact, got {algorithm!r}")
-    if any(cap <= 0 for cap in bucket_cap_mb or []):
-        raise BytecompError("--bucket-cap-mb must be positive")
+    for cap in bucket_cap_mb or []:
+        _require_positive("--bucket-cap-mb", cap)
+    if not 0 <= budget < math.inf:
+        raise BytecompError(f"--budget must be a non-negative number of seconds, got {budget:g}")
     if not 0 <= min_gain < 100:
         raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
+    check_output_file(out, "--out")
     loaded = load_profile(profile)
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict)
     result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100)
@@ -210,6 +222,11 @@ def simulate(
     from bytecomp.search import Planner, simulate_plan
     from bytecomp.timeline.render import chrome_trace, gantt_png
 
+    for option, path in (("--trace", trace), ("--png", png)):
+        if path:
+            check_output_file(path, option)
+    if trace and png and Path(trace).resolve() == Path(png).resolve():
+        raise BytecompError("--trace and --png name the same file")
     loaded = load_profile(profile)
     the_plan = load_plan(plan_file)
     if the_plan.model_fingerprint != loaded.fingerprint:
@@ -302,16 +319,36 @@ def _shown(value) -> str:
     return format_value(value)
 
 
+def _error(message: str, code: int) -> None:
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
 def main() -> None:
-    """Entry point of the console script: user errors become one line and exit 2."""
+    """Entry point of the console script: user errors become one line and exit 2.
+
+    Typer runs outside its standalone mode so that a bad option value, a missing
+    argument or an unknown option is one line too, not a boxed usage screen.
+    """
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+
     try:
-        app()
+        code = app(standalone_mode=False)
     except BytecompError as error:
-        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
-        sys.exit(getattr(error, "exit_code", 2))
-    except KeyboardInterrupt:
+        _error(str(error), getattr(error, "exit_code", 2))
+    except NoArgsIsHelpError as error:
+        console.print(error.ctx.get_help())
+        sys.exit(2)
+    except UsageError as error:
+        hint = f" (see {error.ctx.command_path} --help)" if error.ctx else ""
+        _error(error.format_message() + hint, error.exit_code)
+    except ClickException as error:
+        _error(error.format_message(), error.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
+        code = 130
+    if code == 130:
         errors.print("[bold red]interrupted[/]")
-        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import yaml
 from bytecomp.comm.schemes import SCHEMES, supported_schemes
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
-from bytecomp.files import write_text_atomic
+from bytecomp.files import read_text_file, write_text_atomic
 from bytecomp.model.strategy import Option
 
 FORMAT_VERSION = 1
@@ -228,10 +228,8 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
 def load_plan(path) -> Plan:
     """Read and validate a plan file."""
     path = Path(path)
-    if not path.is_file():
-        raise BytecompError(f"plan file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_text_file(path, "plan file"))
     except yaml.YAMLError as error:
         raise BytecompError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     plan = plan_from_dict(data, str(path))

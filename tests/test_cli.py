@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bytecomp.errors import BytecompError
+from bytecomp.files import check_output_file, read_text_file, write_text_atomic
+
+PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "cnn")
 
 
 def bytecomp(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -37,3 +48,77 @@ def test_compressors_accepts_specs():
 def test_bad_spec_is_one_line_and_exit_code_2():
     assert_one_line_error(bytecomp("compressors", "topk:ratio=2"), "ratio=2", "0 < ratio <= 1")
     assert_one_line_error(bytecomp("compressors", "zip"), "unknown compressor 'zip'", "topk")
+
+
+def test_parse_errors_are_one_line_with_a_pointer_to_help():
+    assert_one_line_error(bytecomp("compressors", "--numel", "0"), "--numel",
+                          "bytecomp compressors --help")
+    assert_one_line_error(bytecomp("plan", PROFILE, "--bogus"), "No such option: --bogus")
+    assert_one_line_error(bytecomp("plan"), "Missing argument")
+
+
+def test_bad_values_and_unusable_paths_fail_before_any_work(tmp_path):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(256)))
+    under_a_file = str(a_file / "sub")
+    cases = [
+        (("plan", PROFILE, "--bucket-cap-mb", "nan"), "--bucket-cap-mb must be a positive"),
+        (("plan", PROFILE, "--budget", "-1"), "--budget must be a non-negative"),
+        (("plan", PROFILE, "--out", str(tmp_path)), "is a directory; give a file name"),
+        (("plan", PROFILE, "--out", under_a_file), "is a file, not a directory"),
+        (("plan", PROFILE, "--cluster", str(tmp_path)), "is a directory, not a file"),
+        (("plan", PROFILE, "--cluster", str(binary)), "is not a text file"),
+        (("plan", str(a_file)), "is not a directory"),
+        (("simulate", PROFILE, str(binary)), "is not a text file"),
+        (("simulate", PROFILE, str(tmp_path)), "is a directory, not a file"),
+        (("profile", "--batch-size", "0"), "--batch-size"),
+        (("profile", "--bucket-cap-mb", "-1"), "--bucket-cap-mb must be a positive"),
+        (("profile", "--timeout", "0"), "--timeout must be a positive"),
+        (("profile", "--max-mb", "-1"), "--max-mb must be at least"),
+        (("profile", "--out", under_a_file), "is a file, not a directory"),
+        (("profile", "--out", "/proc/bytecomp-test"), "cannot write in /proc"),
+        (("bench", PROFILE, "--plan", str(binary), "--out", str(tmp_path / "b")),
+         "is not a text file"),
+    ]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # a CLI start is ~2 s
+        results = list(pool.map(lambda case: bytecomp(*case[0], cwd=tmp_path), cases))
+    for (_, fragment), result in zip(cases, results):
+        assert_one_line_error(result, fragment)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.yaml", "file.txt"]
+
+
+def test_simulate_checks_every_output_before_writing_any(tmp_path):
+    trace = tmp_path / "trace.json"
+    (tmp_path / "file.txt").write_text("x")
+    result = bytecomp("simulate", PROFILE, "plan.yaml", "--trace", str(trace), "--png",
+                      str(tmp_path / "file.txt" / "gantt.png"), cwd=tmp_path)
+    assert_one_line_error(result, "--png", "is a file, not a directory")
+    assert not trace.exists()
+
+
+def test_read_text_file_names_what_is_wrong(tmp_path):
+    with pytest.raises(BytecompError, match="does not exist"):
+        read_text_file(tmp_path / "missing.yaml", "plan file")
+    with pytest.raises(BytecompError, match="is a directory"):
+        read_text_file(tmp_path, "plan file")
+    with pytest.raises(BytecompError, match="not a regular file"):
+        read_text_file("/dev/null", "plan file")
+    (tmp_path / "latin1.yaml").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(BytecompError, match="not a text file"):
+        read_text_file(tmp_path / "latin1.yaml", "plan file")
+
+
+def test_atomic_writes_use_the_usual_permissions_and_leave_nothing_behind(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "new" / "plan.yaml", "a: 1\n")
+    finally:
+        os.umask(old)
+    written = tmp_path / "new" / "plan.yaml"
+    assert written.read_text() == "a: 1\n"
+    assert stat.S_IMODE(written.stat().st_mode) == 0o644
+    assert [p.name for p in written.parent.iterdir()] == ["plan.yaml"]
+    with pytest.raises(BytecompError, match="is a directory"):
+        check_output_file(tmp_path, "--out")

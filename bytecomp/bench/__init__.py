@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from bytecomp.bench.runner import BenchConfig, bench_rank, ensure_output
+from bytecomp.bench.runner import BenchConfig, bench_rank
+from bytecomp.files import check_new_directory
 from bytecomp.launch import run_job
 from bytecomp.plan import load_plan
 from bytecomp.profile.store import load_profile
@@ -24,7 +25,7 @@ def run_bench(config: BenchConfig, nproc: int | None = None, timeout_s: float = 
     """Benchmark on ``nproc`` spawned ranks or on this torchrun (or emulate) job."""
     load_profile(config.profile)  # bad files fail here, once, before any rank starts
     load_plan(config.plan)
-    out = ensure_output(config)
+    out = check_new_directory(config.out, config.force)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     run_job(_rank, (config,), nproc, backend, timeout_s)
     return out

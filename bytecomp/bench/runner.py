@@ -34,7 +34,6 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -277,10 +276,3 @@ def _write(results: pd.DataFrame, config: BenchConfig, profile, world: int, shap
         header = (f"{profile.meta['model']['spec']}, {shape[0]} x {shape[1]} ranks "
                   f"({world} in the job), profile {config.profile}, plan {config.plan}\n\n")
         (folder / "bench.md").write_text(header + "\n".join(lines) + "\n")
-
-
-def ensure_output(config: BenchConfig) -> Path:
-    out = Path(config.out)
-    if out.exists() and not config.force:
-        raise BytecompError(f"{out} already exists (use --force to replace it)")
-    return out

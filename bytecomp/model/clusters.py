@@ -16,12 +16,14 @@ profile's fitted sweeps, so a profile can be extrapolated to more ranks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from bytecomp.errors import BytecompError
+from bytecomp.files import read_text_file
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "clusters"
 
@@ -94,7 +96,7 @@ def _link(path: Path, kind: str, value) -> Link | str:
         if isinstance(number, bool) or not isinstance(number, (int, float)):
             raise BytecompError(f"{path}: links.{kind}.{field} must be a number")
         numbers[field] = float(number)
-    if numbers["bandwidth_gbps"] <= 0 or numbers["latency_us"] < 0:
+    if not (0 < numbers["bandwidth_gbps"] < math.inf and 0 <= numbers["latency_us"] < math.inf):
         raise BytecompError(f"{path}: links.{kind} needs bandwidth_gbps > 0 and latency_us >= 0")
     unknown = set(value) - {"bandwidth_gbps", "latency_us"}
     if unknown:
@@ -106,7 +108,7 @@ def load_cluster(name_or_path: str) -> Cluster:
     """A shipped cluster by name (``gbe10``) or a config file, validated."""
     path = _resolve(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_text_file(path, "cluster config"))
     except yaml.YAMLError as error:
         raise BytecompError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(data, dict):

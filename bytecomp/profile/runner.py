@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from rich.table import Table
 import bytecomp
 from bytecomp.comm.topology import Topology
 from bytecomp.compress import default_specs, from_spec
+from bytecomp.errors import BytecompError
 from bytecomp.profile.store import FORMAT_VERSION, Profile, save_profile
 from bytecomp.profile.sweeps import (
     SweepSettings,
@@ -28,6 +30,8 @@ from bytecomp.profile.sweeps import (
 from bytecomp.profile.training import TrainingSettings, measure_training
 from bytecomp.profile.workloads import describe, fingerprint, load_workload, parameter_count
 from bytecomp.ui import Reporter
+
+MIN_SWEEP_MB = 0.01
 
 
 @dataclass
@@ -49,9 +53,25 @@ class ProfileConfig:
     machine: str = ""
 
     def __post_init__(self) -> None:
+        self._validate()
         self.specs = [from_spec(s).spec for s in self.specs] or default_specs()
         if self.quick:
             self.iterations, self.warmup = min(self.iterations, 5), min(self.warmup, 2)
+
+    def _validate(self) -> None:
+        """Reject bad settings here, before any rank is spawned."""
+        for option, value, least in (("--batch-size", self.batch_size, 1),
+                                     ("--iterations", self.iterations, 1),
+                                     ("--warmup", self.warmup, 0)):
+            if value is not None and (isinstance(value, bool) or value < least):
+                raise BytecompError(f"{option} must be at least {least}, got {value}")
+        for option, value in (("--bucket-cap-mb", self.bucket_cap_mb),
+                              ("--timeout", self.timeout_s)):
+            if not 0 < value < math.inf:
+                raise BytecompError(f"{option} must be a positive number, got {value:g}")
+        if not MIN_SWEEP_MB <= self.max_mb < math.inf:
+            raise BytecompError(f"--max-mb must be at least {MIN_SWEEP_MB:g} (the sweeps start "
+                                f"at 1 KiB and need several sizes), got {self.max_mb:g}")
 
     def sweep_settings(self) -> SweepSettings:
         max_bytes = int(self.max_mb * (1 << 20))

@@ -15,7 +15,7 @@ import pandas as pd
 import yaml
 
 from bytecomp.errors import BytecompError
-from bytecomp.files import directory_atomic
+from bytecomp.files import check_input_directory, directory_atomic, read_text_file
 
 FORMAT_VERSION = 1
 TIME_NAMES = ("forward", "backward", "optimizer", "iteration")
@@ -105,7 +105,7 @@ def _load_meta(path: Path) -> dict:
     if not path.exists():
         _fail(path, "missing (is this a profile directory made by bytecomp profile?)")
     try:
-        meta = yaml.safe_load(path.read_text())
+        meta = yaml.safe_load(read_text_file(path, "profile file"))
     except yaml.YAMLError as error:
         first = str(error).splitlines()[0]
         _fail(path, f"not valid YAML ({first})")
@@ -122,6 +122,8 @@ def _load_meta(path: Path) -> dict:
     for key in ("world_size", "nodes", "ranks_per_node", "batch_size"):
         if meta[key] < 1:
             _fail(path, f"field '{key}' must be at least 1")
+    if not 0 < meta["bucket_cap_mb"] < math.inf:
+        _fail(path, "field 'bucket_cap_mb' must be a positive number")
     if meta["nodes"] * meta["ranks_per_node"] != meta["world_size"]:
         _fail(path, "nodes x ranks_per_node must equal world_size")
     if not isinstance(meta["model"].get("fingerprint"), str):
@@ -165,9 +167,7 @@ def _load_table(directory: Path, name: str, required: bool = True) -> pd.DataFra
 
 def load_profile(directory) -> Profile:
     """Read and validate a profile directory."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise BytecompError(f"profile directory {directory} does not exist")
+    directory = check_input_directory(directory, "profile directory")
     meta = _load_meta(directory / "profile.yaml")
     tensors = _load_table(directory, "tensors")
     if tensors.empty:

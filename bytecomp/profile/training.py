@@ -161,19 +161,25 @@ class _BackgroundTraffic:
         self.group = group
         self.buffer = torch.zeros(nbytes // 4, device=device)
         self.stop_requested = False
+        self.error: Exception | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while True:
-            self.buffer[0] = 1.0 if self.stop_requested else 0.0
-            dist.all_reduce(self.buffer, group=self.group)
-            if self.buffer[0].item() > 0:
-                return
+        try:
+            while True:
+                self.buffer[0] = 1.0 if self.stop_requested else 0.0
+                dist.all_reduce(self.buffer, group=self.group)
+                if self.buffer[0].item() > 0:
+                    return
+        except RuntimeError as error:  # a peer died: the rank's main thread reports it
+            self.error = error
 
     def stop(self) -> None:
         self.stop_requested = True
         self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def measure_interference(ddp, workload, batch, optimizer, clock, rounds: int = 2,

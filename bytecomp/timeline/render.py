@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bytecomp.files import write_text_atomic
+from bytecomp.errors import BytecompError
+from bytecomp.files import check_output_file, write_text_atomic
 from bytecomp.timeline.simulator import SimResult
 
 LANES = ("compute", "channel", "host", "copy")
@@ -30,6 +31,7 @@ def chrome_trace(result: SimResult, path, title: str = "bytecomp") -> Path:
 
 def gantt_png(result: SimResult, path, title: str = "bytecomp timeline") -> Path:
     """A Gantt chart of the compute, channel, host and copy lanes."""
+    path = check_output_file(path, "--png")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,10 +54,14 @@ def gantt_png(result: SimResult, path, title: str = "bytecomp timeline") -> Path
                 loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(used) < 3 else -0.2),
                 ncol=len(ops), frameon=False)
     figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(temporary, dpi=110)
-    plt.close(figure)
-    temporary.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(temporary, dpi=110, format="png")
+        temporary.replace(path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise BytecompError(f"cannot write {path}: {error.strerror}") from None
+    finally:
+        plt.close(figure)
     return path
