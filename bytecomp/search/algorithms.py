@@ -53,6 +53,13 @@ def screened_options(problem: Problem, members: list[int], keep: int) -> list[in
     workers. The best ``keep`` of each placement stay, and uncompressed always does."""
     if keep <= 0 or len(problem.options) <= keep:
         return list(range(len(problem.options)))
+    key = (tuple(members), keep)
+    if key not in problem.screens:  # every pass and every start asks again
+        problem.screens[key] = _screen(problem, members, keep)
+    return problem.screens[key]
+
+
+def _screen(problem: Problem, members: list[int], keep: int) -> list[int]:
     numel = sum(problem.tensors[p].numel for p in members)
     shapes = tuple(problem.tensors[p].shape for p in members)
 

@@ -172,6 +172,7 @@ class Planner:
         view.__dict__.update(problem.__dict__)
         view.options = problem.options[: len(self.searchable)]
         view.low_rank = problem.low_rank[: len(self.searchable)]
+        view.screens = {}  # screens depend on the options offered
         return view
 
     def search(self, caps: list[float] | None = None, algorithm: str = "auto",
@@ -310,9 +311,7 @@ def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
             if option.compressed:
                 planner.compute.check(option.spec, "cpu" if option.place == "host"
                                       else planner.profile.device_type)
-            problem.options.append(option)
-            problem.low_rank.append(option.compressed and
-                                    from_spec(option.spec).name in ("powersgd", "acpsgd"))
+            problem.add_option(option)
         members = tuple(sorted(position[e.name] for e in entries))
         release = max(owner[m] for m in members)  # the executor launches it then
         groups.append((release, group_id, Group(release, problem.options.index(option), members)))

@@ -19,6 +19,11 @@ from bytecomp.timeline.simulator import IterationModel, SimGroup, SimResult, sim
 UNASSIGNED = -1
 
 
+def _low_rank(option: Option) -> bool:
+    """A low-rank compressor keeps each member of a group as its own matrix."""
+    return option.compressed and from_spec(option.spec).name in ("powersgd", "acpsgd")
+
+
 @dataclass(frozen=True)
 class Tensor:
     name: str
@@ -58,14 +63,17 @@ class Problem:
         self.interference = interference
         self._buckets: dict[float, list[list[int]]] = {}
         self._models: dict[float, IterationModel] = {}
-        self.low_rank = [o.compressed and not from_spec(o.spec).chunkable and
-                         from_spec(o.spec).name in ("powersgd", "acpsgd") for o in options]
+        self.low_rank = [_low_rank(o) for o in options]
         self.evaluations = 0
         self._bucket_groups: dict = {}
         self._layouts: dict = {}
+        self._owners: dict = {}
         self._pickers: dict[float, list] = {}
         self._numel = [t.numel for t in tensors]
         self._bytes = [t.bytes for t in tensors]
+        self._group_costs: dict[tuple, object] = {}
+        self._labels = [o.label for o in options]
+        self.screens: dict[tuple, list[int]] = {}  # search.algorithms.screened_options
 
     # -- buckets ---------------------------------------------------------------------
     def buckets(self, cap_mb: float) -> list[list[int]]:
@@ -75,10 +83,13 @@ class Problem:
         return self._buckets[cap_mb]
 
     def bucket_of(self, cap_mb: float) -> list[int]:
-        owner = [0] * len(self.tensors)
-        for index, members in enumerate(self.buckets(cap_mb)):
-            for position in members:
-                owner[position] = index
+        """Each position's bucket (do not modify: it is cached)."""
+        owner = self._owners.get(cap_mb)
+        if owner is None:
+            owner = self._owners[cap_mb] = [0] * len(self.tensors)
+            for index, members in enumerate(self.buckets(cap_mb)):
+                for position in members:
+                    owner[position] = index
         return owner
 
     def iteration_model(self, cap_mb: float) -> IterationModel:
@@ -109,32 +120,43 @@ class Problem:
         the executor must gather them into one tensor and scatter the result back."""
         if len(members) < 2:
             return False
-        layout = self._layouts.get(cap_mb)
-        if layout is None:
-            layout = [(0, 0)] * len(self.tensors)
-            for bucket, positions in enumerate(self.buckets(cap_mb)):
-                for index, position in enumerate(positions):
-                    layout[position] = (bucket, index)
-            self._layouts[cap_mb] = layout
-        bucket, first = layout[members[0]]
-        if any(layout[p][0] != bucket for p in members):
+        owner, place = self.bucket_of(cap_mb), self._place_in_bucket(cap_mb)
+        if any(owner[p] != owner[members[0]] for p in members):
             return True
-        indices = [layout[p][1] for p in members]
+        indices = [place[p] for p in members]
         return max(indices) - min(indices) + 1 != len(members)
 
+    def _place_in_bucket(self, cap_mb: float) -> list[int]:
+        """Each position's index inside its bucket."""
+        place = self._layouts.get(cap_mb)
+        if place is None:
+            place = self._layouts[cap_mb] = [0] * len(self.tensors)
+            for positions in self.buckets(cap_mb):
+                for index, position in enumerate(positions):
+                    place[position] = index
+        return place
+
     def sim_groups(self, groups: list[Group], cap_mb: float | None = None) -> list[SimGroup]:
-        sim = []
-        for group in groups:
-            numel = sum(map(self._numel.__getitem__, group.members))
-            shapes = tuple(self.tensors[p].shape for p in group.members) \
-                if self.low_rank[group.option] else None
-            cost = self.costs.cost(self.options[group.option], numel, shapes)
-            if cap_mb is not None and self.scattered(group.members, cap_mb):
-                cost = self.costs.gathered(cost, sum(map(self._bytes.__getitem__,
-                                                         group.members)))
-            sim.append(SimGroup(group.bucket, cost, self.options[group.option].label,
-                                group.members))
-        return sim
+        """Groups with their costs; with ``cap_mb``, scattered members pay for gathering."""
+        return [self._sim_group(group.bucket, group.option, group.members,
+                                cap_mb is not None and self.scattered(group.members, cap_mb))
+                for group in groups]
+
+    def _sim_group(self, bucket: int, option: int, members: tuple[int, ...],
+                   scattered: bool) -> SimGroup:
+        key = (option, members, scattered)
+        cost = self._group_costs.get(key)
+        if cost is None:
+            if len(self._group_costs) > 200_000:
+                self._group_costs.clear()
+            numel = sum(map(self._numel.__getitem__, members))
+            shapes = tuple(self.tensors[p].shape for p in members) \
+                if self.low_rank[option] else None
+            cost = self.costs.cost(self.options[option], numel, shapes)
+            if scattered:
+                cost = self.costs.gathered(cost, sum(map(self._bytes.__getitem__, members)))
+            self._group_costs[key] = cost
+        return SimGroup(bucket, cost, self._labels[option], members)
 
     def _fast_sim_groups(self, assignment, cap_mb: float, gather: bool = True) -> list[SimGroup]:
         """``sim_groups(groups(...))``, with each bucket's groups cached by its options.
@@ -155,11 +177,14 @@ class Problem:
                 for position in members:
                     if assignment[position] != UNASSIGNED:
                         by_option.setdefault(assignment[position], []).append(position)
-                # one option in the bucket: its group is the whole bucket, never scattered
-                scatter_check = gather and len(by_option) > 1 and self.costs.gathers
-                cached = self._bucket_groups[key] = self.sim_groups(
-                    [Group(index, option, tuple(p)) for option, p in by_option.items()],
-                    cap_mb if scatter_check else None)
+                # one option in the bucket: its group is the whole bucket, never scattered;
+                # else members (in bucket order) are scattered unless they are a run
+                check = gather and len(by_option) > 1 and self.costs.gathers
+                place = self._place_in_bucket(cap_mb)
+                cached = self._bucket_groups[key] = [
+                    self._sim_group(index, option, tuple(p), check and
+                                    place[p[-1]] - place[p[0]] + 1 != len(p))
+                    for option, p in by_option.items()]
             out += cached
         return out
 
@@ -170,6 +195,13 @@ class Problem:
 
     def evaluate(self, assignment, cap_mb: float) -> float:
         return self.simulate(assignment, cap_mb).iteration_ms
+
+    def add_option(self, option: Option) -> int:
+        """Offer one more option (a plan's own, when simulating it); its index."""
+        self.options.append(option)
+        self.low_rank.append(_low_rank(option))
+        self._labels.append(option.label)
+        return len(self.options) - 1
 
     # -- helpers -----------------------------------------------------------------------
     def index_of(self, option: Option) -> int | None:
