@@ -28,12 +28,12 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from bytecomp.model.strategy import GroupCost
 
 
-@dataclass(frozen=True)
-class SimGroup:
+class SimGroup(NamedTuple):  # a tuple: the search builds thousands per second
     """A group of tensors exchanged together, released when ``bucket`` launches."""
 
     bucket: int
@@ -223,7 +223,7 @@ class _Simulation:
         heapq.heappush(self.heap, (time, next(self.sequence), handler, args))
 
     def log(self, resource: str, op: str, start: float, end: float, label: str = "") -> None:
-        if self.record and end > start:
+        if end > start:  # callers check self.record first: this is the hot loop
             self.events.append(Event(resource, op, start + self.model.forward_ms,
                                      end + self.model.forward_ms, label))
 
@@ -261,7 +261,8 @@ class _Simulation:
             return
         if self.running_since is not None:  # settle the progress so far at the old rate
             self.work += (self.now - self.running_since) * self.rate
-            self.log("compute", "backward", self.running_since, self.now)
+            if self.record:
+                self.log("compute", "backward", self.running_since, self.now)
             self.running_since = self.now
             self.rate = rate
             self._schedule_backward()
@@ -271,7 +272,8 @@ class _Simulation:
     def _pause_backward(self) -> None:
         if self.running_since is not None:
             self.work += (self.now - self.running_since) * self.rate
-            self.log("compute", "backward", self.running_since, self.now)
+            if self.record:
+                self.log("compute", "backward", self.running_since, self.now)
             self.running_since = None
             self.version += 1
 
@@ -283,7 +285,8 @@ class _Simulation:
     def _milestone(self, version: int, target: float) -> None:
         if version != self.version:
             return
-        self.log("compute", "backward", self.running_since, self.now)
+        if self.record:
+            self.log("compute", "backward", self.running_since, self.now)
         self.work = target
         self.running_since = self.now
         while self.next_bucket < len(self.bucket_ready) and \
@@ -311,7 +314,8 @@ class _Simulation:
     def _start_device_job(self) -> None:
         duration, done, index, op = self.device_queue.popleft()
         self.device_busy = True
-        self.log("compute", op, self.now, self.now + duration, self.groups[index].label)
+        if self.record:
+            self.log("compute", op, self.now, self.now + duration, self.groups[index].label)
         self.push(self.now + duration, self._device_done, done, index)
 
     def _device_done(self, done, index: int) -> None:
@@ -345,7 +349,8 @@ class _Simulation:
         self.channel_busy = True
         self._set_channel_busy(True)
         self.channel[index] = (self.now, self.now + duration)
-        self.log("channel", "collective", self.now, self.now + duration, self.groups[index].label)
+        if self.record:
+            self.log("channel", "collective", self.now, self.now + duration, self.groups[index].label)
         self.push(self.now + duration, self._channel_done, index)
 
     def _channel_done(self, index: int) -> None:
@@ -378,7 +383,8 @@ class _Simulation:
         while self.free_workers and self.host_queue:
             duration, index, op, done = self.host_queue.popleft()
             self.free_workers -= 1
-            self.log("host", op, self.now, self.now + duration, self.groups[index].label)
+            if self.record:
+                self.log("host", op, self.now, self.now + duration, self.groups[index].label)
             self.push(self.now + duration, self._host_done, index, done)
 
     def _host_done(self, index: int, done) -> None:
@@ -394,7 +400,8 @@ class _Simulation:
     def _start_copy(self) -> None:
         duration, index, op, done = self.copy_queue.popleft()
         self.copy_busy = True
-        self.log("copy", op, self.now, self.now + duration, self.groups[index].label)
+        if self.record:
+            self.log("copy", op, self.now, self.now + duration, self.groups[index].label)
         self.push(self.now + duration, self._copy_done, index, done)
 
     def _copy_done(self, index: int, done) -> None:
