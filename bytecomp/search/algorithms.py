@@ -233,11 +233,23 @@ def lower_bound(problem: Problem, cap_mb: float) -> float:
     model = problem.iteration_model(cap_mb)
     channel = 0.0
     ready_so_far = 0.0
+    distinct = _distinct_channels(problem)
     for members, ready in zip(problem.buckets(cap_mb), model.bucket_ready_ms):
         numel = sum(problem.tensors[p].numel for p in members)
         shapes = tuple(problem.tensors[p].shape for p in members)
         cheapest = min(problem.costs.cost(option, numel, shapes if low_rank else None).channel_ms
-                       for option, low_rank in zip(problem.options, problem.low_rank))
+                       for option, low_rank in distinct)
         ready_so_far = max(ready_so_far, ready)
         channel = max(channel, ready_so_far) + cheapest
     return model.forward_ms + max(model.backward_ms, channel) + model.optimizer_ms
+
+
+def _distinct_channels(problem: Problem) -> list[tuple]:
+    """(option, low rank) for one option per distinct channel cost: the placement
+    changes only encode, decode and copies, except in the two-shot scheme, whose
+    channel time includes re-encoding the chunks."""
+    distinct: dict[tuple, tuple] = {}
+    for option, low_rank in zip(problem.options, problem.low_rank):
+        place = option.place if option.collective == "twoshot" else None
+        distinct.setdefault((option.spec, option.collective, place), (option, low_rank))
+    return list(distinct.values())

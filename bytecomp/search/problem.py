@@ -168,15 +168,16 @@ class Problem:
             pickers = self._pickers[cap_mb] = [itemgetter(*members, members[0])
                                                for members in self.buckets(cap_mb)]
         for index, members in enumerate(self.buckets(cap_mb)):
-            key = (cap_mb, gather, index, pickers[index](assignment))
+            picked = pickers[index](assignment)  # the members' options, then the first's again
+            key = (cap_mb, gather, index, picked)
             cached = self._bucket_groups.get(key)
             if cached is None:
                 if len(self._bucket_groups) > 200_000:
                     self._bucket_groups.clear()
                 by_option: dict[int, list[int]] = {}
-                for position in members:
-                    if assignment[position] != UNASSIGNED:
-                        by_option.setdefault(assignment[position], []).append(position)
+                for position, option in zip(members, picked):
+                    if option != UNASSIGNED:
+                        by_option.setdefault(option, []).append(position)
                 # one option in the bucket: its group is the whole bucket, never scattered;
                 # else members (in bucket order) are scattered unless they are a run
                 check = gather and len(by_option) > 1 and self.costs.gathers
