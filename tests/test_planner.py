@@ -266,3 +266,38 @@ def test_gathering_scattered_members_is_charged_where_the_executor_does_it():
             assert gathered.encode_ms == pytest.approx(alone.encode_ms + copy)
             assert gathered.decode_ms == pytest.approx(alone.decode_ms + copy)
         assert gathered.channel_ms == alone.channel_ms
+
+
+def test_intra_node_interference_charges_the_hierarchical_exchange_only():
+    from bytecomp.model.strategy import Option
+
+    flat, hierarchical = Option(None, "device", "allreduce"), Option(None, "device", "hierarchical")
+
+    def predicted(intra: float):
+        profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, backward_ms=400,
+                                    interference=0.1, intra_interference=intra)
+        problem = Planner(profile, None, ["topk:ratio=0.01"]).problem
+        return problem, [problem.evaluate(problem.uniform(problem.index_of(option)), 5.0)
+                         for option in (flat, hierarchical)]
+
+    problem, (flat_low, hierarchical_low) = predicted(0.1)
+    _, (flat_high, hierarchical_high) = predicted(0.6)
+    assert flat_high == pytest.approx(flat_low)  # no intra-node step
+    assert hierarchical_high > hierarchical_low + 1e-6
+    cost = problem.costs.cost(hierarchical, 1 << 20)
+    assert 0 < cost.intra_ms < cost.channel_ms
+    assert problem.costs.cost(flat, 1 << 20).intra_ms == 0
+    assert problem.costs.cost(Option("topk:ratio=0.01", "device", "hierarchical"),
+                              1 << 20).intra_ms == pytest.approx(cost.intra_ms)
+
+
+@pytest.mark.parametrize("interference", ["high", {"fraction": 1.5}, {"intra_fraction": -0.1},
+                                          {"fraction": True}])
+def test_a_bad_interference_in_a_profile_is_named(tmp_path, interference):
+    broken = tmp_path / "broken"
+    shutil.copytree(ROOT / "profiles" / "cnn", broken)
+    meta = yaml.safe_load((broken / "profile.yaml").read_text())
+    meta["interference"] = interference
+    (broken / "profile.yaml").write_text(yaml.safe_dump(meta))
+    with pytest.raises(BytecompError, match="interference"):
+        load_profile(broken)

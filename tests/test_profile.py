@@ -171,3 +171,21 @@ def test_a_failing_rank_stops_every_rank_without_a_hang(tmp_path):
     assert not out.exists()
     assert not list(tmp_path.glob(".failing.*"))  # no partial output either
 
+
+
+def interference_on_two_nodes_of_two(rank: int, world_size: int) -> dict:
+    from bytecomp.comm.topology import Topology
+    from bytecomp.profile.training import TrainingSettings, measure_training
+
+    topology = Topology.build(nodes=2, ranks_per_node=2)
+    settings = TrainingSettings(batch_size=8, bucket_cap_mb=1.0, warmup=1, iterations=2)
+    _, _, interference = measure_training(load_workload("mlp"), torch.device("cpu"), settings,
+                                          intra_group=topology.intra)
+    return interference
+
+
+def test_interference_is_measured_over_the_world_and_inside_a_node():
+    for interference in run_ranks(interference_on_two_nodes_of_two, 4):
+        assert 0 <= interference["fraction"] <= 0.9
+        assert 0 <= interference["intra_fraction"] <= 0.9
+        assert interference["backward_alone_ms"] > 0

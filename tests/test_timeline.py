@@ -70,6 +70,18 @@ def test_communication_slows_the_backward_pass_by_the_interference():
     assert result.iteration_ms == pytest.approx(120)
 
 
+def test_intra_node_traffic_slows_the_backward_pass_by_its_own_interference():
+    model = IterationModel(0, 100, 0, [10], interference=0.1, intra_interference=0.5)
+    # 40 ms on the channel, 20 of them intra-node: rate 1 - (0.1 * 0.5 + 0.5 * 0.5) = 0.7
+    result = simulate(model, [SimGroup(0, GroupCost(0, 40, 0, intra_ms=20))])
+    assert result.backward_end_ms == pytest.approx(10 + 40 + (100 - 10 - 0.7 * 40))
+    flat = simulate(model, [SimGroup(0, GroupCost(0, 40, 0))])  # no intra-node part
+    assert flat.backward_end_ms == pytest.approx(10 + 40 + (100 - 10 - 0.9 * 40))
+    same = IterationModel(0, 100, 0, [10], interference=0.5)  # intra defaults to the same
+    assert simulate(same, [SimGroup(0, GroupCost(0, 40, 0, intra_ms=20))]).backward_end_ms \
+        == pytest.approx(120)
+
+
 def test_single_pass_and_event_simulations_agree():
     import random
 
@@ -81,11 +93,16 @@ def test_single_pass_and_event_simulations_agree():
         ready = sorted(generator.uniform(0, 100) for _ in range(buckets))
         model = IterationModel(generator.uniform(0, 10), generator.uniform(ready[-1], 130),
                                generator.uniform(0, 5), ready,
-                               interference=generator.choice([0.0, 0.25, 0.6]))
-        groups = [SimGroup(b, GroupCost(generator.choice([0, generator.uniform(0, 10)]),
-                                        generator.uniform(0, 30),
-                                        generator.choice([0, generator.uniform(0, 10)])))
-                  for b in range(buckets) for _ in range(generator.randint(0, 3))]
+                               interference=generator.choice([0.0, 0.25, 0.6]),
+                               intra_interference=generator.choice([None, 0.0, 0.5]))
+        groups = []
+        for bucket in range(buckets):
+            for _ in range(generator.randint(0, 3)):
+                channel = generator.uniform(0, 30)
+                groups.append(SimGroup(bucket, GroupCost(
+                    generator.choice([0, generator.uniform(0, 10)]), channel,
+                    generator.choice([0, generator.uniform(0, 10)]),
+                    intra_ms=generator.choice([0.0, generator.uniform(0, channel)]))))
         fast = simulate(model, groups)
         events = _Simulation(model, groups, False).run()
         assert fast.iteration_ms == pytest.approx(events.iteration_ms, abs=1e-9)

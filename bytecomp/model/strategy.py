@@ -55,6 +55,7 @@ class GroupCost:
     copy_in_ms: float = 0.0
     copy_out_ms: float = 0.0
     wire_bytes: float = 0.0  # bytes this rank sends over all collectives
+    intra_ms: float = 0.0  # the part of channel_ms spent in intra-node collectives
 
 
 @cache
@@ -122,10 +123,14 @@ class StrategyCosts:
         nbytes = numel * self.element_size
         if collective == "hierarchical":
             per_node = self.comm.ranks("intra")
-            return (self._collective("reduce_scatter", "intra", "float32", nbytes)
-                    + self._collective("allreduce", "inter", "float32", nbytes / per_node)
-                    + self._collective("allgather", "intra", "float32", nbytes))
+            return (self.intra_node_ms(nbytes)
+                    + self._collective("allreduce", "inter", "float32", nbytes / per_node))
         return self._collective("allreduce", "world", "float32", nbytes)
+
+    def intra_node_ms(self, nbytes: float) -> float:
+        """The hierarchical scheme's intra-node steps: reduce-scatter and allgather."""
+        return (self._collective("reduce_scatter", "intra", "float32", nbytes)
+                + self._collective("allgather", "intra", "float32", nbytes))
 
     def gathered(self, cost: GroupCost, nbytes: float) -> GroupCost:
         """``cost`` plus gathering scattered members into one tensor before encoding and
@@ -158,7 +163,10 @@ class StrategyCosts:
     def _cost(self, option: Option, numel: int, shapes) -> GroupCost:
         if not option.compressed:
             channel = self.uncompressed_ms(option.collective, numel)
-            return GroupCost(0.0, channel, 0.0, wire_bytes=numel * self.element_size)
+            intra = self.intra_node_ms(numel * self.element_size) \
+                if option.collective == "hierarchical" else 0.0
+            return GroupCost(0.0, channel, 0.0, wire_bytes=numel * self.element_size,
+                             intra_ms=intra)
         spec = option.spec
         device = "cpu" if option.place == "host" else self.device_type
         compressor = _compressor(spec)
@@ -171,6 +179,7 @@ class StrategyCosts:
 
         world = self.comm.ranks("world")
         scheme = option.collective
+        intra = 0.0
         if scheme in ("allreduce", "allgather"):
             encode_ms = encode(numel)
             channel = self.exchange_ms(spec, numel, "world", scheme, shapes)
@@ -197,9 +206,8 @@ class StrategyCosts:
             native = "allreduce" if compressor.collectives_of_rounds()[-1] == "allreduce" \
                 else "allgather"
             nbytes = numel * self.element_size
-            channel = (self._collective("reduce_scatter", "intra", "float32", nbytes)
-                       + self.exchange_ms(spec, chunk, "inter", native)
-                       + self._collective("allgather", "intra", "float32", nbytes))
+            intra = self.intra_node_ms(nbytes)
+            channel = intra + self.exchange_ms(spec, chunk, "inter", native)
             encode_ms = encode(chunk)
             decode_ms = decode(chunk) * (nodes if native == "allgather" else 1)
             wire = 2 * nbytes + sum(self._payload(spec, chunk, None))
@@ -207,4 +215,4 @@ class StrategyCosts:
         copies = numel * self.element_size
         return GroupCost(encode_ms, channel, decode_ms, host,
                          self.compute.copy_ms("d2h", copies) if host else 0.0,
-                         self.compute.copy_ms("h2d", copies) if host else 0.0, wire)
+                         self.compute.copy_ms("h2d", copies) if host else 0.0, wire, intra)

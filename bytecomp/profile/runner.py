@@ -141,8 +141,10 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                    f"batch {batch_size} per rank")
     with reporter.session():
         steps = 2 * (training.warmup + training.iterations)
+        several = nodes > 1 and ranks_per_node > 1
         times, tensors, interference = measure_training(
-            workload, device, training, reporter.phase("training iterations", steps))
+            workload, device, training, reporter.phase("training iterations", steps),
+            topology.intra if several else None)
         collectives = sweep_collectives(
             topology, device, sweep,
             reporter.phase("collective sweeps", collective_steps(topology, sweep)))

@@ -101,6 +101,18 @@ def _fail(path: Path, message: str):
     raise BytecompError(f"{path}: {message}")
 
 
+def _check_interference(path: Path, entry) -> None:
+    """Optional: shares of the compute stream lost to communication, in [0, 1)."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict):
+        _fail(path, "field 'interference' must be a mapping")
+    for key in ("fraction", "intra_fraction"):
+        value = entry.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            _fail(path, f"field 'interference.{key}' must be a number in [0, 1)")
+
+
 def _load_meta(path: Path) -> dict:
     if not path.exists():
         _fail(path, "missing (is this a profile directory made by bytecomp profile?)")
@@ -130,6 +142,7 @@ def _load_meta(path: Path) -> dict:
         _fail(path, "field 'model.fingerprint' is missing")
     if meta["device"].get("type") not in ("cpu", "cuda"):
         _fail(path, "field 'device.type' must be cpu or cuda")
+    _check_interference(path, meta.get("interference"))
     for name in TIME_NAMES:
         entry = meta["times"].get(name)
         value = entry.get("median_ms") if isinstance(entry, dict) else None

@@ -80,7 +80,8 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
                       backward_ms: float | None = None, specs: list[str] | None = None,
                       latency_us: float = 30.0, bandwidth_gbps: float = 10.0,
                       device: str = "cuda", name: str = "synthetic",
-                      bucket_cap_mb: float = 25.0, interference: float = 0.0) -> Profile:
+                      bucket_cap_mb: float = 25.0, interference: float = 0.0,
+                      intra_interference: float | None = None) -> Profile:
     """A profile of a model with these parameter ``shapes`` (forward order)."""
     numels = [math.prod(shape) for _, shape in shapes]
     total = sum(numels)
@@ -141,5 +142,7 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
             "world_size": world_size, "nodes": nodes, "ranks_per_node": world_size // nodes,
             "batch_size": 1, "bucket_cap_mb": bucket_cap_mb, "times": times,
             "interference": {"fraction": interference}}
+    if intra_interference is not None:
+        meta["interference"]["intra_fraction"] = intra_interference
     return Profile(meta, pd.DataFrame(rows), pd.DataFrame(collectives), pd.DataFrame(compressors),
                    pd.DataFrame(copies))

@@ -182,12 +182,12 @@ class _BackgroundTraffic:
             raise self.error
 
 
-def measure_interference(ddp, workload, batch, optimizer, clock, rounds: int = 2,
+def measure_interference(ddp, workload, batch, optimizer, clock, group, rounds: int = 2,
                          per_round: int = 4) -> dict:
-    """How much of the compute stream communication takes: backward passes alone and
-    while allreduces run back to back beside them (gloo reduces and moves bytes with
-    the CPU; on GPUs NCCL takes some SMs). ``fraction`` = 1 - alone / with traffic."""
-    group = dist.new_group(list(range(dist.get_world_size())))
+    """How much of the compute stream communication on ``group`` takes: backward passes
+    alone and while allreduces run back to back on ``group`` beside them (gloo reduces
+    and moves bytes with the CPU; on GPUs NCCL takes some SMs).
+    ``fraction`` = 1 - alone / with traffic."""
     alone, busy = [], []
     for _ in range(rounds):
         alone += [_one_iteration(ddp, workload, batch, optimizer, clock, True)[0][1]
@@ -204,10 +204,13 @@ def measure_interference(ddp, workload, batch, optimizer, clock, rounds: int = 2
 
 
 def measure_training(workload: Workload, device: torch.device, settings: TrainingSettings,
-                     progress=None) -> tuple[dict, pd.DataFrame, dict]:
+                     progress=None, intra_group=None) -> tuple[dict, pd.DataFrame, dict]:
     """Return ``(times, tensors, interference)``: statistics of each phase, one row per
     parameter in gradient-ready order (name, shape, numel, dtype, bytes, ready_ms,
-    bucket), and :func:`measure_interference`'s result."""
+    bucket), and :func:`measure_interference`'s result for traffic over the whole
+    world; with ``intra_group`` (several nodes of several ranks) also its
+    ``intra_fraction``, for traffic inside a node only (loopback or NVLink, which
+    can take far more of the compute than a slow link between nodes)."""
     model = workload.model.to(device)
     clock = Clock(device)
     batch = to_device(workload.make_batch(settings.batch_size), device)
@@ -218,7 +221,11 @@ def measure_training(workload: Workload, device: torch.device, settings: Trainin
     compute, with_ddp, ready, names = _iterate(ddp, workload, batch, optimizer, clock, settings,
                                                recorder, progress)
     recorder.remove()
-    interference = measure_interference(ddp, workload, batch, optimizer, clock)
+    world = dist.new_group(list(range(dist.get_world_size())))
+    interference = measure_interference(ddp, workload, batch, optimizer, clock, world)
+    if intra_group is not None:
+        inside = measure_interference(ddp, workload, batch, optimizer, clock, intra_group)
+        interference["intra_fraction"] = inside["fraction"]
     del ddp
     gc.collect()
     buckets = _record_buckets(model, device, workload, batch, optimizer, settings)

@@ -127,12 +127,12 @@ class Planner:
         costs = StrategyCosts(self.comm, self.compute, profile.device_type)
         # Communication's cost to the compute stream was measured on the profiled network
         # only; a cluster config's links (GPUs, NCCL) are taken as not interfering.
-        interference = profile.meta.get("interference", {}).get("fraction", 0.0) \
-            if self.cluster.measured else 0.0
+        measured = (profile.meta.get("interference") or {}) if self.cluster.measured else {}
         self.problem = Problem(tensors_of(profile), times["forward"]["median_ms"],
                                times["backward_compute"]["median_ms"],
                                times["optimizer"]["median_ms"], costs, options,
-                               interference=float(interference))
+                               interference=float(measured.get("fraction", 0.0)),
+                               intra_interference=measured.get("intra_fraction"))
         self.searchable = list(range(searchable))
         self.notes: list[str] = []
 

@@ -52,7 +52,8 @@ class Problem:
 
     def __init__(self, tensors: list[Tensor], forward_ms: float, backward_ms: float,
                  optimizer_ms: float, costs: StrategyCosts, options: list[Option],
-                 host_workers: int = 4, interference: float = 0.0) -> None:
+                 host_workers: int = 4, interference: float = 0.0,
+                 intra_interference: float | None = None) -> None:
         self.tensors = tensors
         self.forward_ms = forward_ms
         self.backward_ms = max(backward_ms, max((t.ready_ms for t in tensors), default=0.0))
@@ -61,6 +62,7 @@ class Problem:
         self.options = options
         self.host_workers = host_workers
         self.interference = interference
+        self.intra_interference = intra_interference
         self._buckets: dict[float, list[list[int]]] = {}
         self._models: dict[float, IterationModel] = {}
         self.low_rank = [_low_rank(o) for o in options]
@@ -98,7 +100,7 @@ class Problem:
                      for members in self.buckets(cap_mb)]
             self._models[cap_mb] = IterationModel(self.forward_ms, self.backward_ms,
                                                   self.optimizer_ms, ready, self.host_workers,
-                                                  self.interference)
+                                                  self.interference, self.intra_interference)
         return self._models[cap_mb]
 
     # -- groups and evaluation ---------------------------------------------------------

@@ -52,6 +52,20 @@ class IterationModel:
     bucket_ready_ms: list[float]  # backward work after which each bucket is ready
     host_workers: int = 4
     interference: float = 0.0  # share of the compute stream lost while the channel is busy
+    intra_interference: float | None = None  # the same for intra-node traffic (None: same)
+
+    def channel_rate(self, cost: GroupCost) -> float:
+        """The backward pass's speed while ``cost``'s collectives run: its intra-node
+        share of the channel time slows it by ``intra_interference``, the rest by
+        ``interference``."""
+        if self.interference == 0.0 and not self.intra_interference:
+            return 1.0
+        intra = self.interference if self.intra_interference is None \
+            else self.intra_interference
+        if cost.channel_ms <= 0:
+            return 1.0 - self.interference
+        share = min(1.0, cost.intra_ms / cost.channel_ms)
+        return 1.0 - (self.interference * (1.0 - share) + intra * share)
 
 
 @dataclass(frozen=True)
@@ -111,7 +125,7 @@ def _simulate_device_only(model: IterationModel, groups: list[SimGroup]) -> SimR
     for group in groups:
         released[group.bucket].append(group)
     backward_total = max([model.backward_ms, *model.bucket_ready_ms])
-    slow = 1.0 - model.interference
+    rates: list[float] = []  # the backward pass's speed during each channel interval
     clock = work = channel_free = last_finish = 0.0
     decodes: deque = deque()
     channel: list[tuple[float, float]] = []
@@ -123,7 +137,7 @@ def _simulate_device_only(model: IterationModel, groups: list[SimGroup]) -> SimR
         while first < len(channel) and channel[first][1] <= start:
             first += 1
         time = start
-        for begin, end in channel[first:]:
+        for (begin, end), slow in zip(channel[first:], rates[first:]):
             if begin > time:
                 if need <= begin - time:
                     return time + need
@@ -138,8 +152,9 @@ def _simulate_device_only(model: IterationModel, groups: list[SimGroup]) -> SimR
 
     def progress(start: float, stop: float) -> float:
         """Backward work done between ``start`` and ``stop`` with no device job."""
-        busy = sum(max(0.0, min(end, stop) - max(begin, start)) for begin, end in channel[first:])
-        return (stop - start) - busy * (1.0 - slow)
+        lost = sum(max(0.0, min(end, stop) - max(begin, start)) * (1.0 - slow)
+                   for (begin, end), slow in zip(channel[first:], rates[first:]))
+        return (stop - start) - lost
 
     def advance_to(target: float) -> None:
         nonlocal clock, work, last_finish
@@ -165,6 +180,7 @@ def _simulate_device_only(model: IterationModel, groups: list[SimGroup]) -> SimR
             start = max(clock, channel_free)
             channel_free = start + group.cost.channel_ms
             channel.append((start, channel_free))
+            rates.append(model.channel_rate(group.cost))
             if group.cost.decode_ms > 0:
                 decodes.append((channel_free, group.cost.decode_ms))
             else:
@@ -255,8 +271,8 @@ class _Simulation:
         self.push(self.now + max(0.0, target - self.work) / self.rate, self._milestone,
                   self.version, target)
 
-    def _set_channel_busy(self, busy: bool) -> None:
-        rate = 1.0 - self.model.interference if busy else 1.0
+    def _set_rate(self, rate: float) -> None:
+        """The backward pass's speed changes (a group enters or the channel idles)."""
         if rate == self.rate:
             return
         if self.running_since is not None:  # settle the progress so far at the old rate
@@ -347,7 +363,7 @@ class _Simulation:
         self.next_channel += 1
         duration = self.groups[index].cost.channel_ms
         self.channel_busy = True
-        self._set_channel_busy(True)
+        self._set_rate(self.model.channel_rate(self.groups[index].cost))
         self.channel[index] = (self.now, self.now + duration)
         if self.record:
             self.log("channel", "collective", self.now, self.now + duration, self.groups[index].label)
@@ -356,7 +372,7 @@ class _Simulation:
     def _channel_done(self, index: int) -> None:
         self.channel_busy = False
         if self.next_channel >= len(self.groups) or not self.encoded[self.next_channel]:
-            self._set_channel_busy(False)
+            self._set_rate(1.0)
         cost = self.groups[index].cost
         if cost.host:
             self._host(cost.decode_ms, index, "decode", self._host_decoded)
