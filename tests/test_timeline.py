@@ -8,7 +8,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.model.clusters import Cluster, load_cluster
 from bytecomp.model.costs import CommModel, ring_ms
-from bytecomp.model.fits import fit_linear
+from bytecomp.model.fits import fit_compute, fit_linear
 from bytecomp.model.strategy import GroupCost
 from bytecomp.profile.synthetic import mlp_shapes, synthetic_profile
 from bytecomp.profile.workloads import load_workload
@@ -171,6 +171,22 @@ def test_linear_fit_recovers_exact_coefficients_and_reports_quality():
     assert fit.r2 == pytest.approx(1.0) and fit.worst_relative_error < 1e-9
     noisy = fit_linear(sizes, [1.0, 0.5, 2.0, 5.0])
     assert noisy.intercept >= 0 and noisy.slope >= 0 and noisy.r2 < 1
+    exact = fit_compute(sizes, [0.2 + 3e-6 * s for s in sizes])
+    assert exact.intercept == pytest.approx(0.2) and exact.slope == pytest.approx(3e-6)
+
+
+def test_compute_fit_is_not_set_by_its_largest_size_alone():
+    """The encode sweep of the emulated 2 x 2 cnn profile (powersgd:rank=4): 16M elements
+    cost 2.4x per element what 1M did. The alpha-beta rule (slope from the largest
+    sizes) over-predicts 1M by 2.5x; the compute fit stays within 25% of every size
+    from 64K to 1M and leaves the outlier under-predicted."""
+    sizes = [256, 4096, 65536, 1048576, 16777216]
+    times = [0.169, 0.097, 0.615, 9.215, 371.617]
+    alpha_beta, compute = fit_linear(sizes, times), fit_compute(sizes, times)
+    assert alpha_beta(1048576) > 2.4 * 9.215
+    for size, measured in list(zip(sizes, times))[2:4]:
+        assert abs(compute(size) / measured - 1) < 0.25, (size, compute(size), measured)
+    assert compute(16777216) < 371.617 and compute.slope > 0
 
 
 def test_ring_formulas():

@@ -25,7 +25,7 @@ import pandas as pd
 from bytecomp.compress import from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import PROFILE_LINK, Cluster, Link
-from bytecomp.model.fits import LinearFit, fit_linear
+from bytecomp.model.fits import LinearFit, fit_compute, fit_linear
 from bytecomp.profile.store import Profile
 
 STEPS = {"allreduce": 2.0, "allgather": 1.0, "reduce_scatter": 1.0, "alltoall": 1.0,
@@ -136,8 +136,8 @@ class ComputeModel:
         self.decode: dict[tuple[str, str], LinearFit] = {}
         self.payload: dict[tuple[str, str], LinearFit] = {}
         for (spec, device), rows in profile.compressors.groupby(["spec", "device"]):
-            self.encode[(spec, device)] = fit_linear(rows["numel"], rows["encode_ms"])
-            self.decode[(spec, device)] = fit_linear(rows["numel"], rows["decode_ms"])
+            self.encode[(spec, device)] = fit_compute(rows["numel"], rows["encode_ms"])
+            self.decode[(spec, device)] = fit_compute(rows["numel"], rows["decode_ms"])
             self.payload[(spec, device)] = fit_linear(rows["numel"], rows["payload_bytes"])
         self.copies = {direction: fit_linear(rows["bytes"], rows["time_ms"])
                        for direction, rows in profile.copies.groupby("direction")}

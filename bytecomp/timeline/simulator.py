@@ -24,10 +24,10 @@ iteration ends when the backward pass is done and every group is decoded.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import NamedTuple
 
 from bytecomp.model.strategy import GroupCost
@@ -202,7 +202,7 @@ class _Simulation:
         self.record = record
         self.events: list[Event] = []
         self.heap: list = []
-        self.sequence = itertools.count()
+        self.sequence = itertools.count().__next__
         self.now = 0.0
         ready, running = [], 0.0
         for value in model.bucket_ready_ms:  # DDP launches buckets in index order
@@ -236,7 +236,7 @@ class _Simulation:
 
     # -- bookkeeping -------------------------------------------------------------------
     def push(self, time: float, handler, *args) -> None:
-        heapq.heappush(self.heap, (time, next(self.sequence), handler, args))
+        heappush(self.heap, (time, self.sequence(), handler, args))
 
     def log(self, resource: str, op: str, start: float, end: float, label: str = "") -> None:
         if end > start:  # callers check self.record first: this is the hot loop
@@ -245,8 +245,9 @@ class _Simulation:
 
     def run(self) -> SimResult:
         self._schedule_backward()
-        while self.heap:
-            self.now, _, handler, args = heapq.heappop(self.heap)
+        heap = self.heap
+        while heap:
+            self.now, _, handler, args = heappop(heap)
             handler(*args)
         backward_end = self.backward_end if self.backward_end is not None else self.now
         end = max(backward_end, self.last_finish)
