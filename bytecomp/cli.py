@@ -141,8 +141,9 @@ def plan(
     strict: bool = typer.Option(False, help="Only the --compressor specs (by default the "
                                 "fp16 and PowerSGD baselines' methods are candidates too)."),
     min_gain: float = typer.Option(5.0, help="Percent: unless the searched plan is predicted "
-                                   "this much faster than the fastest baseline, the plan is "
-                                   "that baseline (0: always the searched plan)."),
+                                   "this much faster than fp32 DDP, the plan is fp32 DDP; else "
+                                   "unless it is this much faster than the fastest baseline, "
+                                   "the plan is that baseline (0: always the searched plan)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show fit quality and pruning."),
 ):
     """Search the per-tensor strategy with the shortest predicted iteration; write plan.yaml."""

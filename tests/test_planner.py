@@ -84,6 +84,18 @@ def test_plan_is_never_predicted_slower_than_a_baseline(bandwidth, nodes):
         assert 0 <= result.gap < 1
 
 
+def test_a_plan_not_faster_than_fp32_ddp_by_min_gain_does_not_compress():
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=10.0)
+    searched = Planner(profile, None, ["topk:ratio=0.01"]).search()
+    fp32 = next(b for b in searched.baselines if b.name == "fp32 DDP")
+    best = min(searched.baselines, key=lambda b: b.time_ms)
+    assert best.name != "fp32 DDP"  # a compressed baseline is faster, by more than the margin
+    gain = 1 - searched.time_ms / fp32.time_ms
+    kept = Planner(profile, None, ["topk:ratio=0.01"]).search(min_gain=min(0.99, gain + 0.01))
+    assert kept.assignment == fp32.assignment and kept.time_ms == pytest.approx(fp32.time_ms)
+    assert "fp32 DDP baseline kept" in kept.algorithm
+
+
 def test_a_plan_not_faster_than_the_best_baseline_by_min_gain_is_that_baseline(tmp_path):
     profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=10.0)
     searched = Planner(profile, None, ["topk:ratio=0.01"]).search()

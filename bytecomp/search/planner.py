@@ -188,8 +188,10 @@ class Planner:
         4. Where the problem is small (options ** tensors <= 50,000), branch and
            bound at every cap proves the optimum (``exact``).
         5. Unless the result is predicted at least ``min_gain`` (a fraction)
-           faster than the fastest baseline, that baseline is the plan: a gain
-           smaller than the model's error is not worth a more complex plan.
+           faster than fp32 DDP, fp32 DDP is the plan; else unless it is that
+           much faster than the fastest baseline, that baseline is: a gain
+           smaller than the model's error is not worth compressing or a more
+           complex plan.
         """
         started = time.perf_counter()
         problem = self.problem
@@ -251,13 +253,17 @@ class Planner:
 
 def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: float,
                       min_gain: float) -> Baseline | None:
-    """The fastest baseline that a plan can express, if the search beats it by less than
-    ``min_gain``."""
+    """The baseline to keep when the search beats it by less than ``min_gain``: fp32 DDP
+    first (compressing at all must pay more than the model's error), then the fastest
+    baseline that a plan can express."""
     usable = [b for b in baselines if set(b.assignment) <= searchable]
     if not usable or min_gain <= 0:
         return None
-    best = min(usable, key=lambda b: b.time_ms)
-    return best if value > best.time_ms * (1 - min_gain) else None
+    for baseline in (next((b for b in usable if b.name == "fp32 DDP"), None),
+                     min(usable, key=lambda b: b.time_ms)):
+        if baseline is not None and value > baseline.time_ms * (1 - min_gain):
+            return baseline
+    return None
 
 
 def to_plan(result: PlanResult, profile: Profile) -> Plan:
