@@ -83,31 +83,45 @@ def test_intra_node_traffic_slows_the_backward_pass_by_its_own_interference():
 
 
 def test_single_pass_and_event_simulations_agree():
+    """Random instances, with device and host groups, copies and a few host workers."""
     import random
 
     from bytecomp.timeline.simulator import _Simulation
 
     generator = random.Random(7)
-    for _ in range(1500):
+
+    def some(high: float) -> float:
+        return generator.choice([0, generator.uniform(0, high)])
+
+    hosted = 0
+    for _ in range(3000):
         buckets = generator.randint(1, 6)
         ready = sorted(generator.uniform(0, 100) for _ in range(buckets))
         model = IterationModel(generator.uniform(0, 10), generator.uniform(ready[-1], 130),
                                generator.uniform(0, 5), ready,
+                               host_workers=generator.randint(1, 4),
                                interference=generator.choice([0.0, 0.25, 0.6]),
                                intra_interference=generator.choice([None, 0.0, 0.5]))
+        host_share = generator.choice([0.0, 0.5, 1.0])
         groups = []
         for bucket in range(buckets):
             for _ in range(generator.randint(0, 3)):
                 channel = generator.uniform(0, 30)
+                host = generator.random() < host_share
                 groups.append(SimGroup(bucket, GroupCost(
-                    generator.choice([0, generator.uniform(0, 10)]), channel,
-                    generator.choice([0, generator.uniform(0, 10)]),
+                    some(10), channel, some(10), host=host,
+                    copy_in_ms=some(5) if host else 0.0, copy_out_ms=some(5) if host else 0.0,
                     intra_ms=generator.choice([0.0, generator.uniform(0, channel)]))))
+        hosted += any(group.cost.host for group in groups)
         fast = simulate(model, groups)
         events = _Simulation(model, groups, False).run()
-        assert fast.iteration_ms == pytest.approx(events.iteration_ms, abs=1e-9)
+        case = (model, groups)
+        assert fast.iteration_ms == pytest.approx(events.iteration_ms, abs=1e-9), case
+        assert fast.backward_end_ms == pytest.approx(events.backward_end_ms, abs=1e-9), case
         flat = [t for interval in fast.channel for t in interval]
-        assert flat == pytest.approx([t for interval in events.channel for t in interval], abs=1e-9)
+        assert flat == pytest.approx([t for interval in events.channel for t in interval],
+                                     abs=1e-9), case
+    assert hosted > 1000
 
 
 def test_buckets_launch_in_index_order():

@@ -25,9 +25,10 @@ iteration ends when the backward pass is done and every group is decoded.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
+from heapq import heappop, heappush, heapreplace
 from typing import NamedTuple
 
 from bytecomp.model.strategy import GroupCost
@@ -107,20 +108,27 @@ class SimResult:
 
 def simulate(model: IterationModel, groups: list[SimGroup], record: bool = False) -> SimResult:
     """Simulate one iteration; events (times from the iteration start) when ``record``."""
-    if not record and not any(group.cost.host for group in groups):
-        return _simulate_device_only(model, groups)
-    return _Simulation(model, groups, record).run()
+    if record:
+        return _Simulation(model, groups, record).run()
+    return _simulate_single_pass(model, groups)
 
 
-def _simulate_device_only(model: IterationModel, groups: list[SimGroup]) -> SimResult:
-    """The same model as :class:`_Simulation` when nothing runs on the host, as one pass.
+def _simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimResult:
+    """The same model as :class:`_Simulation`, without events, in one pass over the groups.
 
     Channel completions come in group order, so decodes reach the compute stream in
     order too; the loop advances the backward pass to each bucket's ready point,
     letting every decode that arrives on the way interrupt it (and the channel's
     busy intervals slow it), then runs the bucket's encodes and queues its groups on
     the channel. A group's channel interval starts no earlier than its launch, so
-    the intervals known when advancing are all that can slow that stretch."""
+    the intervals known when advancing are all that can slow that stretch.
+
+    Host groups never touch the compute stream: their copies (one FIFO copy engine)
+    and host work (a FIFO pool of workers) are served in request order. Requests
+    come in time order per kind (copies in at launches, encodes after them, decodes
+    at channel ends in group order), so each resource serves a request once every
+    earlier one is known: decodes before an encode's or a launch's time, copies out
+    before a launch's time, the rest at the end."""
     released: list[list[SimGroup]] = [[] for _ in model.bucket_ready_ms]
     for group in groups:
         released[group.bucket].append(group)
@@ -130,6 +138,33 @@ def _simulate_device_only(model: IterationModel, groups: list[SimGroup]) -> SimR
     decodes: deque = deque()
     channel: list[tuple[float, float]] = []
     first = 0  # first channel interval that may still end after the clock
+    workers = [0.0] * max(1, model.host_workers)  # when each host worker is free (a heap)
+    copy_free = 0.0
+    host_decodes: deque = deque()  # (channel end, decode ms, copy-out ms), in channel order
+    copies_out: list = []  # heap of (decoded at, sequence, copy-out ms)
+    sequence = itertools.count()
+
+    def on_worker(request: float, duration: float) -> float:
+        start = max(request, workers[0])
+        heapreplace(workers, start + duration)
+        return start + duration
+
+    def on_copy_engine(request: float, duration: float) -> float:
+        nonlocal copy_free
+        copy_free = max(request, copy_free) + duration
+        return copy_free
+
+    def decode_on_host_until(time: float) -> None:
+        while host_decodes and host_decodes[0][0] < time:
+            end, decode, copy_out = host_decodes.popleft()
+            heappush(copies_out, (on_worker(end, decode), next(sequence), copy_out))
+
+    def copy_out_until(time: float) -> None:
+        nonlocal last_finish
+        decode_on_host_until(time)
+        while copies_out and copies_out[0][0] < time:
+            decoded, _, duration = heappop(copies_out)
+            last_finish = max(last_finish, on_copy_engine(decoded, duration))
 
     def finish_time(start: float, need: float) -> float:
         """When ``need`` ms of backward work started at ``start`` are done."""
@@ -175,14 +210,30 @@ def _simulate_device_only(model: IterationModel, groups: list[SimGroup]) -> SimR
     for bucket, bucket_groups in enumerate(released):
         ready = max(ready, model.bucket_ready_ms[bucket])
         advance_to(ready)
+        launch = clock
+        copied_in = []  # every host group asks for its copy in at the launch, in order
+        if any(group.cost.host for group in bucket_groups):
+            copy_out_until(launch)
+            copied_in = [on_copy_engine(launch, group.cost.copy_in_ms)
+                         for group in bucket_groups if group.cost.host]
+        host = 0
         for group in bucket_groups:
-            clock += group.cost.encode_ms
-            start = max(clock, channel_free)
-            channel_free = start + group.cost.channel_ms
+            cost = group.cost
+            if cost.host:
+                decode_on_host_until(copied_in[host])
+                encoded = on_worker(copied_in[host], cost.encode_ms)
+                host += 1
+            else:
+                clock += cost.encode_ms
+                encoded = clock
+            start = max(encoded, channel_free)
+            channel_free = start + cost.channel_ms
             channel.append((start, channel_free))
-            rates.append(model.channel_rate(group.cost))
-            if group.cost.decode_ms > 0:
-                decodes.append((channel_free, group.cost.decode_ms))
+            rates.append(model.channel_rate(cost))
+            if cost.host:
+                host_decodes.append((channel_free, cost.decode_ms, cost.copy_out_ms))
+            elif cost.decode_ms > 0:
+                decodes.append((channel_free, cost.decode_ms))
             else:
                 last_finish = max(last_finish, channel_free)
     advance_to(backward_total)
@@ -190,6 +241,7 @@ def _simulate_device_only(model: IterationModel, groups: list[SimGroup]) -> SimR
     for arrival, duration in decodes:
         clock = max(clock, arrival) + duration
         last_finish = max(last_finish, clock)
+    copy_out_until(math.inf)
     end = max(backward_end, last_finish)
     return SimResult(model.forward_ms + end + model.optimizer_ms, backward_end, last_finish,
                      [], channel)
