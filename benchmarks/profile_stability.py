@@ -55,6 +55,8 @@ def compare(first, second) -> dict[str, float]:
     allreduce = [p.collectives.query("collective == 'allreduce' and group == 'world' and "
                                      "dtype == 'float32'") for p in (first, second)]
     merged = pd.merge(*allreduce, on="bytes", suffixes=("_1", "_2"))
+    small = merged[merged.bytes < (1 << 20)]
+    large = merged[merged.bytes >= (1 << 20)]
     return {
         "per-tensor ready time": float(np.median(relative_differences(
             tensors.ready_ms_1, tensors.ready_ms_2))),
@@ -67,6 +69,10 @@ def compare(first, second) -> dict[str, float]:
             [first.time_ms("backward_compute")], [second.time_ms("backward_compute")])[0]),
         "allreduce time (all sizes)": float(np.median(relative_differences(
             merged.time_ms_1, merged.time_ms_2))),
+        "allreduce time (under 1 MiB)": float(np.median(relative_differences(
+            small.time_ms_1, small.time_ms_2))) if len(small) else float("nan"),
+        "allreduce time (1 MiB and up)": float(np.median(relative_differences(
+            large.time_ms_1, large.time_ms_2))) if len(large) else float("nan"),
     }
 
 
