@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.compress import default_specs
 from bytecomp.profile import load_profile
-from bytecomp.profile.sweeps import COLLECTIVES, DTYPES
+from bytecomp.profile.sweeps import COLLECTIVES, DTYPES, EXTRA_SAMPLES, samples_per_round
 from bytecomp.profile.workloads import fingerprint, load_workload
 
 from ranks import free_port, run_ranks
@@ -106,6 +106,13 @@ def test_every_collective_and_compressor_row_is_present_and_positive(mlp_profile
         assert list(rows.numel) == numels, spec
         assert (rows.encode_ms > 0).all() and (rows.decode_ms > 0).all(), spec
         assert (rows.payload_bytes > 0).all(), spec
+
+
+def test_cheap_collectives_get_more_samples_per_round():
+    assert samples_per_round(0.3) == EXTRA_SAMPLES  # sub-millisecond: heavy-tailed times
+    assert samples_per_round(0.9) == 2
+    assert samples_per_round(5.0) == samples_per_round(1e4) == 1
+    assert samples_per_round(0.0) == EXTRA_SAMPLES
 
 
 def test_profile_yaml_describes_the_run(mlp_profile):

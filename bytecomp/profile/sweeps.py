@@ -10,7 +10,8 @@ spread over all cases instead of biasing a few. Statistics are over rounds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -94,6 +95,14 @@ def _reduce(samples: list[list[float]], op, device) -> list[list[float]]:
     return table.cpu().tolist()
 
 
+# Sub-millisecond collectives have heavy-tailed times on a busy CPU (thread wake-ups:
+# p90 several times the median), so a median of ``repeats`` samples moves from run to
+# run; cheap cases take more samples per round (up to EXTRA_SAMPLES times as many),
+# which costs little since they are cheap.
+ROUND_MS = 2.0
+EXTRA_SAMPLES = 4
+
+
 @dataclass(frozen=True)
 class _CollectiveCase:
     group_name: str
@@ -102,6 +111,12 @@ class _CollectiveCase:
     collective: str
     dtype_name: str
     nbytes: int
+    samples_per_round: int = 1
+
+
+def samples_per_round(pilot_ms: float) -> int:
+    """Samples per round of a case whose pilot took ``pilot_ms``."""
+    return int(min(EXTRA_SAMPLES, max(1, math.floor(ROUND_MS / max(pilot_ms, 1e-6)))))
 
 
 def _time_collective(case: _CollectiveCase, clock: Clock, device) -> float:
@@ -126,9 +141,10 @@ def sweep_collectives(topology: Topology, device: torch.device, settings: SweepS
     """Rows of collectives.csv: collective, group, dtype, bytes, ranks, time_ms, p10_ms, p90_ms.
 
     A pilot pass (which also warms every group and size up) decides how far each
-    series goes; then ``repeats`` rounds each run every case once, so that the
-    samples of one case are spread over the whole sweep and a burst of noise
-    on a shared machine cannot bias one size. A sample is the time from the
+    series goes and how many samples a round takes of each case (more of the
+    cheap ones: :func:`samples_per_round`); then ``repeats`` rounds each run
+    every case, so that the samples of one case are spread over the whole
+    sweep and a burst of noise on a shared machine cannot bias one size. A sample is the time from the
     barrier to the end of the collective on the rank that measured the least,
     i.e. the rank that arrived last: the collective's own duration.
     """
@@ -141,19 +157,24 @@ def sweep_collectives(topology: Topology, device: torch.device, settings: SweepS
     cases = []
     for one_series in series:
         pilot = [_time_collective(case, clock, device) for case in one_series]
-        pilot = _reduce([pilot], dist.ReduceOp.MIN, device)[0]
-        cases += _within_budget(one_series, pilot, settings.budget_s)
+        pilot = _reduce([pilot], dist.ReduceOp.MIN, device)[0]  # the same on every rank
+        kept = _within_budget(one_series, pilot, settings.budget_s)
+        cases += [replace(case, samples_per_round=samples_per_round(time_ms))
+                  for case, time_ms in zip(kept, pilot)]
         if progress:
             progress()
     samples = [[] for _ in cases]
     for _ in range(settings.repeats):
         for index, case in enumerate(cases):
-            samples[index].append(_time_collective(case, clock, device))
+            for _ in range(case.samples_per_round):
+                samples[index].append(_time_collective(case, clock, device))
         if progress:
             progress()
-    rows = []
-    for case, times in zip(cases, _reduce(samples, dist.ReduceOp.MIN, device)):
-        stats = summarize(times)
+    flat = _reduce([[t for times in samples for t in times]], dist.ReduceOp.MIN, device)[0]
+    rows, start = [], 0
+    for case, times in zip(cases, samples):
+        stats = summarize(flat[start:start + len(times)])
+        start += len(times)
         rows.append({"collective": case.collective, "group": case.group_name,
                      "dtype": case.dtype_name, "bytes": case.nbytes, "ranks": case.ranks,
                      "time_ms": stats["median_ms"], "p10_ms": stats["p10_ms"],
