@@ -42,6 +42,7 @@ from bytecomp.compress import Compressor, Peers, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.plan import Plan, load_plan
 from bytecomp.profile.workloads import fingerprint
+from bytecomp.timeline.simulator import HOST_WORKERS
 
 STATE_FORMAT = 1
 MIB = 1 << 20
@@ -133,7 +134,8 @@ class _Step:
 class Executor:
     """Runs a plan as a DDP communication hook. Create it with :func:`apply_plan`."""
 
-    def __init__(self, ddp, plan: Plan, fallback: str | None = None, host_workers: int = 2,
+    def __init__(self, ddp, plan: Plan, fallback: str | None = None,
+                 host_workers: int = HOST_WORKERS,
                  native: bool = True):
         if fallback not in (None, "fp32"):
             raise BytecompError(f"fallback must be None or 'fp32', got {fallback!r}")
@@ -454,7 +456,7 @@ def _to_device(value, device):
 
 
 def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
-               host_workers: int = 2, native: bool = True) -> Executor:
+               host_workers: int = HOST_WORKERS, native: bool = True) -> Executor:
     """Register a communication hook on ``ddp_model`` that executes ``plan``.
 
     Every rank must call it with the same plan, before the first backward pass.

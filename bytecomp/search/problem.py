@@ -14,7 +14,13 @@ from operator import itemgetter
 from bytecomp.compress import from_spec
 from bytecomp.model.strategy import Option, StrategyCosts
 from bytecomp.timeline.buckets import ddp_buckets
-from bytecomp.timeline.simulator import IterationModel, SimGroup, SimResult, simulate
+from bytecomp.timeline.simulator import (
+    HOST_WORKERS,
+    IterationModel,
+    SimGroup,
+    SimResult,
+    simulate,
+)
 
 UNASSIGNED = -1
 
@@ -52,7 +58,7 @@ class Problem:
 
     def __init__(self, tensors: list[Tensor], forward_ms: float, backward_ms: float,
                  optimizer_ms: float, costs: StrategyCosts, options: list[Option],
-                 host_workers: int = 4, interference: float = 0.0,
+                 host_workers: int = HOST_WORKERS, interference: float = 0.0,
                  intra_interference: float | None = None) -> None:
         self.tensors = tensors
         self.forward_ms = forward_ms

@@ -33,6 +33,10 @@ from typing import NamedTuple
 
 from bytecomp.model.strategy import GroupCost
 
+# Host-offload workers: the executor's pool (``bytecomp.apply_plan(host_workers=...)``)
+# and the model's, which must agree.
+HOST_WORKERS = 2
+
 
 class SimGroup(NamedTuple):  # a tuple: the search builds thousands per second
     """A group of tensors exchanged together, released when ``bucket`` launches."""
@@ -51,7 +55,7 @@ class IterationModel:
     backward_ms: float
     optimizer_ms: float
     bucket_ready_ms: list[float]  # backward work after which each bucket is ready
-    host_workers: int = 4
+    host_workers: int = HOST_WORKERS
     interference: float = 0.0  # share of the compute stream lost while the channel is busy
     intra_interference: float | None = None  # the same for intra-node traffic (None: same)
 
