@@ -34,6 +34,11 @@ def relative_differences(a, b) -> np.ndarray:
     return np.abs(a - b) / np.maximum((a + b) / 2, 1e-12)
 
 
+def median_difference(a, b) -> float:
+    """Median relative difference of two aligned series (NaN when they are empty)."""
+    return float(np.median(relative_differences(a, b))) if len(a) else float("nan")
+
+
 def machine_reference_ms(seconds: float = 5.0) -> float:
     """Median time of a 512x512 float32 matrix product on one thread."""
     import time
@@ -58,21 +63,17 @@ def compare(first, second) -> dict[str, float]:
     small = merged[merged.bytes < (1 << 20)]
     large = merged[merged.bytes >= (1 << 20)]
     return {
-        "per-tensor ready time": float(np.median(relative_differences(
-            tensors.ready_ms_1, tensors.ready_ms_2))),
-        "ready time / backward time": float(np.median(relative_differences(
+        "per-tensor ready time": median_difference(tensors.ready_ms_1, tensors.ready_ms_2),
+        "ready time / backward time": median_difference(
             tensors.ready_ms_1 / first.time_ms("backward_compute"),
-            tensors.ready_ms_2 / second.time_ms("backward_compute")))),
+            tensors.ready_ms_2 / second.time_ms("backward_compute")),
         "iteration time (DDP)": float(relative_differences(
             [first.time_ms("iteration")], [second.time_ms("iteration")])[0]),
         "backward compute time": float(relative_differences(
             [first.time_ms("backward_compute")], [second.time_ms("backward_compute")])[0]),
-        "allreduce time (all sizes)": float(np.median(relative_differences(
-            merged.time_ms_1, merged.time_ms_2))),
-        "allreduce time (under 1 MiB)": float(np.median(relative_differences(
-            small.time_ms_1, small.time_ms_2))) if len(small) else float("nan"),
-        "allreduce time (1 MiB and up)": float(np.median(relative_differences(
-            large.time_ms_1, large.time_ms_2))) if len(large) else float("nan"),
+        "allreduce time (all sizes)": median_difference(merged.time_ms_1, merged.time_ms_2),
+        "allreduce time (under 1 MiB)": median_difference(small.time_ms_1, small.time_ms_2),
+        "allreduce time (1 MiB and up)": median_difference(large.time_ms_1, large.time_ms_2),
     }
 
 

@@ -79,14 +79,9 @@ def _fit(x, y, relative_slope: bool) -> LinearFit:
         a, b = 0.0, float(np.mean(y / np.maximum(x, 1e-12)))
     else:
         a = _intercept(x, y) if x.size > SMALLEST else 0.0
-        if relative_slope:
-            scale = weights
-            used = np.ones_like(x, dtype=bool)
-        else:
-            scale = np.ones_like(x)
-            used = x >= x.max() / LARGE_RANGE
-            if x.size <= SMALLEST:
-                used = np.ones_like(x, dtype=bool)
+        scale = weights if relative_slope else np.ones_like(x)
+        every_size = relative_slope or x.size <= SMALLEST
+        used = np.ones_like(x, dtype=bool) if every_size else x >= x.max() / LARGE_RANGE
         system = (x * scale)[used].reshape(-1, 1)
         b = float(lsq_linear(system, ((y - a) * scale)[used], bounds=(0, np.inf)).x[0])
     predicted = a + b * x

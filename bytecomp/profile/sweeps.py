@@ -144,9 +144,10 @@ def sweep_collectives(topology: Topology, device: torch.device, settings: SweepS
     series goes and how many samples a round takes of each case (more of the
     cheap ones: :func:`samples_per_round`); then ``repeats`` rounds each run
     every case, so that the samples of one case are spread over the whole
-    sweep and a burst of noise on a shared machine cannot bias one size. A sample is the time from the
-    barrier to the end of the collective on the rank that measured the least,
-    i.e. the rank that arrived last: the collective's own duration.
+    sweep and a burst of noise on a shared machine cannot bias one size. A
+    sample is the time from the barrier to the end of the collective on the
+    rank that measured the least, i.e. the rank that arrived last: the
+    collective's own duration.
     """
     clock = Clock(device)
     limit = memory_limit_bytes(device, topology.ranks_per_node)
