@@ -46,7 +46,7 @@ import bytecomp
 from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress import from_spec
 from bytecomp.launch import free_port
-from bytecomp.model.strategy import Option
+from bytecomp.plan import Option
 from bytecomp.plan import plan_for_model
 from bytecomp.profile.workloads import load_workload
 
@@ -90,9 +90,9 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
     # (name, hook, plan, native): each bytecomp row is compared with the row above it
     return [
         ("DDP built-in allreduce", None, None, True),
-        ("bytecomp all-fp32 plan", None, plan(None, "allreduce"), True),
+        ("bytecomp all-fp32 plan", None, plan("none", "allreduce"), True),
         ("PyTorch allreduce_hook", default_hooks.allreduce_hook, None, True),
-        ("bytecomp all-fp32 plan, through the hook", None, plan(None, "allreduce"), False),
+        ("bytecomp all-fp32 plan, through the hook", None, plan("none", "allreduce"), False),
         ("PyTorch fp16_compress_hook", default_hooks.fp16_compress_hook, None, True),
         ("bytecomp fp16 plan", None, plan("fp16", "allreduce"), True),
         ("hand-written top-k hook", topk_hook, None, True),

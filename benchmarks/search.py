@@ -21,7 +21,7 @@ import statistics
 from rich.console import Console
 from rich.table import Table
 
-from bytecomp.profile.synthetic import (
+from bytecomp.testing.synthetic import (
     mlp_shapes,
     resnet50_shapes,
     synthetic_profile,

@@ -20,13 +20,17 @@
 Tensors with the same ``group`` are concatenated and exchanged once; they
 must share their strategy. Files are read with ``yaml.safe_load`` only, and a
 bad one is reported with its path, the field and the reason.
+
+This module is the vocabulary the planner and the executor share (strategies as
+:class:`Option`, the model fingerprint, the host pool size), so that a
+training job that imports :mod:`bytecomp.runtime` loads no planner code.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -35,11 +39,46 @@ from bytecomp.comm.schemes import SCHEMES, supported_schemes
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import read_text_file, write_text_atomic
-from bytecomp.model.strategy import Option
 
 FORMAT_VERSION = 1
 ACTIONS = ("none", "compress")
 PLACES = ("device", "host")
+UNCOMPRESSED = "none"  # the spec of an uncompressed (fp32) strategy
+# Host-offload workers: the executor's pool (``apply_plan(host_workers=...)``) and the
+# planner's model of it, which must agree.
+HOST_WORKERS = 2
+
+
+@dataclass(frozen=True)
+class Option:
+    """A strategy for a tensor: a compressor spec (``"none"``: uncompressed, fp32), where
+    it encodes and decodes (``device`` or ``host``) and its collective scheme."""
+
+    spec: str = UNCOMPRESSED
+    place: str = "device"
+    collective: str = "allreduce"
+
+    @property
+    def compressed(self) -> bool:
+        return self.spec != UNCOMPRESSED
+
+    @property
+    def label(self) -> str:
+        if not self.compressed:
+            return f"fp32 {self.collective}"
+        return f"{self.spec} {self.collective} @{self.place}"
+
+
+NO_COMPRESSION = Option(UNCOMPRESSED, "device", "allreduce")
+
+
+def fingerprint(model) -> str:
+    """sha256 over a model's parameter names, shapes and dtypes, in ``named_parameters``
+    order: what a plan and a profile record to recognise their model."""
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        digest.update(f"{name}|{tuple(param.shape)}|{param.dtype}\n".encode())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -53,10 +92,17 @@ class PlanEntry:
     collective: str
     group: int
 
+    @classmethod
+    def of(cls, name: str, option: Option, group: int) -> PlanEntry:
+        """The entry giving tensor ``name`` the strategy ``option`` in ``group``."""
+        if not option.compressed:
+            return cls(name, "none", None, option.place, option.collective, group)
+        return cls(name, "compress", option.spec, option.place, option.collective, group)
+
     @property
     def option(self) -> Option:
-        return Option(self.compressor if self.action == "compress" else None, self.place,
-                      self.collective)
+        spec = self.compressor if self.action == "compress" and self.compressor else UNCOMPRESSED
+        return Option(spec, self.place, self.collective)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "action": self.action, "compressor": self.compressor,
@@ -191,7 +237,7 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
     if version != FORMAT_VERSION:
         reader.fail("format_version", f"{version} is not supported (this bytecomp reads "
                                       f"{FORMAT_VERSION})")
-    fingerprint = reader.field(data, "model_fingerprint", str)
+    model_fingerprint = reader.field(data, "model_fingerprint", str)
     world = reader.field(data, "world_size", int)
     nodes = reader.field(data, "nodes", int)
     per_node = reader.field(data, "ranks_per_node", int)
@@ -222,7 +268,8 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
     search = data.get("search", {})
     if not isinstance(predicted, dict) or not isinstance(search, dict):
         reader.fail("predicted_ms", "must be a mapping")
-    return Plan(fingerprint, world, nodes, per_node, float(cap), entries, predicted, search, info)
+    return Plan(model_fingerprint, world, nodes, per_node, float(cap), entries, predicted, search,
+                info)
 
 
 def load_plan(path) -> Plan:
@@ -250,7 +297,6 @@ def plan_for_model(model, choose, world_size: int, nodes: int = 1,
     >>> plan = plan_for_model(model, lambda n, p: Option("topk:ratio=0.01", "device",
     ...                       "allgather"), world_size=4)
     """
-    from bytecomp.profile.workloads import fingerprint
     from bytecomp.timeline.buckets import ddp_buckets
 
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -269,10 +315,9 @@ def plan_for_model(model, choose, world_size: int, nodes: int = 1,
             name, param = ready[position]
             by_option.setdefault(choose(name, param), []).append(name)
         for option, names in by_option.items():
+            canonical_option = replace(option, spec=canonical(option.spec))
             for name in names:
-                entries[name] = PlanEntry(name, "compress" if option.compressed else "none",
-                                          canonical(option.spec) if option.compressed else None,
-                                          option.place, option.collective, group)
+                entries[name] = PlanEntry.of(name, canonical_option, group)
             group += 1
     ordered = [entries[name] for name, _ in ready]
     plan = Plan(fingerprint(model), world_size, nodes, world_size // nodes, float(bucket_cap_mb),

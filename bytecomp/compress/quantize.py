@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bytecomp.compress import bits
+import bytecomp.compress.bits as bits
 from bytecomp.compress.base import (
     SOLO,
     Compressor,

@@ -1,4 +1,8 @@
-"""Cluster configs: ``configs/clusters/<name>.yaml``.
+"""Cluster configs: shipped ones by name (``gbe1``), or a user's YAML file.
+
+The shipped configs are package data (``bytecomp/configs/clusters/<name>.yaml``,
+read with :mod:`importlib.resources`, so an installed wheel has them); the
+checkout's top-level ``configs/clusters`` is a link to that folder.
 
 ::
 
@@ -18,14 +22,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import read_text_file
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "clusters"
+if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+
+    from importlib.resources.abc import Traversable
+
+SHIPPED = ("configs", "clusters")  # inside the bytecomp package
 
 
 @dataclass(frozen=True)
@@ -67,24 +76,32 @@ class Cluster:
         return self.intra is None and self.inter is None
 
 
+def shipped_clusters() -> dict[str, Traversable]:
+    """The shipped cluster configs by name."""
+    folder = files("bytecomp").joinpath(*SHIPPED)
+    return {entry.name.removesuffix(".yaml"): entry for entry in folder.iterdir()
+            if entry.name.endswith(".yaml") and entry.is_file()}
+
+
 def available_clusters() -> list[str]:
-    return sorted(path.stem for path in CONFIG_DIR.glob("*.yaml"))
+    return sorted(shipped_clusters())
 
 
-def _resolve(name_or_path: str) -> Path:
+def _read(name_or_path: str) -> tuple[str, str]:
+    """The config's text and the label its errors name (a file's path)."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.exists():
             raise BytecompError(f"cluster config {path} does not exist")
-        return path
-    candidate = CONFIG_DIR / f"{name_or_path}.yaml"
-    if not candidate.exists():
+        return read_text_file(path, "cluster config"), str(path)
+    shipped = shipped_clusters()
+    if name_or_path not in shipped:
         raise BytecompError(f"unknown cluster {name_or_path!r}; choose from "
-                            f"{', '.join(available_clusters())} or give a YAML file")
-    return candidate
+                            f"{', '.join(sorted(shipped))} or give a YAML file")
+    return shipped[name_or_path].read_text(), f"shipped cluster {name_or_path}"
 
 
-def _link(path: Path, kind: str, value) -> Link | str:
+def _link(path: str, kind: str, value) -> Link | str:
     if value == PROFILE_LINK:
         return PROFILE_LINK
     if not isinstance(value, dict):
@@ -106,9 +123,9 @@ def _link(path: Path, kind: str, value) -> Link | str:
 
 def load_cluster(name_or_path: str) -> Cluster:
     """A shipped cluster by name (``gbe10``) or a config file, validated."""
-    path = _resolve(name_or_path)
+    text, path = _read(name_or_path)
     try:
-        data = yaml.safe_load(read_text_file(path, "cluster config"))
+        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise BytecompError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(data, dict):
@@ -125,5 +142,6 @@ def load_cluster(name_or_path: str) -> Cluster:
     if data["nodes"] > 1 and "inter" not in links:
         raise BytecompError(f"{path}: links.inter is required with nodes > 1")
     parsed = {kind: _link(path, kind, value) for kind, value in links.items()}
-    return Cluster(str(data.get("name", path.stem)), data["nodes"], data["ranks_per_node"],
+    default_name = Path(name_or_path).stem
+    return Cluster(str(data.get("name", default_name)), data["nodes"], data["ranks_per_node"],
                    parsed.get("intra"), parsed.get("inter"))

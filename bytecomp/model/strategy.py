@@ -20,30 +20,11 @@ from functools import cache
 
 from bytecomp.compress import from_spec
 from bytecomp.model.costs import CommModel, ComputeModel, wire_dtype
+from bytecomp.plan import NO_COMPRESSION, Option
+
+__all__ = ["COUNT_BYTES", "NO_COMPRESSION", "GroupCost", "Option", "StrategyCosts"]
 
 COUNT_BYTES = 8  # one int64 element count per payload tensor, for variable sizes
-
-
-@dataclass(frozen=True)
-class Option:
-    """A strategy for a tensor: ``spec`` None means uncompressed (fp32)."""
-
-    spec: str | None
-    place: str = "device"
-    collective: str = "allreduce"
-
-    @property
-    def compressed(self) -> bool:
-        return self.spec is not None
-
-    @property
-    def label(self) -> str:
-        if self.spec is None:
-            return f"fp32 {self.collective}"
-        return f"{self.spec} {self.collective} @{self.place}"
-
-
-NO_COMPRESSION = Option(None, "device", "allreduce")
 
 
 @dataclass(frozen=True)

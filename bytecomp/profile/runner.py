@@ -28,7 +28,8 @@ from bytecomp.profile.sweeps import (
     sweep_copies,
 )
 from bytecomp.profile.training import TrainingSettings, measure_training
-from bytecomp.profile.workloads import describe, fingerprint, load_workload, parameter_count
+from bytecomp.plan import fingerprint
+from bytecomp.profile.workloads import describe, load_workload, parameter_count
 from bytecomp.ui import Reporter
 
 MIN_SWEEP_MB = 0.01

@@ -26,7 +26,6 @@ A workload spec is one of:
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import re
 from collections.abc import Callable
@@ -60,14 +59,6 @@ def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     if target.dtype in (torch.int64, torch.int32):
         return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
     return F.mse_loss(output, target)
-
-
-def fingerprint(model: nn.Module) -> str:
-    """sha256 over parameter names, shapes and dtypes, in ``named_parameters`` order."""
-    digest = hashlib.sha256()
-    for name, param in model.named_parameters():
-        digest.update(f"{name}|{tuple(param.shape)}|{param.dtype}\n".encode())
-    return digest.hexdigest()
 
 
 # -- built-in models -------------------------------------------------------------------

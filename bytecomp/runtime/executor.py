@@ -41,8 +41,7 @@ from bytecomp.comm.worker import CommWorker
 from bytecomp.compress import Compressor, Peers, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.plan import Plan, load_plan
-from bytecomp.profile.workloads import fingerprint
-from bytecomp.timeline.simulator import HOST_WORKERS
+from bytecomp.plan import HOST_WORKERS, fingerprint
 
 STATE_FORMAT = 1
 MIB = 1 << 20

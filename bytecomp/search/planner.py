@@ -12,8 +12,8 @@ from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import Cluster
 from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
-from bytecomp.model.strategy import NO_COMPRESSION, Option, StrategyCosts
-from bytecomp.plan import Plan, PlanEntry
+from bytecomp.model.strategy import StrategyCosts
+from bytecomp.plan import NO_COMPRESSION, Option, Plan, PlanEntry
 from bytecomp.profile.store import Profile
 from bytecomp.search.algorithms import branch_and_bound, greedy, improve, lower_bound
 from bytecomp.search.problem import Group, Problem, Tensor
@@ -134,9 +134,17 @@ class Planner:
                                interference=float(measured.get("fraction", 0.0)),
                                intra_interference=measured.get("intra_fraction"))
         self.searchable = list(range(searchable))
-        self.notes: list[str] = []
 
     # -- baselines -----------------------------------------------------------------------
+    def baseline_notes(self) -> list[str]:
+        """Why a baseline is missing (the profile has no timings for its method)."""
+        notes = []
+        if not self.baseline_specs["fp16"]:
+            notes.append("no fp16 timings in the profile: the fp16 hook baseline is omitted")
+        if not self.baseline_specs["powersgd"]:
+            notes.append("no PowerSGD timings in the profile: its baseline is omitted")
+        return notes
+
     def baselines(self) -> list[Baseline]:
         problem, cap = self.problem, self.profile.bucket_cap_mb
         out = [Baseline("fp32 DDP", problem.uniform(problem.index_of(NO_COMPRESSION)), cap)]
@@ -144,8 +152,6 @@ class Planner:
         if fp16:
             out.append(Baseline("fp16 hook", problem.uniform(problem.index_of(native_option(fp16))),
                                 cap))
-        else:
-            self.notes.append("no fp16 timings in the profile: the fp16 hook baseline is omitted")
         if powersgd:
             rank = from_spec(powersgd).values["rank"]
             compress = problem.index_of(native_option(powersgd))
@@ -153,8 +159,6 @@ class Planner:
             assignment = [compress if powersgd_compresses(t.shape, rank) else keep
                           for t in problem.tensors]
             out.append(Baseline(f"PowerSGD hook (rank {rank})", assignment, cap))
-        else:
-            self.notes.append("no PowerSGD timings in the profile: its baseline is omitted")
         for spec in self.specs:
             option = native_option(spec)
             out.append(Baseline(f"{spec} on every tensor ({option.collective})",
@@ -164,17 +168,6 @@ class Planner:
         return out
 
     # -- search ----------------------------------------------------------------------------
-    def _restricted(self) -> Problem:
-        """A view of the problem offering only the searchable options (the first ones, so
-        its assignments are valid for the whole problem)."""
-        problem = self.problem
-        view = Problem.__new__(Problem)
-        view.__dict__.update(problem.__dict__)
-        view.options = problem.options[: len(self.searchable)]
-        view.low_rank = problem.low_rank[: len(self.searchable)]
-        view.screens = {}  # screens depend on the options offered
-        return view
-
     def search(self, caps: list[float] | None = None, algorithm: str = "auto",
                budget_s: float | None = None, min_gain: float = 0.0) -> PlanResult:
         """Find the best assignment and bucket cap.
@@ -197,7 +190,7 @@ class Planner:
         problem = self.problem
         baselines = self.baselines()
         caps = sorted(set(caps or [self.profile.bucket_cap_mb, *DEFAULT_CAPS]))
-        view = self._restricted()
+        view = problem.restricted(len(self.searchable))
         searchable = set(self.searchable)
         starts = [b.assignment for b in baselines if set(b.assignment) <= searchable]
         space = len(view.options) ** len(problem.tensors) if len(problem.tensors) < 64 else math.inf
@@ -228,9 +221,8 @@ class Planner:
         if small and algorithm in ("auto", "exact"):
             exact = True
             for other in caps:
-                incumbent = assignment if other == cap else assignment
                 found, found_value, complete = branch_and_bound(
-                    view, other, incumbent, view.evaluate(incumbent, other))
+                    view, other, assignment, view.evaluate(assignment, other))
                 exact &= complete
                 if found_value < value - 1e-9:
                     assignment, value, cap = found, found_value, other
@@ -238,9 +230,10 @@ class Planner:
         names = {"greedy": "greedy", "local": "greedy + full local search",
                  "auto": "greedy + local search", "exact": "greedy + local search"}
         name = "exact (branch and bound)" if exact else names[algorithm]
+        notes = self.baseline_notes()
         kept = _baseline_to_keep(baselines, searchable, value, min_gain)
         if kept is not None:
-            self.notes.append(f"the search's plan ({value:.2f} ms) is predicted less than "
+            notes.append(f"the search's plan ({value:.2f} ms) is predicted less than "
                               f"{100 * min_gain:g}% faster than the {kept.name} baseline "
                               f"({kept.time_ms:.2f} ms): the plan is that baseline")
             assignment, value, cap = list(kept.assignment), kept.time_ms, kept.cap_mb
@@ -248,7 +241,7 @@ class Planner:
         problem.evaluations = view.evaluations
         return PlanResult(problem, self.cluster, self.specs, assignment, cap, value, baselines,
                           name, 1000 * (time.perf_counter() - started), bound, exact,
-                          view.evaluations, self.notes)
+                          view.evaluations, notes)
 
 
 def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: float,
@@ -274,9 +267,7 @@ def to_plan(result: PlanResult, profile: Profile) -> Plan:
     for group_id, group in enumerate(groups):
         option = problem.options[group.option]
         for position in group.members:
-            entries.append(PlanEntry(problem.tensors[position].name,
-                                     "compress" if option.compressed else "none", option.spec,
-                                     option.place, option.collective, group_id))
+            entries.append(PlanEntry.of(problem.tensors[position].name, option, group_id))
     order = {t.name: i for i, t in enumerate(problem.tensors)}
     entries.sort(key=lambda e: order[e.name])
     fp32 = next(b.time_ms for b in result.baselines if b.name == "fp32 DDP")

@@ -8,14 +8,15 @@ each member as its own matrix). A group is released when its bucket is.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from operator import itemgetter
 
 from bytecomp.compress import from_spec
-from bytecomp.model.strategy import Option, StrategyCosts
+from bytecomp.model.strategy import StrategyCosts
+from bytecomp.plan import HOST_WORKERS, Option
 from bytecomp.timeline.buckets import ddp_buckets
 from bytecomp.timeline.simulator import (
-    HOST_WORKERS,
     IterationModel,
     SimGroup,
     SimResult,
@@ -211,6 +212,16 @@ class Problem:
         self.low_rank.append(_low_rank(option))
         self._labels.append(option.label)
         return len(self.options) - 1
+
+    def restricted(self, count: int) -> Problem:
+        """A view offering only the first ``count`` options (so its assignments are valid
+        for this problem too); it shares the tensors, models and cost caches."""
+        view = copy.copy(self)
+        view.options = self.options[:count]
+        view.low_rank = self.low_rank[:count]
+        view._labels = self._labels[:count]
+        view.screens = {}  # screens depend on the options offered
+        return view
 
     # -- helpers -----------------------------------------------------------------------
     def index_of(self, option: Option) -> int | None:

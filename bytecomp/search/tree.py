@@ -24,7 +24,7 @@ import networkx as nx
 
 from bytecomp.comm.schemes import SCHEMES, supported_schemes
 from bytecomp.compress import from_spec
-from bytecomp.model.strategy import Option
+from bytecomp.plan import UNCOMPRESSED, Option
 
 ROOT = "tensor"
 
@@ -54,7 +54,7 @@ def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
     for scheme in ("allreduce", "hierarchical"):
         leaf = f"keep/{scheme}"
         tree.add_edge("keep", leaf)
-        tree.nodes[leaf]["option"] = Option(None, "device", scheme)
+        tree.nodes[leaf]["option"] = Option(UNCOMPRESSED, "device", scheme)
         tree.nodes[leaf]["pruned"] = _prune_reason(None, "device", scheme, nodes,
                                                    ranks_per_node, device_type)
     tree.add_edge(ROOT, "compress")

@@ -32,10 +32,7 @@ from heapq import heappop, heappush, heapreplace
 from typing import NamedTuple
 
 from bytecomp.model.strategy import GroupCost
-
-# Host-offload workers: the executor's pool (``bytecomp.apply_plan(host_workers=...)``)
-# and the model's, which must agree.
-HOST_WORKERS = 2
+from bytecomp.plan import HOST_WORKERS
 
 
 class SimGroup(NamedTuple):  # a tuple: the search builds thousands per second

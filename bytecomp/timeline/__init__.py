@@ -1,0 +1,1 @@
+"""The iteration timeline: DDP's buckets, the simulators, and trace and PNG output."""
