@@ -1,0 +1,72 @@
+"""Plan groups as the executor runs them, and moving their gradients in and out of
+DDP's buckets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bytecomp.compress import Compressor, from_spec
+from bytecomp.plan import UNCOMPRESSED, Plan
+
+
+@dataclass
+class GroupSpec:
+    """One plan group as the executor runs it."""
+
+    index: int
+    names: list[str]
+    compressor: Compressor
+    place: str
+    scheme: str
+    shapes: list[tuple]
+    numel: int
+
+    @property
+    def key(self) -> str:
+        return "|".join(self.names)
+
+
+def build_groups(plan: Plan, params: dict[str, torch.nn.Parameter],
+                 fallback: str | None) -> list[GroupSpec]:
+    """The plan's groups in group order (one compressor object per spec); with
+    ``fallback="fp32"``, one fp32 allreduce group for each parameter the plan lacks."""
+    groups: list[GroupSpec] = []
+    compressors: dict[str, Compressor] = {}
+
+    def add(names: list[str], spec: str, place: str, scheme: str) -> None:
+        compressor = compressors.setdefault(spec, from_spec(spec))
+        groups.append(GroupSpec(len(groups), names, compressor, place, scheme,
+                                [tuple(params[n].shape) for n in names],
+                                sum(params[n].numel() for n in names)))
+
+    for _, entries in sorted(plan.groups().items()):
+        option = entries[0].option
+        add([e.name for e in entries], option.spec, option.place, option.collective)
+    if fallback == "fp32":
+        planned = plan.by_name()
+        for name in params:
+            if name not in planned:
+                add([name], UNCOMPRESSED, "device", "allreduce")
+    return groups
+
+
+def flat_input(views: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+    """The members as one flat tensor, and whether it is the bucket's own memory
+    (when they lie side by side in it: no copy in, the result decoded in place)."""
+    adjacent = all(v.is_contiguous() for v in views) and all(
+        b.data_ptr() == a.data_ptr() + a.numel() * a.element_size()
+        for a, b in zip(views, views[1:]))
+    if adjacent:
+        total = sum(v.numel() for v in views)
+        return views[0].reshape(-1).as_strided((total,), (1,)), True
+    return torch.cat([v.reshape(-1) for v in views]), False
+
+
+def write_back(flat: torch.Tensor, views: list[torch.Tensor], non_blocking: bool = False) -> None:
+    """Copy consecutive pieces of ``flat`` into the members' places in the bucket."""
+    offset = 0
+    for view in views:
+        view.copy_(flat[offset: offset + view.numel()].view_as(view), non_blocking=non_blocking)
+        offset += view.numel()

@@ -1,0 +1,94 @@
+"""What the executor keeps across steps: statistics, and compressor state and
+residuals per group, saved and restored with checkpoints."""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from bytecomp.errors import BytecompError
+from bytecomp.plan import Plan
+
+STATE_FORMAT = 1
+
+
+@dataclass
+class Stats:
+    """Totals since the last reset; ``summary()`` gives per-step figures."""
+
+    steps: int = 0
+    sent_bytes: int = 0
+    fp32_bytes: int = 0
+    encode_s: float = 0.0
+    communicate_s: float = 0.0
+    decode_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **amounts: float) -> None:
+        with self.lock:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
+
+    def summary(self) -> dict:
+        steps = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "sent_bytes_per_step": self.sent_bytes / steps,
+            "fp32_bytes_per_step": self.fp32_bytes / steps,
+            "bytes_vs_fp32": self.sent_bytes / self.fp32_bytes if self.fp32_bytes else 0.0,
+            "encode_ms_per_step": 1000 * self.encode_s / steps,
+            "communicate_ms_per_step": 1000 * self.communicate_s / steps,
+            "decode_ms_per_step": 1000 * self.decode_s / steps,
+        }
+
+
+class GroupStates:
+    """Compressor state and residuals per group, keyed by the names of its tensors (so
+    DDP's bucket rebuild does not disturb them), and the step count."""
+
+    def __init__(self, plan: Plan, device: torch.device) -> None:
+        self.plan = plan
+        self.device = device
+        self.by_group: dict[str, dict] = {}
+        self.step = 0
+
+    def of(self, key: str, shapes: list[tuple]) -> dict:
+        """The state dict of the group whose key is ``key`` (created on first use)."""
+        state = self.by_group.get(key)
+        if state is None:
+            state = self.by_group[key] = {"salt": zlib.crc32(key.encode()), "shapes": shapes}
+        return state
+
+    def state_dict(self) -> dict:
+        """Every rank's states gathered (collective: call it on every rank)."""
+        ranks: list = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, to_device(self.by_group, torch.device("cpu")))
+        return {"format": STATE_FORMAT, "plan_digest": self.plan.digest(), "step": self.step,
+                "world_size": dist.get_world_size(), "ranks": ranks}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Take this rank's part of :meth:`state_dict`, after checking where it is from."""
+        if not isinstance(saved, dict) or saved.get("format") != STATE_FORMAT:
+            raise BytecompError("not a bytecomp executor state (expected executor.state_dict())")
+        if saved.get("plan_digest") != self.plan.digest():
+            raise BytecompError("this executor state was saved with another plan")
+        if saved.get("world_size") != dist.get_world_size():
+            raise BytecompError(f"this executor state was saved by {saved.get('world_size')} "
+                                f"ranks, not {dist.get_world_size()}")
+        self.by_group = to_device(saved["ranks"][dist.get_rank()], self.device)
+        self.step = int(saved["step"])
+
+
+def to_device(value, device: torch.device):
+    """``value`` with every tensor in it (through dicts and lists) moved to ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_device(v, device) for v in value]
+    return value
