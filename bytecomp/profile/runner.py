@@ -18,6 +18,7 @@ import bytecomp
 from bytecomp.comm.topology import Topology
 from bytecomp.compress import default_specs, from_spec
 from bytecomp.errors import BytecompError
+from bytecomp.plan import fingerprint
 from bytecomp.profile.store import FORMAT_VERSION, Profile, save_profile
 from bytecomp.profile.sweeps import (
     SweepSettings,
@@ -28,7 +29,6 @@ from bytecomp.profile.sweeps import (
     sweep_copies,
 )
 from bytecomp.profile.training import TrainingSettings, measure_training
-from bytecomp.plan import fingerprint
 from bytecomp.profile.workloads import describe, load_workload, parameter_count
 from bytecomp.ui import Reporter
 

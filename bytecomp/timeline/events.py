@@ -1,0 +1,244 @@
+"""The discrete-event simulation of one iteration: the reference model, and what
+``bytecomp simulate`` records (every compute, channel, host and copy event) for the
+trace and the Gantt chart."""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from heapq import heappop, heappush
+
+from bytecomp.timeline.iteration import Event, IterationModel, SimGroup, SimResult
+
+
+class EventSimulation:
+    """One iteration as a discrete-event simulation; records events when asked."""
+
+    def __init__(self, model: IterationModel, groups: list[SimGroup], record: bool) -> None:
+        self.model = model
+        self.groups = groups
+        self.record = record
+        self.events: list[Event] = []
+        self.heap: list = []
+        self.sequence = itertools.count().__next__
+        self.now = 0.0
+        ready, running = [], 0.0
+        for value in model.bucket_ready_ms:  # DDP launches buckets in index order
+            running = max(running, value)
+            ready.append(running)
+        self.bucket_ready = ready
+        self.backward_ms = max([model.backward_ms, *ready])
+        self.released: list[list[int]] = [[] for _ in ready]
+        for index, group in enumerate(groups):
+            self.released[group.bucket].append(index)
+        # compute stream
+        self.work = 0.0
+        self.rate = 1.0
+        self.running_since: float | None = 0.0
+        self.version = 0
+        self.next_bucket = 0
+        self.device_queue: deque = deque()
+        self.device_busy = False
+        self.backward_end = None
+        # channel, host pool, copy engine
+        self.encoded = [False] * len(groups)
+        self.channel = [(0.0, 0.0)] * len(groups)
+        self.next_channel = 0
+        self.channel_busy = False
+        self.free_workers = model.host_workers
+        self.host_queue: deque = deque()
+        self.copy_busy = False
+        self.copy_queue: deque = deque()
+        self.last_finish = 0.0
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def push(self, time: float, handler, *args) -> None:
+        heappush(self.heap, (time, self.sequence(), handler, args))
+
+    def log(self, resource: str, op: str, start: float, end: float, label: str = "") -> None:
+        if end > start:  # callers check self.record first: this is the hot loop
+            self.events.append(Event(resource, op, start + self.model.forward_ms,
+                                     end + self.model.forward_ms, label))
+
+    def run(self) -> SimResult:
+        self._schedule_backward()
+        heap = self.heap
+        while heap:
+            self.now, _, handler, args = heappop(heap)
+            handler(*args)
+        backward_end = self.backward_end if self.backward_end is not None else self.now
+        end = max(backward_end, self.last_finish)
+        if self.record:
+            self.events.insert(0, Event("compute", "forward", 0.0, self.model.forward_ms))
+            self.events.append(Event("compute", "optimizer", self.model.forward_ms + end,
+                                     self.model.forward_ms + end + self.model.optimizer_ms))
+        return SimResult(self.model.forward_ms + end + self.model.optimizer_ms, backward_end,
+                         self.last_finish, self.events, self.channel)
+
+    # -- the compute stream --------------------------------------------------------------
+    def _next_milestone(self) -> float | None:
+        if self.next_bucket < len(self.bucket_ready):
+            return self.bucket_ready[self.next_bucket]
+        return self.backward_ms if self.backward_end is None else None
+
+    def _schedule_backward(self) -> None:
+        target = self._next_milestone()
+        if target is None or self.running_since is None:
+            return
+        self.version += 1
+        self.push(self.now + max(0.0, target - self.work) / self.rate, self._milestone,
+                  self.version, target)
+
+    def _set_rate(self, rate: float) -> None:
+        """The backward pass's speed changes (a group enters or the channel idles)."""
+        if rate == self.rate:
+            return
+        if self.running_since is not None:  # settle the progress so far at the old rate
+            self.work += (self.now - self.running_since) * self.rate
+            if self.record:
+                self.log("compute", "backward", self.running_since, self.now)
+            self.running_since = self.now
+            self.rate = rate
+            self._schedule_backward()
+        else:
+            self.rate = rate
+
+    def _pause_backward(self) -> None:
+        if self.running_since is not None:
+            self.work += (self.now - self.running_since) * self.rate
+            if self.record:
+                self.log("compute", "backward", self.running_since, self.now)
+            self.running_since = None
+            self.version += 1
+
+    def _resume_backward(self) -> None:
+        if self.running_since is None and self.backward_end is None:
+            self.running_since = self.now
+            self._schedule_backward()
+
+    def _milestone(self, version: int, target: float) -> None:
+        if version != self.version:
+            return
+        if self.record:
+            self.log("compute", "backward", self.running_since, self.now)
+        self.work = target
+        self.running_since = self.now
+        while self.next_bucket < len(self.bucket_ready) and \
+                self.bucket_ready[self.next_bucket] <= self.work + 1e-12:
+            bucket = self.next_bucket
+            self.next_bucket += 1
+            self._launch(bucket)
+        if self.next_bucket == len(self.bucket_ready) and self.work >= self.backward_ms - 1e-12 \
+                and self.backward_end is None and self.running_since is not None:
+            self.backward_end = self.now
+            self.running_since = None
+            return
+        if self.running_since is not None:
+            self._schedule_backward()
+
+    def _device_job(self, duration: float, done, index: int, op: str) -> None:
+        if duration <= 0:
+            done(index)
+            return
+        self.device_queue.append((duration, done, index, op))
+        if not self.device_busy:
+            self._pause_backward()
+            self._start_device_job()
+
+    def _start_device_job(self) -> None:
+        duration, done, index, op = self.device_queue.popleft()
+        self.device_busy = True
+        if self.record:
+            self.log("compute", op, self.now, self.now + duration, self.groups[index].label)
+        self.push(self.now + duration, self._device_done, done, index)
+
+    def _device_done(self, done, index: int) -> None:
+        self.device_busy = False
+        done(index)
+        if self.device_queue:
+            self._start_device_job()
+        elif not self.device_busy:
+            self._resume_backward()
+
+    # -- launching and the channel ---------------------------------------------------------
+    def _launch(self, bucket: int) -> None:
+        for index in self.released[bucket]:
+            cost = self.groups[index].cost
+            if cost.host:
+                self._copy(cost.copy_in_ms, index, "d2h", self._host_encode)
+            else:
+                self._device_job(cost.encode_ms, self._encoded, index, "encode")
+
+    def _encoded(self, index: int) -> None:
+        self.encoded[index] = True
+        self._try_channel()
+
+    def _try_channel(self) -> None:
+        if self.channel_busy or self.next_channel >= len(self.groups) or \
+                not self.encoded[self.next_channel]:
+            return
+        index = self.next_channel
+        self.next_channel += 1
+        duration = self.groups[index].cost.channel_ms
+        self.channel_busy = True
+        self._set_rate(self.model.channel_rate(self.groups[index].cost))
+        self.channel[index] = (self.now, self.now + duration)
+        if self.record:
+            self.log("channel", "collective", self.now, self.now + duration, self.groups[index].label)
+        self.push(self.now + duration, self._channel_done, index)
+
+    def _channel_done(self, index: int) -> None:
+        self.channel_busy = False
+        if self.next_channel >= len(self.groups) or not self.encoded[self.next_channel]:
+            self._set_rate(1.0)
+        cost = self.groups[index].cost
+        if cost.host:
+            self._host(cost.decode_ms, index, "decode", self._host_decoded)
+        else:
+            self._device_job(cost.decode_ms, self._finish, index, "decode")
+        self._try_channel()
+
+    def _finish(self, index: int) -> None:
+        self.last_finish = max(self.last_finish, self.now)
+
+    # -- host workers and the copy engine ---------------------------------------------------
+    def _host_encode(self, index: int) -> None:
+        self._host(self.groups[index].cost.encode_ms, index, "encode", self._encoded)
+
+    def _host_decoded(self, index: int) -> None:
+        self._copy(self.groups[index].cost.copy_out_ms, index, "h2d", self._finish)
+
+    def _host(self, duration: float, index: int, op: str, done) -> None:
+        self.host_queue.append((duration, index, op, done))
+        self._start_host_jobs()
+
+    def _start_host_jobs(self) -> None:
+        while self.free_workers and self.host_queue:
+            duration, index, op, done = self.host_queue.popleft()
+            self.free_workers -= 1
+            if self.record:
+                self.log("host", op, self.now, self.now + duration, self.groups[index].label)
+            self.push(self.now + duration, self._host_done, index, done)
+
+    def _host_done(self, index: int, done) -> None:
+        self.free_workers += 1
+        done(index)
+        self._start_host_jobs()
+
+    def _copy(self, duration: float, index: int, op: str, done) -> None:
+        self.copy_queue.append((duration, index, op, done))
+        if not self.copy_busy:
+            self._start_copy()
+
+    def _start_copy(self) -> None:
+        duration, index, op, done = self.copy_queue.popleft()
+        self.copy_busy = True
+        if self.record:
+            self.log("copy", op, self.now, self.now + duration, self.groups[index].label)
+        self.push(self.now + duration, self._copy_done, index, done)
+
+    def _copy_done(self, index: int, done) -> None:
+        self.copy_busy = False
+        done(index)
+        if self.copy_queue:
+            self._start_copy()

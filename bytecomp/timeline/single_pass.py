@@ -1,0 +1,149 @@
+"""The single-pass simulation: the search's evaluator (no events recorded).
+
+It models exactly what :mod:`bytecomp.timeline.events` does, in one pass over the
+groups instead of an event queue; ``tests/test_timeline.py`` checks that the two
+agree on thousands of random instances.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from heapq import heappop, heappush, heapreplace
+
+from bytecomp.timeline.iteration import IterationModel, SimGroup, SimResult
+
+
+def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimResult:
+    """The same model as :class:`~bytecomp.timeline.events.EventSimulation`, without events, in one pass over the groups.
+
+    Channel completions come in group order, so decodes reach the compute stream in
+    order too; the loop advances the backward pass to each bucket's ready point,
+    letting every decode that arrives on the way interrupt it (and the channel's
+    busy intervals slow it), then runs the bucket's encodes and queues its groups on
+    the channel. A group's channel interval starts no earlier than its launch, so
+    the intervals known when advancing are all that can slow that stretch.
+
+    Host groups never touch the compute stream: their copies (one FIFO copy engine)
+    and host work (a FIFO pool of workers) are served in request order. Requests
+    come in time order per kind (copies in at launches, encodes after them, decodes
+    at channel ends in group order), so each resource serves a request once every
+    earlier one is known: decodes before an encode's or a launch's time, copies out
+    before a launch's time, the rest at the end."""
+    released: list[list[SimGroup]] = [[] for _ in model.bucket_ready_ms]
+    for group in groups:
+        released[group.bucket].append(group)
+    backward_total = max([model.backward_ms, *model.bucket_ready_ms])
+    rates: list[float] = []  # the backward pass's speed during each channel interval
+    clock = work = channel_free = last_finish = 0.0
+    decodes: deque = deque()
+    channel: list[tuple[float, float]] = []
+    first = 0  # first channel interval that may still end after the clock
+    workers = [0.0] * max(1, model.host_workers)  # when each host worker is free (a heap)
+    copy_free = 0.0
+    host_decodes: deque = deque()  # (channel end, decode ms, copy-out ms), in channel order
+    copies_out: list = []  # heap of (decoded at, sequence, copy-out ms)
+    sequence = itertools.count()
+
+    def on_worker(request: float, duration: float) -> float:
+        start = max(request, workers[0])
+        heapreplace(workers, start + duration)
+        return start + duration
+
+    def on_copy_engine(request: float, duration: float) -> float:
+        nonlocal copy_free
+        copy_free = max(request, copy_free) + duration
+        return copy_free
+
+    def decode_on_host_until(time: float) -> None:
+        while host_decodes and host_decodes[0][0] < time:
+            end, decode, copy_out = host_decodes.popleft()
+            heappush(copies_out, (on_worker(end, decode), next(sequence), copy_out))
+
+    def copy_out_until(time: float) -> None:
+        nonlocal last_finish
+        decode_on_host_until(time)
+        while copies_out and copies_out[0][0] < time:
+            decoded, _, duration = heappop(copies_out)
+            last_finish = max(last_finish, on_copy_engine(decoded, duration))
+
+    def finish_time(start: float, need: float) -> float:
+        """When ``need`` ms of backward work started at ``start`` are done."""
+        nonlocal first
+        while first < len(channel) and channel[first][1] <= start:
+            first += 1
+        time = start
+        for (begin, end), slow in zip(channel[first:], rates[first:]):
+            if begin > time:
+                if need <= begin - time:
+                    return time + need
+                need -= begin - time
+                time = begin
+            capacity = (end - time) * slow
+            if need <= capacity:
+                return time + need / slow
+            need -= capacity
+            time = end
+        return time + need
+
+    def progress(start: float, stop: float) -> float:
+        """Backward work done between ``start`` and ``stop`` with no device job."""
+        lost = sum(max(0.0, min(end, stop) - max(begin, start)) * (1.0 - slow)
+                   for (begin, end), slow in zip(channel[first:], rates[first:]))
+        return (stop - start) - lost
+
+    def advance_to(target: float) -> None:
+        nonlocal clock, work, last_finish
+        while target - work > 1e-12:
+            done = finish_time(clock, target - work)
+            if decodes and decodes[0][0] < done:
+                arrival, duration = decodes.popleft()
+                if arrival > clock:
+                    work += progress(clock, arrival)
+                    clock = arrival
+                clock += duration
+                last_finish = max(last_finish, clock)
+            else:
+                clock, work = done, target
+        work = max(work, target)
+
+    ready = 0.0
+    for bucket, bucket_groups in enumerate(released):
+        ready = max(ready, model.bucket_ready_ms[bucket])
+        advance_to(ready)
+        launch = clock
+        copied_in = []  # every host group asks for its copy in at the launch, in order
+        if any(group.cost.host for group in bucket_groups):
+            copy_out_until(launch)
+            copied_in = [on_copy_engine(launch, group.cost.copy_in_ms)
+                         for group in bucket_groups if group.cost.host]
+        host = 0
+        for group in bucket_groups:
+            cost = group.cost
+            if cost.host:
+                decode_on_host_until(copied_in[host])
+                encoded = on_worker(copied_in[host], cost.encode_ms)
+                host += 1
+            else:
+                clock += cost.encode_ms
+                encoded = clock
+            start = max(encoded, channel_free)
+            channel_free = start + cost.channel_ms
+            channel.append((start, channel_free))
+            rates.append(model.channel_rate(cost))
+            if cost.host:
+                host_decodes.append((channel_free, cost.decode_ms, cost.copy_out_ms))
+            elif cost.decode_ms > 0:
+                decodes.append((channel_free, cost.decode_ms))
+            else:
+                last_finish = max(last_finish, channel_free)
+    advance_to(backward_total)
+    backward_end = clock
+    for arrival, duration in decodes:
+        clock = max(clock, arrival) + duration
+        last_finish = max(last_finish, clock)
+    copy_out_until(math.inf)
+    end = max(backward_end, last_finish)
+    return SimResult(model.forward_ms + end + model.optimizer_ms, backward_end, last_finish,
+                     [], channel)
