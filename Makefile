@@ -1,4 +1,5 @@
-# Quick start: `make run` (install + main job), `make test` (install + tests).
+# Quick start: `make run` (install + main job), `make test` (install + tests),
+# `make check` (what CI runs: lint and types, tests, the built wheel in a fresh venv).
 # Everything goes into a virtual environment in .venv; with no torch there, the
 # CPU build torch==2.13.0 is installed first (set TORCH=... to choose another).
 PYTHON ?= python3
@@ -6,7 +7,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install install-dev run test lint bench
+.PHONY: install install-dev run test lint wheel-check check bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,12 @@ test: install-dev
 
 lint: install-dev
 	$(BIN)/ruff check bytecomp tests benchmarks examples
+	$(BIN)/mypy
+
+wheel-check: install
+	.ci/wheel-check $(BIN)/python "$(TORCH)"
+
+check: lint test wheel-check
 
 bench: install
 	$(BIN)/python benchmarks/compressors.py

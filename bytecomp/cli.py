@@ -325,16 +325,19 @@ def _error(message: str, code: int) -> None:
     sys.exit(code)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: user errors become one line and exit 2.
 
     Typer runs outside its standalone mode so that a bad option value, a missing
     argument or an unknown option is one line too, not a boxed usage screen.
+    ``argv`` (default: ``sys.argv[1:]``) lets tests run a command in-process; the
+    program is then named ``bytecomp``, as the console script names it.
     """
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 
     try:
-        code = app(standalone_mode=False)
+        code = app(args=argv, prog_name=None if argv is None else "bytecomp",
+                   standalone_mode=False)
     except BytecompError as error:
         _error(str(error), getattr(error, "exit_code", 2))
     except NoArgsIsHelpError as error:

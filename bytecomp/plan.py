@@ -126,7 +126,7 @@ class Plan:
 
     @property
     def compressors(self) -> list[str]:
-        return sorted({e.compressor for e in self.entries if e.action == "compress"})
+        return sorted({e.compressor for e in self.entries if e.compressor is not None})
 
     def by_name(self) -> dict[str, PlanEntry]:
         return {entry.name: entry for entry in self.entries}

@@ -11,6 +11,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 console = Console()
 
 
+
+def _ignore(steps: int = 1) -> None:
+    """``advance`` when no progress is shown."""
+
+
 class Reporter:
     """Progress bars, one per phase; silent where ``enabled`` is false (ranks > 0)."""
 
@@ -33,9 +38,14 @@ class Reporter:
     def phase(self, description: str, total: int) -> Callable[[int], None]:
         """Start a phase of ``total`` steps; return ``advance(steps=1)``."""
         if self._progress is None:
-            return lambda steps=1: None
-        task = self._progress.add_task(description, total=max(total, 1))
-        return lambda steps=1: self._progress.advance(task, steps)
+            return _ignore
+        progress = self._progress
+        task = progress.add_task(description, total=max(total, 1))
+
+        def advance(steps: int = 1) -> None:
+            progress.advance(task, steps)
+
+        return advance
 
     def print(self, *objects) -> None:
         if self.enabled:

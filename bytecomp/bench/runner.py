@@ -167,7 +167,7 @@ def _clock(device) -> float:
 
 def _measure(strategies, workload, batch, device, config, progress) -> list[list[float]]:
     inputs, target = batch
-    times = [[] for _ in strategies]
+    times: list[list[float]] = [[] for _ in strategies]
     for round_number in range(config.warmup + config.iterations):
         order = list(enumerate(strategies))
         if round_number % 2:

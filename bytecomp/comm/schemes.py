@@ -19,6 +19,8 @@ FIFO communication thread (:class:`bytecomp.comm.worker.CommWorker`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -130,6 +132,7 @@ class FlatExchange(Exchange):
 
     def communicate(self) -> None:
         payload = self.payload
+        result: Any = None
         for number, collective in enumerate(self.rounds):
             self.sent_bytes += _nbytes(payload)
             if collective == "allreduce":
@@ -139,7 +142,7 @@ class FlatExchange(Exchange):
             if number + 1 < len(self.rounds):
                 payload, self.ctx = self.compressor.advance(result, self.ctx, self.state,
                                                             self.peers)
-        self.result = result
+        self.result: Any = result
 
     def communicate_async(self) -> torch.futures.Future:
         """Issue the single collective now; the future completes when it is done."""
@@ -148,11 +151,12 @@ class FlatExchange(Exchange):
         size = dist.get_world_size(self.group)
         if size == 1:
             self.result = payload if self.rounds[0] == "allreduce" else [payload]
-            done = torch.futures.Future()
+            done: torch.futures.Future = torch.futures.Future()
             done.set_result(None)
             return done
+        works: list = []
+        self.divide_after: list[torch.Tensor] = []
         if self.rounds[0] == "allreduce":
-            works, self.divide_after = [], []
             for tensor in payload:
                 work, divide_after = allreduce_average(tensor, self.group, async_op=True)
                 works.append(work)
@@ -161,7 +165,7 @@ class FlatExchange(Exchange):
             self.result = payload
         else:
             gathered, finish = allgather_fixed_async(payload, self.group)
-            works = [gathered]
+            works.append(gathered)
             self.result = finish
         if len(works) == 1:
             return works[0].get_future()
@@ -172,7 +176,7 @@ class FlatExchange(Exchange):
             self.result = self.result()
         for tensor in getattr(self, "divide_after", ()):  # an asynchronous allreduce's sum
             tensor.div_(self.peers.size)
-        self.divide_after = ()
+        self.divide_after = []
         if self.rounds[-1] == "allreduce":
             if out is None:
                 return self.compressor.decompress(self.result, self.ctx).reshape(self.shape)

@@ -41,7 +41,8 @@ class CommWorker:
         caller's current stream and runs on a side stream of its own.
         """
         cuda = device is not None and device.type == "cuda"
-        future = torch.futures.Future(devices=[device] if cuda else None)
+        future: torch.futures.Future = torch.futures.Future(
+            devices=[device] if device is not None and cuda else None)
         ready = None
         if cuda:
             ready = torch.cuda.Event()

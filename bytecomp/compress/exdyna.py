@@ -94,6 +94,10 @@ class ExDyna(Compressor):
                         "threshold scaling per step", primary=False),
         "seed": Param(int, 0, "seed >= 0", lambda v: v >= 0, "sampling seed", primary=False),
     }
+    density: float
+    blocks: int
+    adjust: float
+    seed: int
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
         # Bound used by the planner: indices and values of the target count, plus

@@ -85,6 +85,9 @@ class _LowRank(Compressor):
     gatherable = False  # factors are kept as state and must be the mean on every rank
     chunkable = False
     default_ef = True
+    rank: int
+    orth: str
+    seed: int
 
     def _layout(self, numel: int, shapes) -> list[Segment]:
         return layout(numel, shapes, self.rank)
@@ -144,6 +147,7 @@ class PowerSGD(_LowRank):
         "orth": _ORTH,
         "seed": _SEED,
     }
+    warm_start: bool
 
     def round_payload_bytes(self, numel, element_size=4, shapes=None):
         return list(self.factor_bytes(numel, shapes))

@@ -102,6 +102,8 @@ class QSGD(Compressor):
                         "number of magnitude levels, 0 included"),
         "seed": Param(int, 0, "seed >= 0", lambda v: v >= 0, "random seed", primary=False),
     }
+    levels: int
+    seed: int
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
         return numel + bits.packed_size(numel, 1) + 4
@@ -134,6 +136,7 @@ class TernGrad(Compressor):
     params = {
         "seed": Param(int, 0, "seed >= 0", lambda v: v >= 0, "random seed", primary=False),
     }
+    seed: int
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
         return bits.packed_size(numel, 2) + 4

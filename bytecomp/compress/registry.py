@@ -22,7 +22,8 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _parse_value(name: str, key: str, param: Param, text: str):
+def _parse_value(name: str, key: str, param: Param, text: str) -> bool | int | float | str:
+    value: bool | int | float | str
     try:
         if param.kind is bool:
             lowered = text.lower()

@@ -34,6 +34,7 @@ class Signum(SignSGD):
     summary = "Signum: sign of the local momentum, 1 bit per element"
     params = {"momentum": Param(float, 0.9, "0 <= momentum < 1", lambda v: 0 <= v < 1,
                                 "momentum coefficient beta")}
+    momentum: float
 
     def _signs_of(self, x, state):
         momentum = state.get("momentum")
@@ -46,6 +47,9 @@ class Signum(SignSGD):
 
 class ScaledSign(Compressor):
     """Signs plus float32 scales that restore the magnitude."""
+
+    def _scales(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def compress(self, x, state, peers: Peers = SOLO):
         return [bits.pack_signs(x), self._scales(x.float())], meta_of(x)

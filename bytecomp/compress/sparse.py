@@ -58,6 +58,7 @@ class TopK(_IndexedSparse):
     name = "topk"
     summary = "top-k by magnitude (values + int32 indices)"
     params = {"ratio": _RATIO}
+    ratio: float
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
         return count_of(self.ratio, numel) * (element_size + index_bytes(numel))
@@ -76,6 +77,7 @@ class Threshold(_IndexedSparse):
     fixed_size = False
     params = {"threshold": Param(float, 1e-3, "threshold > 0", lambda v: v > 0,
                                  "absolute magnitude threshold")}
+    threshold: float
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
         return numel * (element_size + index_bytes(numel))
@@ -98,6 +100,9 @@ class DGC(_IndexedSparse):
                         "fraction of elements sampled to estimate the threshold", primary=False),
         "seed": _SEED,
     }
+    ratio: float
+    sample: float
+    seed: int
     min_sample = 128
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
@@ -130,6 +135,8 @@ class RandomK(Compressor):
     summable = True
     default_ef = True
     params = {"ratio": _RATIO, "seed": _SEED}
+    ratio: float
+    seed: int
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
         return count_of(self.ratio, numel) * element_size

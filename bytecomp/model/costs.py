@@ -86,6 +86,14 @@ class CommModel:
         raise BytecompError(f"{self.profile.label}: the profile has no {collective} sweep on "
                             f"the {group} group ({dtype}); re-run bytecomp profile")
 
+    def _config_link(self, kind: str) -> Link:
+        """The cluster's ``kind`` link, which a collective on that kind of group needs."""
+        link = self.links[kind]
+        if link is None:
+            raise BytecompError(f"cluster {self.cluster.name} has no {kind}-node link "
+                                f"(links.{kind}), which this exchange needs")
+        return link
+
     def _link(self, kind: str) -> Link | None:
         """Alpha and beta of a link kind: from the config, or derived from the fits."""
         link = getattr(self.cluster, kind)
@@ -111,9 +119,9 @@ class CommModel:
             return max(0.0, self._fit(collective, group, dtype)(nbytes))
         nodes, per_node = self.cluster.nodes, self.cluster.ranks_per_node
         if group == "intra" or (group == "world" and nodes == 1):
-            return ring_ms(collective, per_node, nbytes, self.links["intra"].alpha_ms,
-                           self.links["intra"].beta_ms_per_byte)
-        link = self.links["inter"]
+            intra = self._config_link("intra")
+            return ring_ms(collective, per_node, nbytes, intra.alpha_ms, intra.beta_ms_per_byte)
+        link = self._config_link("inter")
         if group == "inter":  # ranks_per_node such groups share each node's link
             return ring_ms(collective, nodes, nbytes, link.alpha_ms,
                            link.beta_ms_per_byte * per_node)

@@ -61,11 +61,12 @@ class ProfileConfig:
 
     def _validate(self) -> None:
         """Reject bad settings here, before any rank is spawned."""
-        for option, value, least in (("--batch-size", self.batch_size, 1),
-                                     ("--iterations", self.iterations, 1),
-                                     ("--warmup", self.warmup, 0)):
-            if value is not None and (isinstance(value, bool) or value < least):
-                raise BytecompError(f"{option} must be at least {least}, got {value}")
+        counts: tuple[tuple[str, int | None, int], ...] = (
+            ("--batch-size", self.batch_size, 1), ("--iterations", self.iterations, 1),
+            ("--warmup", self.warmup, 0))
+        for option, count, least in counts:
+            if count is not None and (isinstance(count, bool) or count < least):
+                raise BytecompError(f"{option} must be at least {least}, got {count}")
         for option, value in (("--bucket-cap-mb", self.bucket_cap_mb),
                               ("--timeout", self.timeout_s)):
             if not 0 < value < math.inf:

@@ -31,7 +31,7 @@ TABLES = {
 }
 NON_NEGATIVE = {"numel", "bytes", "ready_ms", "ranks", "time_ms", "p10_ms", "p90_ms",
                 "encode_ms", "decode_ms", "payload_bytes"}
-REQUIRED_FIELDS = {
+REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "format_version": int, "model": dict, "device": dict, "backend": str, "world_size": int,
     "nodes": int, "ranks_per_node": int, "batch_size": int, "bucket_cap_mb": (int, float),
     "times": dict,

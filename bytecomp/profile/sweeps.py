@@ -58,8 +58,9 @@ def memory_limit_bytes(device: torch.device, ranks_here: int) -> int:
     return max(1 << 20, free // (16 * max(ranks_here, 1)))
 
 
-def groups_to_sweep(topology: Topology) -> list[tuple[str, dist.ProcessGroup, int]]:
-    groups = [("world", topology.world, topology.size)]
+def groups_to_sweep(topology: Topology) -> list[tuple[str, dist.ProcessGroup | None, int]]:
+    groups: list[tuple[str, dist.ProcessGroup | None, int]] = [
+        ("world", topology.world, topology.size)]
     if topology.nodes > 1:
         if topology.ranks_per_node > 1:
             groups.append(("intra", topology.intra, topology.ranks_per_node))
@@ -164,7 +165,7 @@ def sweep_collectives(topology: Topology, device: torch.device, settings: SweepS
                   for case, time_ms in zip(kept, pilot)]
         if progress:
             progress()
-    samples = [[] for _ in cases]
+    samples: list[list[float]] = [[] for _ in cases]
     for _ in range(settings.repeats):
         for index, case in enumerate(cases):
             for _ in range(case.samples_per_round):
@@ -225,8 +226,8 @@ def sweep_compressors(specs: list[str], devices: list[torch.device], settings: S
             cases += _within_budget(series, pilot, settings.budget_s)
             if progress:
                 progress()
-    encode_ms = [[] for _ in cases]
-    decode_ms = [[] for _ in cases]
+    encode_ms: list[list[float]] = [[] for _ in cases]
+    decode_ms: list[list[float]] = [[] for _ in cases]
     payload = [0] * len(cases)
     for _ in range(settings.compressor_repeats):
         for index, (device, compressor, numel) in enumerate(cases):

@@ -100,6 +100,8 @@ class GPT(nn.Module):
     self-attention blocks (torch.nn.TransformerEncoderLayer with a causal mask),
     final norm and a language-model head."""
 
+    mask: torch.Tensor  # the causal mask, a non-persistent buffer
+
     def __init__(self, vocab: int, width: int, layers: int, heads: int, seq_len: int) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, width)

@@ -39,7 +39,7 @@ def size_classes(problem: Problem) -> list[list[int]]:
 def _hidden(problem: Problem, assignment, cap_mb: float) -> set[int]:
     """Uncompressed positions whose group's communication is followed by an idle channel."""
     result = problem.simulate(assignment, cap_mb)
-    hidden = set()
+    hidden: set[int] = set()
     for index, group in enumerate(problem.groups(assignment, cap_mb)):
         if not problem.options[group.option].compressed and result.idle_after(index):
             hidden.update(group.members)
@@ -177,13 +177,12 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
     unassigned = [0.0] * len(model.bucket_ready_ms)
     for position, tensor in enumerate(problem.tensors):
         unassigned[owner[position]] += tensor.numel
-    best = [list(incumbent), value]
+    best_assignment, best_value = list(incumbent), value
     nodes = 0
     complete = True
 
     def relaxation(groups) -> float:
-        work = list(unassigned)
-        work = [cheapest * n for n in work]
+        work = [cheapest * n for n in unassigned]
         for group in groups:
             work[group.bucket] += group.cost.channel_ms
         channel = ready = 0.0
@@ -196,13 +195,13 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
         groups = problem._fast_sim_groups(partial, cap_mb, gather=is_leaf)
         if not is_leaf:
             relaxed = relaxation(groups)
-            if relaxed >= best[1] - EPSILON:
+            if relaxed >= best_value - EPSILON:
                 return relaxed
         problem.evaluations += 1
         return simulate(model, groups).iteration_ms
 
     def descend(depth: int) -> None:
-        nonlocal nodes, complete
+        nonlocal nodes, complete, best_assignment, best_value
         position = order[depth]
         unassigned[owner[position]] -= problem.tensors[position].numel
         preferred = incumbent[position]
@@ -213,9 +212,9 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
                 break
             partial[position] = option
             value = bound(depth + 1 == len(order))
-            if value < best[1] - EPSILON:
+            if value < best_value - EPSILON:
                 if depth + 1 == len(order):
-                    best[0], best[1] = list(partial), value
+                    best_assignment, best_value = list(partial), value
                 else:
                     descend(depth + 1)
             if not complete:
@@ -225,7 +224,7 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
 
     if order:
         descend(0)
-    return best[0], best[1], complete
+    return best_assignment, best_value, complete
 
 
 def lower_bound(problem: Problem, cap_mb: float) -> float:

@@ -202,8 +202,8 @@ class Planner:
 
         cap = self.profile.bucket_cap_mb
         ranked = sorted(starts, key=lambda a: view.evaluate(a, cap))
-        value, assignment = math.inf, None
-        for start in ranked[:STARTS]:  # a few starts: the greedy is myopic
+        assignment, value = greedy(view, cap, ranked[0])  # fp32 DDP is always a start
+        for start in ranked[1:STARTS]:  # a few starts: the greedy is myopic
             found, found_value = greedy(view, cap, start)
             if found_value < value - 1e-9:
                 assignment, value = found, found_value

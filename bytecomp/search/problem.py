@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from bytecomp.compress import from_spec
-from bytecomp.model.strategy import StrategyCosts
+from bytecomp.model.strategy import GroupCost, StrategyCosts
 from bytecomp.plan import HOST_WORKERS, Option
 from bytecomp.timeline.buckets import ddp_buckets
 from bytecomp.timeline.simulator import (
@@ -80,7 +80,7 @@ class Problem:
         self._pickers: dict[float, list] = {}
         self._numel = [t.numel for t in tensors]
         self._bytes = [t.bytes for t in tensors]
-        self._group_costs: dict[tuple, object] = {}
+        self._group_costs: dict[tuple, GroupCost] = {}
         self._labels = [o.label for o in options]
         self.screens: dict[tuple, list[int]] = {}  # search.algorithms.screened_options
 
@@ -171,7 +171,7 @@ class Problem:
         """``sim_groups(groups(...))``, with each bucket's groups cached by its options.
         ``gather=False`` leaves out the cost of gathering scattered members (a partial
         assignment's groups may become contiguous later: bounds must not count it)."""
-        out = []
+        out: list[SimGroup] = []
         pickers = self._pickers.get(cap_mb)
         if pickers is None:  # reads a bucket's options in one C call (this is the hot loop)
             pickers = self._pickers[cap_mb] = [itemgetter(*members, members[0])
@@ -224,11 +224,9 @@ class Problem:
         return view
 
     # -- helpers -----------------------------------------------------------------------
-    def index_of(self, option: Option) -> int | None:
-        try:
-            return self.options.index(option)
-        except ValueError:
-            return None
+    def index_of(self, option: Option) -> int:
+        """The index of an option the problem offers (``ValueError`` if it does not)."""
+        return self.options.index(option)
 
     def uniform(self, option_index: int) -> list[int]:
         return [option_index] * len(self.tensors)

@@ -61,7 +61,8 @@ def resnet50_shapes() -> list[tuple[str, tuple]]:
 
 def transformer_shapes(layers: int = 48, width: int = 1024, vocab: int = 32000) -> list:
     """A 48-layer decoder with 31 tensors per layer (1,500 in all with embeddings)."""
-    shapes = [("embed.weight", (vocab, width)), ("pos.weight", (2048, width))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("embed.weight", (vocab, width)),
+                                                 ("pos.weight", (2048, width))]
     for i in range(layers):
         p = f"layers.{i}"
         for name in ("q", "k", "v", "o"):
@@ -114,7 +115,7 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
                     collectives.append({"collective": collective, "group": group, "dtype": dtype,
                                         "bytes": nbytes, "ranks": ranks, "time_ms": time,
                                         "p10_ms": time, "p90_ms": time})
-    compressors = []
+    compressors: list[dict] = []
     for spec in specs or [from_spec(n).spec for n in THROUGHPUT]:
         compressor = from_spec(spec)
         a_enc, rate_enc, a_dec, rate_dec = THROUGHPUT[compressor.name]
@@ -127,7 +128,7 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
     if device == "cuda":
         compressors += [{**row, "device": "cpu", "encode_ms": row["encode_ms"] * 10,
                          "decode_ms": row["decode_ms"] * 10} for row in list(compressors)]
-    copies = [{"direction": d, "bytes": 1 << e, "time_ms": 0.01 + (1 << e) / rate}
+    copies: list[dict] = [{"direction": d, "bytes": 1 << e, "time_ms": 0.01 + (1 << e) / rate}
               for d, rate in (("d2h", 2.5e7), ("h2d", 2.5e7), ("d2d", 2e8))
               for e in range(10, 27, 4)]
     forward_ms = backward_ms / 2
@@ -135,7 +136,7 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
              (("forward", forward_ms), ("backward", backward_ms), ("optimizer", 0.05 * backward_ms),
               ("iteration", forward_ms + backward_ms * 1.05),
               ("backward_compute", backward_ms))}
-    meta = {"format_version": FORMAT_VERSION, "synthetic": True,
+    meta: dict = {"format_version": FORMAT_VERSION, "synthetic": True,
             "model": {"name": name, "spec": name, "fingerprint": f"synthetic-{name}",
                       "parameters": total, "tensors": len(shapes)},
             "device": {"type": device, "name": "synthetic"}, "backend": "synthetic",

@@ -39,7 +39,7 @@ class EventSimulation:
         self.next_bucket = 0
         self.device_queue: deque = deque()
         self.device_busy = False
-        self.backward_end = None
+        self.backward_end: float | None = None
         # channel, host pool, copy engine
         self.encoded = [False] * len(groups)
         self.channel = [(0.0, 0.0)] * len(groups)
@@ -119,7 +119,7 @@ class EventSimulation:
     def _milestone(self, version: int, target: float) -> None:
         if version != self.version:
             return
-        if self.record:
+        if self.record and self.running_since is not None:  # always, for a current milestone
             self.log("compute", "backward", self.running_since, self.now)
         self.work = target
         self.running_since = self.now

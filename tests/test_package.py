@@ -1,0 +1,113 @@
+"""The package's shape: what a training job imports, the import graph's layering, and
+the shipped cluster configs as package data. (The built wheel in a fresh virtual
+environment is checked by ``make wheel-check``, part of ``make check``.)"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+import bytecomp
+from bytecomp.model.clusters import available_clusters, load_cluster, shipped_clusters
+
+PACKAGE = Path(bytecomp.__file__).resolve().parent
+REPO = PACKAGE.parent
+HEAVY = ("pandas", "scipy", "rich", "networkx", "matplotlib", "typer")
+PLANNER = ("bytecomp.search", "bytecomp.profile", "bytecomp.model", "bytecomp.timeline",
+           "bytecomp.bench", "bytecomp.cli", "bytecomp.ui")
+
+
+def test_a_training_job_imports_no_planner_code():
+    script = ("import sys, bytecomp, bytecomp.runtime\n"
+              "from bytecomp import apply_plan, load_plan\n"
+              "print('\\n'.join(sorted(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            check=True)
+    loaded = result.stdout.split()
+    heavy = [m for m in loaded if m.split(".")[0] in HEAVY]
+    planner = [m for m in loaded if m.startswith(PLANNER)]
+    assert not heavy and not planner, (heavy, planner)
+    assert "bytecomp.runtime.executor" in loaded and "yaml" in loaded
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> tuple[nx.DiGraph, nx.DiGraph]:
+    """bytecomp's imports of bytecomp modules: (module-level ones, all including those
+    inside functions). ``from package import name`` counts as an edge to the package."""
+    top, every = nx.DiGraph(), nx.DiGraph()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        top.add_node(module)
+        every.add_node(module)
+        tree = ast.parse(path.read_text())
+        functions = [node for node in ast.walk(tree)
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        inner = {id(n) for f in functions for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if target.startswith("bytecomp") and target != module:
+                    every.add_edge(module, target)
+                    if id(node) not in inner:
+                        top.add_edge(module, target)
+    return top, every
+
+
+def test_the_import_graph_has_no_cycle():
+    top, _ = import_graph()
+    cycles = list(nx.simple_cycles(top))
+    assert not cycles, cycles
+
+
+def _stage(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_stages_import_only_downward():
+    _, every = import_graph()
+    planning = ("bytecomp.profile", "bytecomp.model", "bytecomp.timeline", "bytecomp.search")
+    forbidden = []
+    for source, target in every.edges:
+        if _stage(source) in planning and _stage(target) in ("bytecomp.runtime", "bytecomp.cli"):
+            forbidden.append((source, target))
+        if _stage(source) == "bytecomp.runtime" and _stage(target) in (*planning, "bytecomp.cli"):
+            forbidden.append((source, target))
+    assert not forbidden, forbidden
+    assert not any(_stage(t) == "bytecomp.testing" for s, t in every.edges
+                   if _stage(s) != "bytecomp.testing"), "product code imports bytecomp.testing"
+
+
+def test_cluster_configs_are_package_data_with_one_source():
+    shipped = PACKAGE / "configs" / "clusters"
+    assert sorted(p.stem for p in shipped.glob("*.yaml")) == available_clusters()
+    assert set(shipped_clusters()) >= {"gbe1", "gbe10", "v100-nvlink-100g"}
+    top_level = REPO / "configs" / "clusters"
+    if top_level.exists():  # a checkout: the documented copies are the package's own
+        assert top_level.resolve() == shipped.resolve()
+    assert load_cluster("gbe1").world_size == 8
+
+
+def test_the_package_data_rule_ships_every_config():
+    """pyproject's package data matches every shipped config (what the wheel holds)."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    rules = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["bytecomp"]
+    for path in (PACKAGE / "configs" / "clusters").iterdir():
+        relative = str(path.relative_to(PACKAGE))
+        assert any(fnmatch.fnmatch(relative, rule) for rule in rules), relative
