@@ -46,8 +46,7 @@ import bytecomp
 from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress import from_spec
 from bytecomp.launch import free_port
-from bytecomp.plan import Option
-from bytecomp.plan import plan_for_model
+from bytecomp.plan import Option, plan_for_model
 from bytecomp.profile.workloads import load_workload
 
 TOPK = "topk:ratio=0.01"

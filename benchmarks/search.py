@@ -21,13 +21,13 @@ import statistics
 from rich.console import Console
 from rich.table import Table
 
+from bytecomp.search import Planner
 from bytecomp.testing.synthetic import (
     mlp_shapes,
     resnet50_shapes,
     synthetic_profile,
     transformer_shapes,
 )
-from bytecomp.search import Planner
 
 MODELS = [("MLP", mlp_shapes(5, 1024)), ("ResNet-50-like", resnet50_shapes()),
           ("48-layer transformer", transformer_shapes())]
