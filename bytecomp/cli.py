@@ -98,8 +98,12 @@ def profile(
     timeout: float = typer.Option(300.0, help="Seconds before a stuck collective fails."),
     max_mb: float = typer.Option(64.0, help="Largest collective buffer in the sweeps (MiB)."),
     machine: str = typer.Option("", help="A description of the machine, kept in profile.yaml."),
+    fidelity_iterations: int = typer.Option(10, min=0, help="Training steps whose local "
+                                            "gradients measure each compressor's gain (0: "
+                                            "no fidelity table)."),
 ):
-    """Measure a real DDP job: compute, ready times, buckets, collectives, compressors."""
+    """Measure a real DDP job: compute, ready times, buckets, collectives, compressors,
+    and each compressor's gradient fidelity on every tensor."""
     from bytecomp.profile import ProfileConfig, run_profile
     from bytecomp.profile.workloads import safe_name
 
@@ -111,7 +115,8 @@ def profile(
                            batch_size=batch_size, bucket_cap_mb=bucket_cap_mb,
                            iterations=iterations, warmup=warmup, specs=compressor or [],
                            quick=quick, force=force, device=device, timeout_s=timeout,
-                           max_mb=max_mb, machine=machine)
+                           max_mb=max_mb, machine=machine,
+                           fidelity_iterations=fidelity_iterations)
     run_profile(config, nproc)
 
 
@@ -141,12 +146,19 @@ def plan(
     strict: bool = typer.Option(False, help="Only the --compressor specs (by default the "
                                 "fp16 and PowerSGD baselines' methods are candidates too)."),
     min_gain: float = typer.Option(5.0, help="Percent: unless the searched plan is predicted "
-                                   "this much faster than fp32 DDP, the plan is fp32 DDP; else "
-                                   "unless it is this much faster than the fastest baseline, "
-                                   "the plan is that baseline (0: always the searched plan)."),
+                                   "this much better (on the objective) than fp32 DDP, the plan "
+                                   "is fp32 DDP; else unless it is this much better than the best "
+                                   "baseline, the plan is that baseline (0: always the searched "
+                                   "plan)."),
+    objective: str = typer.Option(None, help="effective (iteration time / fidelity, the "
+                                  "default where the profile measured fidelity) or time "
+                                  "(iteration time alone, the default without)."),
+    min_fidelity: float = typer.Option(None, help="With the effective objective: no plan whose "
+                                       "whole-gradient gain is below this (default 0.75)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show fit quality and pruning."),
 ):
-    """Search the per-tensor strategy with the shortest predicted iteration; write plan.yaml."""
+    """Search the per-tensor strategy that trains soonest: shortest predicted iteration per
+    unit of gradient fidelity (or iteration time alone); write plan.yaml."""
     from bytecomp.profile import load_profile
     from bytecomp.search import Planner, to_plan
 
@@ -160,7 +172,8 @@ def plan(
         raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
     check_output_file(out, "--out")
     loaded = load_profile(profile)
-    planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict)
+    planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
+                      min_fidelity)
     result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100)
     written = to_plan(result, loaded).save(out)
     if verbose:
@@ -188,16 +201,33 @@ def _print_fits(planner) -> None:
 def _print_plan(result, written) -> None:
     from collections import Counter
 
-    fp32 = next(b.time_ms for b in result.baselines if b.name == "fp32 DDP")
-    table = Table(title=f"predicted iteration time on {result.cluster.name} "
-                        f"({result.cluster.nodes} x {result.cluster.ranks_per_node} ranks)")
-    for column in ("strategy", "bucket cap MB", "iteration ms", "speedup vs fp32 DDP"):
+    fp32 = next(b for b in result.baselines if b.name == "fp32 DDP")
+    known = result.fidelity is not None
+    effective = result.objective.name == "effective"
+    title = f"predicted on {result.cluster.name} ({result.cluster.nodes} x " \
+            f"{result.cluster.ranks_per_node} ranks); objective: " + \
+            (f"effective time, fidelity >= {result.objective.min_fidelity:g}" if effective
+             else "iteration time")
+    table = Table(title=title)
+    columns = ["strategy", "bucket cap MB", "iteration ms"]
+    columns += ["fidelity", "effective ms"] if known else []
+    columns += ["vs fp32 DDP"]
+    for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
-    table.add_row("[bold]bytecomp plan[/]", f"{result.cap_mb:g}", f"{result.time_ms:.2f}",
-                  f"[bold]{fp32 / result.time_ms:.2f}x[/]")
+
+    def row(name: str, entry) -> list[str]:
+        cells = [name, f"{entry.cap_mb:g}", f"{entry.time_ms:.2f}"]
+        if known:
+            below = effective and entry.fidelity < result.objective.min_fidelity - 1e-12
+            cells += [f"{entry.fidelity:.3f}" + (" (below)" if below else ""),
+                      f"{entry.effective_ms:.2f}"]
+        ratio = fp32.effective_ms / entry.effective_ms if effective else \
+            fp32.time_ms / entry.time_ms
+        return cells + [f"{ratio:.2f}x"]
+
+    table.add_row(*[f"[bold]{cell}[/]" for cell in row("bytecomp plan", result)])
     for baseline in result.baselines:
-        table.add_row(baseline.name, f"{baseline.cap_mb:g}", f"{baseline.time_ms:.2f}",
-                      f"{fp32 / baseline.time_ms:.2f}x")
+        table.add_row(*row(baseline.name, baseline))
     console.print(table)
     counts = Counter(result.problem.options[o].label for o in result.assignment)
     console.print("plan: " + ", ".join(f"{n} x {label}" for label, n in counts.most_common()))

@@ -11,6 +11,8 @@
     compressors: [topk:ratio=0.01]        # specs the entries use
     predicted_ms: {plan: 61.2, baselines: {fp32 DDP: 78.4, ...}}
     search: {algorithm: ..., time_ms: ..., lower_bound_ms: ..., gap: ..., exact: ...}
+    objective: {name: effective, min_fidelity: 0.75}   # or time
+    fidelity: {plan: 0.93, baselines: {...}, effective_ms: {...}}   # where measured
     tensors:                              # one entry per parameter
       - {name: fc.weight, action: compress, compressor: topk:ratio=0.01,
          place: device, collective: allgather, group: 0}
@@ -262,8 +264,11 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
         strategy = (entry.action, entry.compressor, entry.place, entry.collective)
         if strategies.setdefault(entry.group, strategy) != strategy:
             reader.fail(f"tensors[{index}].group", f"group {entry.group} mixes strategies")
-    info_keys = ("bytecomp_version", "created", "profile", "cluster")
+    info_keys = ("bytecomp_version", "created", "profile", "cluster", "objective", "fidelity")
     info = {key: data[key] for key in info_keys if key in data}
+    for key in ("objective", "fidelity"):
+        if key in info and not isinstance(info[key], dict):
+            reader.fail(key, "must be a mapping")
     predicted = data.get("predicted_ms", {})
     search = data.get("search", {})
     if not isinstance(predicted, dict) or not isinstance(search, dict):

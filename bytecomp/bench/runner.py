@@ -118,7 +118,8 @@ def scaled_compute(profile: Profile, factor: float) -> Profile:
     tensors = profile.tensors.assign(ready_ms=profile.tensors["ready_ms"] * factor)
     compressors = profile.compressors.assign(encode_ms=profile.compressors["encode_ms"] * factor,
                                              decode_ms=profile.compressors["decode_ms"] * factor)
-    return Profile(meta, tensors, profile.collectives, compressors, profile.copies, profile.path)
+    return Profile(meta, tensors, profile.collectives, compressors, profile.copies, profile.path,
+                   profile.fidelity)
 
 
 def _strategies(workload, device, profile, plan, spec, rank, world, nodes):

@@ -19,6 +19,8 @@ from bytecomp.comm.topology import Topology
 from bytecomp.compress import default_specs, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.plan import fingerprint
+from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
+from bytecomp.profile.fidelity import measure_fidelity
 from bytecomp.profile.store import FORMAT_VERSION, Profile, save_profile
 from bytecomp.profile.sweeps import (
     SweepSettings,
@@ -29,7 +31,7 @@ from bytecomp.profile.sweeps import (
     sweep_copies,
 )
 from bytecomp.profile.training import TrainingSettings, measure_training
-from bytecomp.profile.workloads import describe, load_workload, parameter_count
+from bytecomp.profile.workloads import data_source, describe, load_workload, parameter_count
 from bytecomp.ui import Reporter
 
 MIN_SWEEP_MB = 0.01
@@ -52,18 +54,20 @@ class ProfileConfig:
     timeout_s: float = 300.0
     max_mb: float = 64.0
     machine: str = ""
+    fidelity_iterations: int = 10  # training steps whose gradients measure fidelity (0: none)
 
     def __post_init__(self) -> None:
         self._validate()
         self.specs = [from_spec(s).spec for s in self.specs] or default_specs()
         if self.quick:
             self.iterations, self.warmup = min(self.iterations, 5), min(self.warmup, 2)
+            self.fidelity_iterations = min(self.fidelity_iterations, 3)
 
     def _validate(self) -> None:
         """Reject bad settings here, before any rank is spawned."""
         counts: tuple[tuple[str, int | None, int], ...] = (
             ("--batch-size", self.batch_size, 1), ("--iterations", self.iterations, 1),
-            ("--warmup", self.warmup, 0))
+            ("--warmup", self.warmup, 0), ("--fidelity-iterations", self.fidelity_iterations, 0))
         for option, count, least in counts:
             if count is not None and (isinstance(count, bool) or count < least):
                 raise BytecompError(f"{option} must be at least {least}, got {count}")
@@ -154,6 +158,14 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
             config.specs, devices, sweep,
             reporter.phase("compressor sweeps", compressor_steps(config.specs, devices, sweep)))
         copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
+        fidelity_specs = [s for s in config.specs if from_spec(s).name != "none"]
+        fidelity = []
+        if config.fidelity_iterations and fidelity_specs:
+            steps = training.warmup + config.fidelity_iterations
+            fidelity = measure_fidelity(workload, device, batch_size, config.bucket_cap_mb,
+                                        fidelity_specs, training.warmup,
+                                        config.fidelity_iterations,
+                                        reporter.phase("gradient fidelity", steps))
     if rank != 0:
         return None
     meta = {
@@ -176,6 +188,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "iterations": training.iterations,
         "warmup": training.warmup,
         "quick": config.quick,
+        "fidelity": {"iterations": config.fidelity_iterations, "warmup": training.warmup,
+                     "optimizer": "SGD lr=1e-3 momentum=0.9", "data": data_source(workload)},
         "times": times,
         "interference": interference,
         "compressor_specs": config.specs,
@@ -184,7 +198,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                   "numels": list(sweep.numels)},
     }
     profile = Profile(meta, tensors, pd.DataFrame(collectives), pd.DataFrame(compressors),
-                      pd.DataFrame(copies, columns=["direction", "bytes", "time_ms"]))
+                      pd.DataFrame(copies, columns=["direction", "bytes", "time_ms"]),
+                      fidelity=pd.DataFrame(fidelity, columns=FIDELITY_COLUMNS))
     path = save_profile(profile, config.out, config.force)
     reporter.print(_summary(profile, path))
     return path

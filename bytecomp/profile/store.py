@@ -28,9 +28,13 @@ TABLES = {
     "compressors": {"spec": str, "device": str, "numel": int, "encode_ms": float,
                     "decode_ms": float, "payload_bytes": int},
     "copies": {"direction": str, "bytes": int, "time_ms": float},
+    "fidelity": {"tensor": str, "spec": str, "gain": float, "gain_p10": float,
+                 "gain_p90": float, "norm_share": float},
 }
+OPTIONAL_TABLES = ("copies", "fidelity")  # profiles without them still load
 NON_NEGATIVE = {"numel", "bytes", "ready_ms", "ranks", "time_ms", "p10_ms", "p90_ms",
                 "encode_ms", "decode_ms", "payload_bytes"}
+FRACTIONS = {"gain", "gain_p10", "gain_p90", "norm_share"}  # between 0 and 1
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "format_version": int, "model": dict, "device": dict, "backend": str, "world_size": int,
     "nodes": int, "ranks_per_node": int, "batch_size": int, "bucket_cap_mb": (int, float),
@@ -48,6 +52,12 @@ class Profile:
     compressors: pd.DataFrame
     copies: pd.DataFrame = field(default_factory=lambda: empty_table("copies"))
     path: Path | None = None
+    fidelity: pd.DataFrame = field(default_factory=lambda: empty_table("fidelity"))
+
+    @property
+    def has_fidelity(self) -> bool:
+        """Whether the profile measured gradient fidelity (profiles before it did not)."""
+        return not self.fidelity.empty
 
     @property
     def world_size(self) -> int:
@@ -174,6 +184,9 @@ def _load_table(directory: Path, name: str, required: bool = True) -> pd.DataFra
         if column in NON_NEGATIVE and (numbers < 0).any():
             row = int((numbers < 0).idxmax())
             _fail(path, f"column '{column}', row {row + 1}: must not be negative")
+        if column in FRACTIONS and ((numbers < 0) | (numbers > 1)).any():
+            row = int(((numbers < 0) | (numbers > 1)).idxmax())
+            _fail(path, f"column '{column}', row {row + 1}: must be between 0 and 1")
         table[column] = numbers.astype(kind)
     return table
 
@@ -193,4 +206,8 @@ def load_profile(directory) -> Profile:
         _fail(directory / "collectives.csv", "has no rows")
     compressors = _load_table(directory, "compressors")
     copies = _load_table(directory, "copies", required=False)
-    return Profile(meta, tensors, collectives, compressors, copies, directory)
+    fidelity = _load_table(directory, "fidelity", required=False)
+    unknown = set(fidelity["tensor"]) - set(tensors["name"])
+    if unknown:
+        _fail(directory / "fidelity.csv", f"tensor {sorted(unknown)[0]!r} is not in tensors.csv")
+    return Profile(meta, tensors, collectives, compressors, copies, directory, fidelity)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bytecomp.errors import BytecompError
+from bytecomp.profile.data import VOCAB, TextWindows, corpus_digest
 
 
 @dataclass
@@ -150,17 +151,24 @@ def _transformer(layers=4, width=256, heads=4, seq_len=128, vocab=8192):
     if width % heads:
         raise BytecompError(f"transformer: width={width} must be a multiple of heads={heads}")
 
-    def batch(n):
-        tokens = torch.randint(0, vocab, (n, seq_len + 1))
-        return tokens[:, :-1], tokens[:, 1:]
-    return GPT(vocab, width, layers, heads, seq_len), batch, 8
+    return GPT(vocab, width, layers, heads, seq_len), _token_batches(vocab, seq_len), 8
 
 
 def _lstm(layers=2, width=512, seq_len=64, vocab=10000):
+    return LSTMLanguageModel(vocab, width, layers), _token_batches(vocab, seq_len), 16
+
+
+def _token_batches(vocab: int, seq_len: int) -> Callable:
+    """Language-model batches: windows of real text (the standard library's source as
+    bytes, :mod:`bytecomp.profile.data`) where the vocabulary holds every byte, else
+    uniformly random tokens."""
+    if vocab >= VOCAB:
+        return TextWindows(seq_len)
+
     def batch(n):
         tokens = torch.randint(0, vocab, (n, seq_len + 1))
         return tokens[:, :-1], tokens[:, 1:]
-    return LSTMLanguageModel(vocab, width, layers), batch, 16
+    return batch
 
 
 def _vision(name):
@@ -241,6 +249,13 @@ def load_workload(spec: str, seed: int = 0) -> Workload:
         return _from_factory(spec.strip())
     raise BytecompError(f"unknown model {spec!r}; choose from {', '.join(BUILTINS)} "
                         f"or give pkg.module:factory")
+
+
+def data_source(workload: Workload) -> str:
+    """What the workload trains on, for a profile's record."""
+    if isinstance(workload.make_batch, TextWindows):
+        return f"text: the standard library's source as bytes (corpus {corpus_digest()})"
+    return "generated" if workload.name in BUILTINS else "the factory's make_batch"
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 
@@ -68,9 +69,14 @@ def _screen(problem: Problem, members: list[int], keep: int) -> list[int]:
                                   shapes if problem.low_rank[option] else None)
         work = cost.encode_ms + cost.decode_ms
         if cost.host:
-            return cost.channel_ms + cost.copy_in_ms + cost.copy_out_ms + \
+            time = cost.channel_ms + cost.copy_in_ms + cost.copy_out_ms + \
                 work / problem.host_workers
-        return cost.channel_ms + work
+        else:
+            time = cost.channel_ms + work
+        if problem.objective.uses_fidelity:  # what the time buys: less with a lossy option
+            gain = problem.group_gain(members, option)
+            return time / gain if gain > 0 else math.inf
+        return time
 
     chosen = [i for i, o in enumerate(problem.options) if not o.compressed]
     for place in ("device", "host"):
@@ -192,13 +198,17 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
         return model.forward_ms + max(model.backward_ms, channel) + model.optimizer_ms
 
     def bound(is_leaf: bool) -> float:
+        # unassigned tensors count as uncompressed: the fidelity can only fall from here,
+        # so the objective of the partial assignment bounds every completion's
+        if problem.objective_of(1.0, partial) == math.inf:
+            return math.inf  # below the minimum fidelity already
         groups = problem._fast_sim_groups(partial, cap_mb, gather=is_leaf)
         if not is_leaf:
-            relaxed = relaxation(groups)
+            relaxed = problem.objective_of(relaxation(groups), partial)
             if relaxed >= best_value - EPSILON:
                 return relaxed
         problem.evaluations += 1
-        return simulate(model, groups).iteration_ms
+        return problem.objective_of(simulate(model, groups).iteration_ms, partial)
 
     def descend(depth: int) -> None:
         nonlocal nodes, complete, best_assignment, best_value

@@ -12,18 +12,27 @@ from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import Cluster
 from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
+from bytecomp.model.fidelity import FidelityModel
 from bytecomp.model.strategy import StrategyCosts
 from bytecomp.plan import NO_COMPRESSION, Option, Plan, PlanEntry
 from bytecomp.profile.store import Profile
 from bytecomp.search.algorithms import branch_and_bound, greedy, improve, lower_bound
-from bytecomp.search.problem import Group, Problem, Tensor
+from bytecomp.search.problem import OBJECTIVES, Group, Objective, Problem, Tensor
 from bytecomp.search.tree import build_tree, options_of
 from bytecomp.timeline.simulator import simulate
 
 DEFAULT_CAPS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
 EXACT_MAX_SPACE = 50_000  # options ** tensors: exact search where enumeration is cheap
 STARTS = 1
+DEFAULT_MIN_FIDELITY = 0.75  # GraVAC's threshold on the compression gain
 ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def effective_ms(time_ms: float, fidelity: float | None) -> float | None:
+    """Iteration time / fidelity (None: fidelity unknown; infinite at fidelity 0)."""
+    if fidelity is None:
+        return None
+    return time_ms / fidelity if fidelity > 0 else math.inf
 
 
 @dataclass
@@ -32,6 +41,12 @@ class Baseline:
     assignment: list[int]
     cap_mb: float
     time_ms: float = math.nan
+    fidelity: float | None = None  # None: the profile measured no fidelity
+    value: float = math.nan  # the objective's value: time_ms, or effective time
+
+    @property
+    def effective_ms(self) -> float | None:
+        return effective_ms(self.time_ms, self.fidelity)
 
 
 @dataclass
@@ -49,10 +64,20 @@ class PlanResult:
     exact: bool
     evaluations: int
     notes: list[str] = field(default_factory=list)
+    objective: Objective = field(default_factory=Objective)
+    fidelity: float | None = None
+    value: float = math.nan  # the objective's value
+
+    @property
+    def effective_ms(self) -> float | None:
+        return effective_ms(self.time_ms, self.fidelity)
 
     @property
     def gap(self) -> float:
-        return max(0.0, self.time_ms / self.lower_bound_ms - 1.0) if self.lower_bound_ms else 0.0
+        """How far the objective's value may be from the optimum (the lower bound is one
+        on iteration time, hence on effective time too: fidelity is at most 1)."""
+        value = self.value if self.value == self.value else self.time_ms
+        return max(0.0, value / self.lower_bound_ms - 1.0) if self.lower_bound_ms else 0.0
 
 
 def parse_shape(text) -> tuple:
@@ -103,12 +128,18 @@ class Planner:
     """Builds the problem for a profile and cluster, then searches it."""
 
     def __init__(self, profile: Profile, cluster: Cluster | None = None,
-                 specs: list[str] | None = None, strict: bool = False) -> None:
+                 specs: list[str] | None = None, strict: bool = False,
+                 objective: str | None = None, min_fidelity: float | None = None) -> None:
         self.profile = profile
         self.cluster = cluster or profiled_cluster(profile)
         self.compute = ComputeModel(profile)
         self.comm = CommModel(profile, self.cluster)
         self.specs = choose_specs(profile, specs, self.compute)
+        self.notes: list[str] = []  # about the problem; each search adds its own
+        if specs and len(self.specs) == 1:  # the user's accuracy decision (Espresso)
+            strict = True
+            self.notes.append(f"only {self.specs[0]} compresses (or nothing): the plan's "
+                              f"accuracy is at least that of {self.specs[0]} on every tensor")
         fp16, powersgd = _baseline_options(self.compute.specs())
         self.baseline_specs = {"fp16": fp16, "powersgd": powersgd}
         searched = list(self.specs)
@@ -134,6 +165,30 @@ class Planner:
                                interference=float(measured.get("fraction", 0.0)),
                                intra_interference=measured.get("intra_fraction"))
         self.searchable = list(range(searchable))
+        self._set_objective(objective, min_fidelity)
+
+    def _set_objective(self, name: str | None, min_fidelity: float | None) -> None:
+        """Effective time by default where the profile measured fidelity, else time."""
+        if name is not None and name not in OBJECTIVES:
+            raise BytecompError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
+        if min_fidelity is not None and not 0 <= min_fidelity <= 1:
+            raise BytecompError(f"--min-fidelity must be between 0 and 1, got {min_fidelity:g}")
+        wants_fidelity = name == "effective" or min_fidelity is not None
+        if not self.profile.has_fidelity and not wants_fidelity:
+            self.notes.append("fidelity unknown (the profile has no fidelity table): planning "
+                              "by iteration time alone")
+            return
+        name = name or "effective"
+        fidelity = FidelityModel(self.profile)  # a one-line error without the table
+        if name == "effective":
+            for option in self.problem.options:
+                if option.compressed:
+                    fidelity.check(option.spec)
+        floor = DEFAULT_MIN_FIDELITY if min_fidelity is None else min_fidelity
+        objective = Objective(name, floor if name == "effective" else 0.0)
+        self.problem.set_fidelity(lambda tensor, option: fidelity.gain(tensor.name, option.spec),
+                                  [fidelity.shares[t.name] for t in self.problem.tensors],
+                                  objective)
 
     # -- baselines -----------------------------------------------------------------------
     def baseline_notes(self) -> list[str]:
@@ -164,7 +219,9 @@ class Planner:
             out.append(Baseline(f"{spec} on every tensor ({option.collective})",
                                 problem.uniform(problem.index_of(option)), cap))
         for baseline in out:
-            baseline.time_ms = problem.evaluate(baseline.assignment, baseline.cap_mb)
+            baseline.time_ms = problem.simulate(baseline.assignment, baseline.cap_mb).iteration_ms
+            baseline.fidelity = problem.fidelity(baseline.assignment)
+            baseline.value = problem.objective_of(baseline.time_ms, baseline.assignment)
         return out
 
     # -- search ----------------------------------------------------------------------------
@@ -230,18 +287,21 @@ class Planner:
         names = {"greedy": "greedy", "local": "greedy + full local search",
                  "auto": "greedy + local search", "exact": "greedy + local search"}
         name = "exact (branch and bound)" if exact else names[algorithm]
-        notes = self.baseline_notes()
+        notes = self.notes + self.baseline_notes()
         kept = _baseline_to_keep(baselines, searchable, value, min_gain)
+        unit = "ms" if problem.objective.name == "time" else "ms effective"
         if kept is not None:
-            notes.append(f"the search's plan ({value:.2f} ms) is predicted less than "
-                              f"{100 * min_gain:g}% faster than the {kept.name} baseline "
-                              f"({kept.time_ms:.2f} ms): the plan is that baseline")
-            assignment, value, cap = list(kept.assignment), kept.time_ms, kept.cap_mb
+            notes.append(f"the search's plan ({value:.2f} {unit}) is predicted less than "
+                         f"{100 * min_gain:g}% better than the {kept.name} baseline "
+                         f"({kept.value:.2f} {unit}): the plan is that baseline")
+            assignment, value, cap = list(kept.assignment), kept.value, kept.cap_mb
             name += f", then the {kept.name} baseline kept (--min-gain)"
+        time_ms = view.simulate(assignment, cap).iteration_ms
         problem.evaluations = view.evaluations
-        return PlanResult(problem, self.cluster, self.specs, assignment, cap, value, baselines,
+        return PlanResult(problem, self.cluster, self.specs, assignment, cap, time_ms, baselines,
                           name, 1000 * (time.perf_counter() - started), bound, exact,
-                          view.evaluations, notes)
+                          view.evaluations, notes, problem.objective,
+                          problem.fidelity(assignment), value)
 
 
 def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: float,
@@ -253,8 +313,8 @@ def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: fl
     if not usable or min_gain <= 0:
         return None
     for baseline in (next((b for b in usable if b.name == "fp32 DDP"), None),
-                     min(usable, key=lambda b: b.time_ms)):
-        if baseline is not None and value > baseline.time_ms * (1 - min_gain):
+                     min(usable, key=lambda b: b.value)):
+        if baseline is not None and value > baseline.value * (1 - min_gain):
             return baseline
     return None
 
@@ -283,10 +343,23 @@ def to_plan(result: PlanResult, profile: Profile) -> Plan:
             "profile": {"path": str(profile.path) if profile.path else None,
                         "model": profile.meta["model"]["spec"],
                         "created": profile.meta.get("created")},
-            "cluster": result.cluster.name}
+            "cluster": result.cluster.name,
+            "objective": {"name": result.objective.name,
+                          "min_fidelity": result.objective.min_fidelity}}
+    if result.fidelity is not None:  # the whole gradient's gain, and effective times
+        info["fidelity"] = {
+            "plan": round(result.fidelity, 6),
+            "baselines": {b.name: round(b.fidelity or 0.0, 6) for b in result.baselines},
+            "effective_ms": {"plan": _rounded(result.effective_ms),
+                             "baselines": {b.name: _rounded(b.effective_ms)
+                                           for b in result.baselines}}}
     cluster = result.cluster
     return Plan(profile.fingerprint, cluster.world_size, cluster.nodes, cluster.ranks_per_node,
                 result.cap_mb, entries, predicted, search, info)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4) if math.isfinite(value) else None
 
 
 def simulate_plan(planner: Planner, plan: Plan, record: bool = True):

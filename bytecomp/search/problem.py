@@ -9,6 +9,8 @@ each member as its own matrix). A group is released when its bucket is.
 from __future__ import annotations
 
 import copy
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -24,6 +26,21 @@ from bytecomp.timeline.simulator import (
 )
 
 UNASSIGNED = -1
+OBJECTIVES = ("effective", "time")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What the search minimizes: ``time`` (predicted iteration time) or ``effective``
+    (iteration time / fidelity, never a plan whose fidelity is below
+    ``min_fidelity``)."""
+
+    name: str = "time"
+    min_fidelity: float = 0.0
+
+    @property
+    def uses_fidelity(self) -> bool:
+        return self.name == "effective"
 
 
 def _low_rank(option: Option) -> bool:
@@ -83,6 +100,11 @@ class Problem:
         self._group_costs: dict[tuple, GroupCost] = {}
         self._labels = [o.label for o in options]
         self.screens: dict[tuple, list[int]] = {}  # search.algorithms.screened_options
+        self.objective = Objective()
+        self._gain_of: Callable[[Tensor, Option], float] | None = None
+        # per tensor: share * gain^2 for each option, then the share alone (gain 1), so
+        # that UNASSIGNED (-1) reads an unassigned tensor as uncompressed
+        self._weights: list[list[float]] | None = None
 
     # -- buckets ---------------------------------------------------------------------
     def buckets(self, cap_mb: float) -> list[list[int]]:
@@ -204,13 +226,56 @@ class Problem:
                         record)
 
     def evaluate(self, assignment, cap_mb: float) -> float:
-        return self.simulate(assignment, cap_mb).iteration_ms
+        """The objective's value: predicted iteration time, or effective time (infinite
+        for a plan below the minimum fidelity)."""
+        return self.objective_of(self.simulate(assignment, cap_mb).iteration_ms, assignment)
+
+    def objective_of(self, time_ms: float, assignment) -> float:
+        """The objective's value for an assignment predicted at ``time_ms``. For a partial
+        assignment (UNASSIGNED tensors counted uncompressed) it is a lower bound of
+        every completion's, given a lower bound ``time_ms`` of their times."""
+        if not self.objective.uses_fidelity:
+            return time_ms
+        fidelity = self.fidelity(assignment)
+        if fidelity is None:
+            raise ValueError("the effective-time objective needs the tensors' gains")
+        if fidelity < self.objective.min_fidelity - 1e-12 or fidelity <= 0:
+            return math.inf
+        return time_ms / fidelity
+
+    # -- fidelity ------------------------------------------------------------------------
+    def set_fidelity(self, gain_of: Callable[[Tensor, Option], float], shares: list[float],
+                     objective: Objective) -> None:
+        """Give every tensor its norm share and every (tensor, option) its gain, and set
+        the objective."""
+        self._gain_of = gain_of
+        self._weights = [[share * gain_of(tensor, option) ** 2 for option in self.options]
+                         + [share] for tensor, share in zip(self.tensors, shares)]
+        self.objective = objective
+
+    def fidelity(self, assignment) -> float | None:
+        """The whole gradient's gain under ``assignment`` (None: gains unknown)."""
+        if self._weights is None:
+            return None
+        return math.sqrt(sum(w[o] for w, o in zip(self._weights, assignment)))
+
+    def group_gain(self, members, option: int) -> float:
+        """The gain of ``members`` (positions) alone under ``option`` (1 if unknown)."""
+        if self._weights is None:
+            return 1.0
+        share = sum(self._weights[p][-1] for p in members)
+        if share <= 0:
+            return 1.0
+        return math.sqrt(sum(self._weights[p][option] for p in members) / share)
 
     def add_option(self, option: Option) -> int:
         """Offer one more option (a plan's own, when simulating it); its index."""
         self.options.append(option)
         self.low_rank.append(_low_rank(option))
         self._labels.append(option.label)
+        if self._weights is not None and self._gain_of is not None:
+            for tensor, weights in zip(self.tensors, self._weights):
+                weights.insert(len(weights) - 1, weights[-1] * self._gain_of(tensor, option) ** 2)
         return len(self.options) - 1
 
     def restricted(self, count: int) -> Problem:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from bytecomp.compress import from_spec
 from bytecomp.model.costs import ring_ms
-from bytecomp.profile.store import FORMAT_VERSION, Profile
+from bytecomp.profile.store import FORMAT_VERSION, TABLES, Profile
 from bytecomp.profile.sweeps import COLLECTIVES, DTYPES
 
 # (fixed ms, elements per ms) for encode and decode, GPU-like speeds.
@@ -82,8 +82,11 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
                       latency_us: float = 30.0, bandwidth_gbps: float = 10.0,
                       device: str = "cuda", name: str = "synthetic",
                       bucket_cap_mb: float = 25.0, interference: float = 0.0,
-                      intra_interference: float | None = None) -> Profile:
-    """A profile of a model with these parameter ``shapes`` (forward order)."""
+                      intra_interference: float | None = None,
+                      fidelity: bool = False) -> Profile:
+    """A profile of a model with these parameter ``shapes`` (forward order); with
+    ``fidelity``, a fidelity table from :func:`synthetic_gain` and norm shares that
+    grow with the square root of a tensor's size."""
     numels = [math.prod(shape) for _, shape in shapes]
     total = sum(numels)
     backward_ms = backward_ms if backward_ms is not None else 5.0 + total / 2e6
@@ -145,5 +148,31 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
             "interference": {"fraction": interference}}
     if intra_interference is not None:
         meta["interference"]["intra_fraction"] = intra_interference
+    gains = []
+    if fidelity:
+        weights = [math.sqrt(numel) * (1 + index % 4) for index, numel in enumerate(numels)]
+        for spec in dict.fromkeys(row["spec"] for row in compressors):
+            if from_spec(spec).name == "none":
+                continue
+            for index, ((tensor, _), weight) in enumerate(zip(shapes, weights)):
+                value = synthetic_gain(spec, index)
+                gains.append({"tensor": tensor, "spec": spec, "gain": value,
+                              "gain_p10": value, "gain_p90": value,
+                              "norm_share": weight / sum(weights)})
     return Profile(meta, pd.DataFrame(rows), pd.DataFrame(collectives), pd.DataFrame(compressors),
-                   pd.DataFrame(copies))
+                   pd.DataFrame(copies),
+                   fidelity=pd.DataFrame(gains, columns=list(TABLES["fidelity"])))
+
+
+# Typical gains (the shape of what bytecomp profile measures): casts keep nearly all,
+# low-rank and error-feedback sparsifiers a part, unscaled signs and random-k little.
+BASE_GAIN = {"fp16": 0.9999, "bf16": 0.999, "int8": 0.999, "topk": 0.6, "randomk": 0.2,
+             "dgc": 0.6, "threshold": 0.7, "qsgd": 0.7, "terngrad": 0.4, "signsgd": 0.3,
+             "signum": 0.3, "efsignsgd": 0.7, "onebit": 0.72, "powersgd": 0.85,
+             "acpsgd": 0.75, "exdyna": 0.7}
+
+
+def synthetic_gain(spec: str, index: int) -> float:
+    """A compressor's gain on the ``index``-th tensor: its base gain, higher on every
+    second and third tensor (so that tensors differ)."""
+    return round(BASE_GAIN[from_spec(spec).name] ** (1.0 / (1 + 0.5 * (index % 3))), 6)

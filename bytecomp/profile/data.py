@@ -1,0 +1,81 @@
+"""Real training data that needs no download: text that ships with Python.
+
+The character-level corpus is the source code of a fixed list of the standard
+library's own modules, read as bytes (token ids 0-255). Training windows come
+from the training modules and validation windows from separate modules, so the
+validation loss measures generalization. The text depends on the Python version
+a little (the modules change between releases); :func:`corpus_digest` names it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from bytecomp.errors import BytecompError
+
+TRAIN_MODULES = (
+    "argparse", "textwrap", "difflib", "fractions", "statistics", "string", "shlex", "csv",
+    "configparser", "calendar", "heapq", "functools", "dataclasses", "enum", "pprint",
+    "ipaddress", "json.decoder", "json.encoder", "random", "tarfile", "email.message",
+    "http.cookiejar", "logging",
+)
+VALIDATION_MODULES = ("inspect", "typing")
+VOCAB = 256  # bytes
+
+
+def _source(module: str) -> bytes:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise BytecompError(f"the text corpus needs the standard library's {module} source")
+    return Path(spec.origin).read_bytes()
+
+
+@functools.cache
+def corpus(split: str) -> torch.Tensor:
+    """The split's text as a 1-D uint8 tensor (``train`` or ``validation``)."""
+    modules = {"train": TRAIN_MODULES, "validation": VALIDATION_MODULES}.get(split)
+    if modules is None:
+        raise BytecompError(f"unknown split {split!r} (train or validation)")
+    text = b"\n".join(_source(module) for module in modules)
+    return torch.frombuffer(bytearray(text), dtype=torch.uint8)
+
+
+def corpus_digest() -> str:
+    """sha256 of both splits: which text a run trained and validated on."""
+    digest = hashlib.sha256()
+    for split in ("train", "validation"):
+        digest.update(corpus(split).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class TextWindows:
+    """``make_batch(n)``: ``n`` random windows of ``seq_len + 1`` bytes from a split, as
+    (inputs, next-byte targets). Positions come from torch's global generator (so
+    ``torch.manual_seed`` governs them, as for every built-in workload) or, with
+    ``seed``, from a generator of its own."""
+
+    def __init__(self, seq_len: int, split: str = "train", seed: int | None = None) -> None:
+        self.text = corpus(split)
+        if len(self.text) <= seq_len + 1:
+            raise BytecompError(f"seq_len={seq_len} is longer than the {split} text")
+        self.seq_len = seq_len
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
+
+    def __call__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(0, len(self.text) - self.seq_len - 1, (n,),
+                               generator=self.generator)
+        offsets = torch.arange(self.seq_len + 1)
+        windows = self.text[starts[:, None] + offsets].long()
+        return windows[:, :-1], windows[:, 1:]
+
+
+def validation_batches(seq_len: int, batch_size: int, count: int,
+                       seed: int = 1234) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A fixed set of validation batches (the same for every strategy and run)."""
+    windows = TextWindows(seq_len, "validation", seed)
+    return [windows(batch_size) for _ in range(count)]

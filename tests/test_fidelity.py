@@ -1,0 +1,239 @@
+"""Gradient fidelity: gains of known cases on real DDP gradients, the profile's table,
+and the planner's effective-time objective against brute force."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from bytecomp.compress import from_spec
+from bytecomp.errors import BytecompError
+from bytecomp.profile import load_profile, save_profile
+from bytecomp.profile.fidelity import FidelityMeter, gain
+from bytecomp.search import Planner
+from bytecomp.testing.synthetic import mlp_shapes, resnet50_shapes, synthetic_profile
+
+from ranks import run_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gain_of_known_cases():
+    x = torch.randn(1000, dtype=torch.float64)
+    assert gain(x, x) == 1.0
+    assert gain(x, torch.zeros_like(x)) == 0.0
+    assert gain(torch.zeros(10), torch.ones(10)) == 1.0  # nothing to lose
+    kept = x.clone()
+    kept[500:] = 0
+    assert gain(x, kept) == pytest.approx(math.sqrt(float(x[:500].pow(2).sum() /
+                                                         x.pow(2).sum())), rel=1e-9)
+    assert gain(x, 3 * x) == 0.0  # an error larger than the gradient: nothing delivered
+
+
+def _gains_on_ddp_gradients(rank, world):
+    """Local gradients captured from a real DDP job's buckets, and the meter's gains."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bytecomp.profile.fidelity import capture_local_gradients
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    reference = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 8))
+    reference.load_state_dict(model.state_dict())
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
+    names = {id(p): n for n, p in model.named_parameters()}
+    captured: dict = {}
+    capture_local_gradients(ddp, names, captured)
+    torch.manual_seed(100 + rank)  # each rank its own batch
+    inputs, target = torch.randn(16, 32), torch.randint(0, 8, (16,))
+    torch.nn.functional.cross_entropy(ddp(inputs), target).backward()
+    torch.nn.functional.cross_entropy(reference(inputs), target).backward()
+    local = {n: p.grad for n, p in reference.named_parameters()}
+    averaged = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for grad in local.values():
+        dist.all_reduce(grad)
+    specs = ["none", "fp16", "topk:ratio=0.1"]
+    meter = FidelityMeter(specs, {n: tuple(p.shape) for n, p in model.named_parameters()})
+    meter.observe(captured)
+    return ({n: g.clone() for n, g in captured.items()},
+            {n: (averaged[n] - local[n] / world).abs().max().item() for n in local},
+            meter.rows())
+
+
+def test_gains_on_real_ddp_buckets():
+    results = run_ranks(_gains_on_ddp_gradients, 2)
+    for captured, averaged_error, rows in results:
+        assert max(averaged_error.values()) < 1e-6  # DDP still averages after the capture
+        total = sum(float(g.pow(2).sum()) for g in captured.values())
+        by_key = {(row["tensor"], row["spec"]): row for row in rows}
+        assert sum(row["norm_share"] for row in rows if row["spec"] == "none") == \
+            pytest.approx(1.0, abs=1e-6)
+        for name, grad in captured.items():
+            flat = grad.reshape(-1)
+            assert by_key[(name, "none")]["gain"] == 1.0
+            assert by_key[(name, "fp16")]["gain"] > 0.9999
+            k = math.ceil(0.1 * flat.numel())
+            top = flat.abs().topk(k).values.pow(2).sum()
+            assert by_key[(name, "topk:ratio=0.1")]["gain"] == pytest.approx(
+                math.sqrt(float(top / flat.pow(2).sum())), abs=2e-6)
+            assert by_key[(name, "none")]["norm_share"] == pytest.approx(
+                float(flat.pow(2).sum()) / total, abs=1e-6)
+    assert results[0][0].keys() == results[1][0].keys()
+    assert any(not torch.equal(results[0][0][n], results[1][0][n]) for n in results[0][0])
+
+
+def test_random_k_gain_matches_its_expectation():
+    """Without error feedback, random-k's squared gain is the kept share of the norm:
+    in expectation 1 - (1 - 1/n)^k (indices drawn with replacement)."""
+    torch.manual_seed(1)
+    x = torch.randn(400) * torch.linspace(0.1, 3.0, 400)  # uneven magnitudes
+    spec = "randomk:ratio=0.25,ef=false"
+    squares = []
+    for salt in range(300):
+        meter = FidelityMeter([spec], {"x": (400,)})
+        meter.states[(spec, "x")]["salt"] = salt
+        meter.observe({"x": x})
+        squares.append(meter.gains[(spec, "x")][0] ** 2)
+    mean = sum(squares) / len(squares)
+    spread = (sum((s - mean) ** 2 for s in squares) / (len(squares) - 1)) ** 0.5
+    expected = 1 - (1 - 1 / 400) ** 100
+    assert abs(mean - expected) < 5 * spread / len(squares) ** 0.5
+
+
+def test_error_feedback_raises_the_gain_of_the_next_steps():
+    """With error feedback x is the compensated gradient: what top-k left behind comes
+    back, so on a steady gradient the gain after the first step is not the first's."""
+    x = torch.linspace(-1, 1, 1000)
+    meter = FidelityMeter(["topk:ratio=0.01"], {"x": (1000,)})
+    for _ in range(5):
+        meter.observe({"x": x})
+    gains = meter.gains[("topk:ratio=0.01", "x")]
+    assert gains[0] == pytest.approx(math.sqrt(float(x.abs().topk(10).values.pow(2).sum()
+                                                     / x.pow(2).sum())), rel=1e-6)
+    assert gains[1] != pytest.approx(gains[0])
+
+
+# -- the profile's table ---------------------------------------------------------------
+
+
+def test_fidelity_table_round_trips_and_is_validated(tmp_path):
+    profile = synthetic_profile(mlp_shapes(3, 64), world_size=2, fidelity=True)
+    save_profile(profile, tmp_path / "p")
+    loaded = load_profile(tmp_path / "p")
+    assert loaded.has_fidelity and len(loaded.fidelity) == len(profile.fidelity)
+    path = tmp_path / "p" / "fidelity.csv"
+    text = path.read_text().splitlines()
+    path.write_text("\n".join([text[0], text[1].replace(text[1].split(",")[2], "1.5", 1),
+                               *text[2:]]) + "\n")
+    with pytest.raises(BytecompError, match="column 'gain', row 1: must be between 0 and 1"):
+        load_profile(tmp_path / "p")
+    path.write_text("\n".join([text[0], "ghost" + text[1][text[1].index(","):], *text[2:]]))
+    with pytest.raises(BytecompError, match="'ghost' is not in tensors.csv"):
+        load_profile(tmp_path / "p")
+
+
+def test_a_profile_without_fidelity_plans_by_time_and_refuses_the_objective(tmp_path, cli):
+    old = tmp_path / "old"
+    shutil.copytree(ROOT / "profiles" / "cnn", old)
+    (old / "fidelity.csv").unlink(missing_ok=True)
+    planner = Planner(load_profile(old))
+    result = planner.search()
+    assert result.objective.name == "time" and result.fidelity is None
+    assert any("fidelity unknown" in note for note in result.notes)
+    for args in (["--objective", "effective"], ["--min-fidelity", "0.8"]):
+        failed = cli("plan", str(old), "--out", str(tmp_path / "plan.yaml"), *args)
+        assert failed.returncode == 2 and "no fidelity table" in failed.stderr
+        assert len(failed.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "plan.yaml").exists()
+
+
+# -- the objective -----------------------------------------------------------------------
+
+
+def brute_force_effective(planner: Planner, caps, min_fidelity: float) -> float:
+    """Effective time by enumeration, fidelity composed from the profile's table."""
+    problem = planner.problem
+    table = planner.profile.fidelity
+    gains = {(r.tensor, r.spec): r.gain for r in table.itertuples()}
+    shares = {r.tensor: r.norm_share for r in table.itertuples()}
+    total = sum(shares.values())
+    best = math.inf
+    for cap in caps:
+        for assignment in itertools.product(range(len(planner.searchable)),
+                                            repeat=len(problem.tensors)):
+            options = [problem.options[o] for o in assignment]
+            fidelity = math.sqrt(sum(
+                shares[t.name] / total * (gains[(t.name, o.spec)] ** 2 if o.compressed else 1)
+                for t, o in zip(problem.tensors, options)))
+            if fidelity < min_fidelity - 1e-12:
+                continue
+            time = problem.simulate(list(assignment), cap).iteration_ms
+            best = min(best, time / fidelity)
+    return best
+
+
+EFFECTIVE_INSTANCES = [
+    (mlp_shapes(2, 512), (4, 1), "cpu", ["topk:ratio=0.01", "fp16"], [1.0, 25.0]),
+    (mlp_shapes(2, 1024)[:3], (8, 2), "cuda", ["randomk:ratio=0.01", "powersgd:rank=4"], [2.0]),
+    ([("a", (700, 300)), ("b", (3000,)), ("c", (64, 64, 3, 3))], (2, 1), "cpu",
+     ["randomk:ratio=0.05", "signsgd", "qsgd:levels=16"], [0.5]),
+]
+
+
+@pytest.mark.parametrize("shapes,cluster,device,specs,caps", EFFECTIVE_INSTANCES)
+def test_effective_time_optimum_equals_brute_force(shapes, cluster, device, specs, caps):
+    world, nodes = cluster
+    for bandwidth, min_fidelity in ((0.1, 0.0), (1.0, 0.75), (10.0, 0.9)):
+        profile = synthetic_profile(shapes, world_size=world, nodes=nodes, device=device,
+                                    specs=specs, bandwidth_gbps=bandwidth, fidelity=True)
+        planner = Planner(profile, None, specs, strict=True, objective="effective",
+                          min_fidelity=min_fidelity)
+        result = planner.search(caps)
+        assert result.exact, result.algorithm
+        expected = brute_force_effective(planner, caps, min_fidelity)
+        assert result.value == pytest.approx(expected, rel=1e-9)
+        assert result.fidelity >= min_fidelity - 1e-12
+        assert result.effective_ms == pytest.approx(result.value, rel=1e-9)
+
+
+@pytest.mark.parametrize("min_fidelity", [0.5, 0.75, 0.95])
+def test_the_minimum_fidelity_is_never_violated(min_fidelity):
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=1.0,
+                                fidelity=True)
+    for specs in (None, ["randomk:ratio=0.01"], ["topk:ratio=0.01", "signsgd"]):
+        result = Planner(profile, None, specs, min_fidelity=min_fidelity).search(min_gain=0)
+        assert result.objective.name == "effective"
+        assert result.fidelity >= min_fidelity - 1e-12
+        fp32 = next(b for b in result.baselines if b.name == "fp32 DDP")
+        assert result.value <= fp32.value + 1e-9
+
+
+def test_the_time_objective_plans_as_before():
+    with_table = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, fidelity=True)
+    without = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2)
+    by_time = Planner(with_table, None, None, objective="time").search(algorithm="greedy")
+    before = Planner(without).search(algorithm="greedy")
+    assert by_time.assignment == before.assignment and by_time.time_ms == before.time_ms
+    assert by_time.fidelity is not None  # still reported
+    effective = Planner(with_table).search(algorithm="greedy")
+    assert effective.fidelity > by_time.fidelity  # the default trades some speed for it
+    assert effective.time_ms >= by_time.time_ms - 1e-9
+
+
+def test_one_compressor_keeps_espresso_s_guarantee():
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=1.0,
+                                fidelity=True)
+    result = Planner(profile, None, ["topk:ratio=0.01"]).search()
+    used = {result.problem.options[o].spec for o in result.assignment}
+    assert used <= {"none", "topk:ratio=0.01"}
+    everywhere = next(b for b in result.baselines if b.name.startswith("topk"))
+    assert result.fidelity >= everywhere.fidelity - 1e-12
+    assert any("at least that of topk:ratio=0.01" in note for note in result.notes)
+    assert from_spec("topk:ratio=0.01").name == "topk"
