@@ -295,9 +295,12 @@ def simulate(
 def bench(
     profile: str = typer.Argument(..., help="Profile directory the plan was made from."),
     plan_file: str = typer.Option(..., "--plan", help="The plan to measure."),
-    out: str = typer.Option("bench", help="Output directory (bench.csv, bench.md)."),
-    compressor: str = typer.Option(None, help="Compressor for the 'on every tensor' baseline "
-                                   "(default: the plan's first, else topk:ratio=0.01)."),
+    out: str = typer.Option("bench", help="Output directory (bench.csv, bench.md; with "
+                            "--train-steps also curves.csv, convergence.csv, convergence.png)."),
+    compressor: list[str] = typer.Option(None, help="Compressor for an 'on every tensor' "
+                                         "baseline (repeatable; default: the plan's first, "
+                                         "else topk:ratio=0.01; with --train-steps every "
+                                         "compressor in the profile)."),
     cluster: str = typer.Option(None, help="Cluster config of this job, for the predictions "
                                 "(default: the profiled cluster)."),
     iterations: int = typer.Option(10, min=1, help="Measured iterations per strategy."),
@@ -305,14 +308,27 @@ def bench(
     nproc: int = typer.Option(None, help="Local ranks to spawn (leave out under torchrun or "
                               "bytecomp emulate)."),
     force: bool = typer.Option(False, help="Replace an existing output directory."),
+    train_steps: int = typer.Option(0, min=0, help="Also train every strategy this many steps "
+                                    "from the same weights and data, and report the time to "
+                                    "a target validation loss (0: timing only)."),
+    eval_every: int = typer.Option(25, min=1, help="Steps between validation losses."),
+    to_loss: float = typer.Option(None, help="Target validation loss (default: fp32 DDP's "
+                                  "loss at 60% of --train-steps)."),
+    lr: float = typer.Option(1e-3, help="Adam's learning rate for --train-steps."),
 ):
-    """Measure the plan and the baselines for real, beside the model's predictions."""
-    from bytecomp.bench import BenchConfig, run_bench
+    """Measure the plan and the baselines for real, beside the model's predictions; with
+    --train-steps, also their time to a target validation loss."""
+    from bytecomp.bench import BenchConfig, ConvergenceConfig, run_bench
 
     if nproc is not None and nproc < 1:
         raise BytecompError(f"--nproc must be at least 1, got {nproc}")
-    run_bench(BenchConfig(profile, plan_file, out, compressor, cluster, iterations, warmup,
-                          force), nproc)
+    _require_positive("--lr", lr)
+    if to_loss is not None and not math.isfinite(to_loss):
+        raise BytecompError(f"--to-loss must be a finite number, got {to_loss:g}")
+    convergence = ConvergenceConfig(train_steps, min(eval_every, train_steps), to_loss, lr) \
+        if train_steps else None
+    run_bench(BenchConfig(profile, plan_file, out, compressor or [], cluster, iterations, warmup,
+                          force, convergence), nproc)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
 from bytecomp.errors import BytecompError
+from bytecomp.profile.data import TeacherTask
 from bytecomp.profile.workloads import load_workload
 
 
@@ -52,16 +53,10 @@ class TrainConfig:
 
 
 def teacher_batch(step: int, rank: int, config: TrainConfig, inputs: int, classes: int):
-    """A batch labelled by a fixed random teacher, with ``label_noise`` flipped labels."""
-    teacher = torch.Generator().manual_seed(1234)
-    w1 = torch.randn(inputs, 64, generator=teacher) / inputs ** 0.5
-    w2 = torch.randn(64, classes, generator=teacher) / 8
+    """Step ``step``'s batch on ``rank``: labelled by a fixed random teacher, with
+    ``label_noise`` flipped labels, drawn from a generator seeded by (seed, rank, step)."""
     draw = torch.Generator().manual_seed(config.seed * 1_000_003 + rank * 10_007 + step)
-    x = torch.randn(config.batch_size, inputs, generator=draw)
-    labels = (torch.tanh(x @ w1) @ w2).argmax(dim=1)
-    flip = torch.rand(config.batch_size, generator=draw) < config.label_noise
-    noise = torch.randint(0, classes, (config.batch_size,), generator=draw)
-    return x, torch.where(flip, noise, labels)
+    return TeacherTask(inputs, classes, config.label_noise).draw(config.batch_size, draw)
 
 
 def _save_atomic(state: dict, path: str) -> None:

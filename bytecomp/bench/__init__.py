@@ -1,5 +1,6 @@
 """``bytecomp bench``: measured iteration times of a plan and the baselines, and the
-model's prediction error.
+model's prediction error; with a ConvergenceConfig, their time to a target validation
+loss.
 
 >>> run_bench(BenchConfig(profile="profiles/cnn", plan="plan.yaml", out="bench"), nproc=2)
 """
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from bytecomp.bench.convergence import ConvergenceConfig
 from bytecomp.bench.runner import BenchConfig, bench_rank
 from bytecomp.files import check_new_directory
 from bytecomp.launch import run_job
@@ -31,4 +33,4 @@ def run_bench(config: BenchConfig, nproc: int | None = None, timeout_s: float = 
     return out
 
 
-__all__ = ["BenchConfig", "run_bench"]
+__all__ = ["BenchConfig", "ConvergenceConfig", "run_bench"]

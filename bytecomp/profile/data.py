@@ -79,3 +79,33 @@ def validation_batches(seq_len: int, batch_size: int, count: int,
     """A fixed set of validation batches (the same for every strategy and run)."""
     windows = TextWindows(seq_len, "validation", seed)
     return [windows(batch_size) for _ in range(count)]
+
+
+class TeacherTask:
+    """A classification task with a learnable signal, generated offline: Gaussian inputs
+    labelled by a fixed random teacher network (``tanh(x W1) W2``, argmax), with
+    ``label_noise`` of the labels replaced by random classes (so the loss has a floor
+    above zero). ``make_batch(n)`` draws from torch's global generator."""
+
+    def __init__(self, inputs: int, classes: int, label_noise: float = 0.1,
+                 teacher_seed: int = 1234) -> None:
+        teacher = torch.Generator().manual_seed(teacher_seed)
+        self.w1 = torch.randn(inputs, 64, generator=teacher) / inputs ** 0.5
+        self.w2 = torch.randn(64, classes, generator=teacher) / 8
+        self.inputs, self.classes, self.label_noise = inputs, classes, label_noise
+
+    def draw(self, n: int, generator: torch.Generator | None = None):
+        """``n`` labelled examples from ``generator`` (default: the global one)."""
+        x = torch.randn(n, self.inputs, generator=generator)
+        labels = (torch.tanh(x @ self.w1) @ self.w2).argmax(dim=1)
+        flip = torch.rand(n, generator=generator) < self.label_noise
+        noise = torch.randint(0, self.classes, (n,), generator=generator)
+        return x, torch.where(flip, noise, labels)
+
+    def __call__(self, n: int):
+        return self.draw(n)
+
+    def validation(self, batch_size: int, count: int, seed: int = 4321) -> list[tuple]:
+        """Fixed held-out batches."""
+        generator = torch.Generator().manual_seed(seed)
+        return [self.draw(batch_size, generator) for _ in range(count)]

@@ -36,7 +36,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from bytecomp.errors import BytecompError
-from bytecomp.profile.data import VOCAB, TextWindows, corpus_digest
+from bytecomp.profile.data import (
+    VOCAB,
+    TeacherTask,
+    TextWindows,
+    corpus_digest,
+    validation_batches,
+)
 
 
 @dataclass
@@ -54,6 +60,15 @@ class Workload:
         if self.loss_fn is not None:
             return self.loss_fn(output, target)
         return default_loss(output, target)
+
+    def validation(self, batch_size: int, count: int = 8) -> list[tuple] | None:
+        """Fixed held-out batches (the same on every call), or None where the workload
+        has no real data to validate on (generated inputs)."""
+        if isinstance(self.make_batch, TextWindows):
+            return validation_batches(self.make_batch.seq_len, batch_size, count)
+        if isinstance(self.make_batch, TeacherTask):
+            return self.make_batch.validation(batch_size, count)
+        return None
 
 
 def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -136,9 +151,7 @@ class LSTMLanguageModel(nn.Module):
 
 
 def _mlp(inputs=512, width=1024, depth=4, classes=10):
-    def batch(n):
-        return torch.randn(n, inputs), torch.randint(0, classes, (n,))
-    return MLP(inputs, width, depth, classes), batch, 64
+    return MLP(inputs, width, depth, classes), TeacherTask(inputs, classes), 64
 
 
 def _cnn(width=32, classes=10):
@@ -255,6 +268,8 @@ def data_source(workload: Workload) -> str:
     """What the workload trains on, for a profile's record."""
     if isinstance(workload.make_batch, TextWindows):
         return f"text: the standard library's source as bytes (corpus {corpus_digest()})"
+    if isinstance(workload.make_batch, TeacherTask):
+        return "generated: Gaussian inputs labelled by a fixed random teacher, 10% label noise"
     return "generated" if workload.name in BUILTINS else "the factory's make_batch"
 
 

@@ -1,0 +1,124 @@
+"""Time to accuracy: what a user buys is a trained model sooner, not faster iterations.
+
+Every strategy (fp32 DDP, the fp16 and PowerSGD hooks, each compressor on every
+tensor, the plan) trains from the same initial weights on the same batches (the
+batch of step s on rank r is drawn after seeding with (seed, r, s), whatever the
+strategy), strategies interleaved step by step. Every ``eval_every`` steps the
+validation loss on fixed held-out batches is recorded. The target is
+``to_loss``, or else fp32 DDP's validation loss at ``target_fraction`` of its
+steps. Steps to target come from the loss curve; time to target is steps x the
+strategy's iteration time measured by the interleaved timing bench (under
+``bytecomp emulate``, on the shaped links). The loss curve does not depend on the
+link, so training runs at full speed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from bytecomp.profile.training import to_device
+
+DIVERGED = float("inf")
+
+
+@dataclass
+class ConvergenceConfig:
+    train_steps: int
+    eval_every: int
+    to_loss: float | None = None
+    lr: float = 1e-3
+    seed: int = 0
+    target_fraction: float = 0.6
+    validation_batches: int = 8
+
+
+def training_optimizer(lr: float):
+    """Adam, the optimizer the convergence runs train with."""
+    def make(parameters) -> torch.optim.Optimizer:
+        return torch.optim.Adam(parameters, lr=lr)
+    return make
+
+
+def _batch(workload, batch_size: int, device, seed: int, step: int):
+    """Step ``step``'s batch on this rank: the same for every strategy."""
+    state = torch.get_rng_state()
+    torch.manual_seed(seed * 1_000_003 + dist.get_rank() * 7_919 + step)
+    try:
+        return to_device(workload.make_batch(batch_size), device)
+    finally:
+        torch.set_rng_state(state)
+
+
+@torch.no_grad()
+def validation_loss(ddp, workload, batches) -> float:
+    module = ddp.module
+    was_training = module.training
+    module.eval()
+    total = sum(float(workload.loss(module(*inputs), target)) for inputs, target in batches)
+    module.train(was_training)
+    return total / len(batches)
+
+
+def train_curves(strategies, workload, batch_size: int, device, config: ConvergenceConfig,
+                 validation, progress=None) -> list[list[tuple[int, float]]]:
+    """Each strategy's (step, validation loss) at step 0 and every ``eval_every`` steps; a
+    strategy whose loss stops being finite is stopped and its curve ends in ``inf``."""
+    batches = [to_device(b, device) for b in validation]
+    curves = [[(0, validation_loss(s.ddp, workload, batches))] for s in strategies]
+    alive = [True] * len(strategies)
+    for step in range(1, config.train_steps + 1):
+        inputs, target = _batch(workload, batch_size, device, config.seed, step)
+        for index, strategy in enumerate(strategies):
+            if not alive[index]:
+                continue
+            loss = workload.loss(strategy.ddp(*inputs), target)
+            loss.backward()
+            strategy.optimizer.step()
+            strategy.optimizer.zero_grad()
+            # every rank must agree on stopping: the executors' collectives must pair up
+            finite = torch.tensor([1.0 if math.isfinite(loss.item()) else 0.0])
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+            if finite.item() < 1:
+                alive[index] = False
+                curves[index].append((step, DIVERGED))
+        if step % config.eval_every == 0 or step == config.train_steps:
+            for index, strategy in enumerate(strategies):
+                if alive[index]:
+                    value = validation_loss(strategy.ddp, workload, batches)
+                    if not math.isfinite(value):
+                        alive[index], value = False, DIVERGED
+                    curves[index].append((step, value))
+        if progress:
+            progress()
+    return curves
+
+
+def loss_at(curve: list[tuple[int, float]], step: float) -> float:
+    """The validation loss at ``step``, linear between evaluations."""
+    for (s0, l0), (s1, l1) in zip(curve, curve[1:]):
+        if s0 <= step <= s1:
+            return l0 if s1 == s0 else l0 + (l1 - l0) * (step - s0) / (s1 - s0)
+    return curve[-1][1]
+
+
+def steps_to(curve: list[tuple[int, float]], target: float) -> float | None:
+    """The first step at which the loss reaches ``target`` (linear between evaluations),
+    or None if it never does."""
+    if curve[0][1] <= target:
+        return 0.0
+    for (s0, l0), (s1, l1) in zip(curve, curve[1:]):
+        if l1 <= target and math.isfinite(l1):
+            return s1 if l0 == l1 or not math.isfinite(l0) else s0 + (s1 - s0) * (l0 - target) / (l0 - l1)
+    return None
+
+
+def target_loss(curves: list[list[tuple[int, float]]], config: ConvergenceConfig) -> float:
+    """``to_loss``, or else the first curve's (fp32 DDP's) loss at ``target_fraction`` of
+    the steps."""
+    if config.to_loss is not None:
+        return config.to_loss
+    return loss_at(curves[0], config.target_fraction * config.train_steps)

@@ -1,0 +1,61 @@
+"""``bytecomp bench --train-steps``: time to a target validation loss, on 2 gloo ranks."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from bytecomp.bench.convergence import ConvergenceConfig, loss_at, steps_to, target_loss
+from bytecomp.profile.workloads import load_workload
+
+MLP = "mlp:inputs=16,width=32,depth=2"
+
+
+def test_curve_arithmetic():
+    curve = [(0, 3.0), (10, 2.0), (20, 1.0), (30, 1.5)]
+    assert loss_at(curve, 15) == pytest.approx(1.5)
+    assert steps_to(curve, 1.5) == pytest.approx(15)
+    assert steps_to(curve, 3.5) == 0.0
+    assert steps_to(curve, 0.5) is None
+    assert steps_to([(0, 3.0), (10, float("inf"))], 1.0) is None
+    config = ConvergenceConfig(train_steps=30, eval_every=10)
+    assert target_loss([curve], config) == pytest.approx(loss_at(curve, 18))
+    assert target_loss([curve], ConvergenceConfig(30, 10, to_loss=2.5)) == 2.5
+
+
+def test_only_workloads_with_real_data_validate():
+    assert load_workload(MLP).validation(8, 2) is not None  # the teacher task
+    assert load_workload("transformer:layers=1,width=32,heads=2,seq_len=16").validation(4, 2)
+    assert load_workload("cnn").validation(8, 2) is None  # random images
+
+
+def test_time_to_accuracy_on_mlp(tmp_path, cli):
+    profile, plan, out = tmp_path / "profile", tmp_path / "plan.yaml", tmp_path / "bench"
+    done = cli("profile", "--model", MLP, "--nproc", "2", "--quick", "--out", profile,
+               "--compressor", "topk:ratio=0.05", "--compressor", "fp16",
+               "--compressor", "powersgd:rank=2")
+    assert done.returncode == 0, done.stderr
+    assert (profile / "fidelity.csv").exists()
+    done = cli("plan", profile, "--out", plan)
+    assert done.returncode == 0, done.stderr
+    done = cli("bench", profile, "--plan", plan, "--nproc", "2", "--out", out, "--iterations",
+               "3", "--warmup", "2", "--train-steps", "30", "--eval-every", "10")
+    assert done.returncode == 0, done.stderr
+    convergence = pd.read_csv(out / "convergence.csv")
+    names = list(convergence.strategy)
+    assert names[0] == "fp32 DDP" and "bytecomp plan" in names
+    assert {"topk:ratio=0.05 on every tensor", "fp16 on every tensor"} <= set(names)
+    assert "compute only (no communication)" not in names
+    fp32 = convergence.iloc[0]
+    assert 0 < fp32.steps_to_target <= 18 + 1e-9  # its own loss at 60% of 30 steps
+    assert fp32.time_to_target_s == pytest.approx(fp32.steps_to_target * fp32.iteration_ms
+                                                  / 1000)
+    curves = pd.read_csv(out / "curves.csv")
+    first = curves[curves.strategy == "fp32 DDP"]
+    assert list(first.step) == [0, 10, 20, 30]
+    assert first.validation_loss.iloc[-1] < first.validation_loss.iloc[0]  # it learns
+    # same weights and data: fp16 on every tensor follows fp32 closely
+    fp16 = curves[curves.strategy == "fp16 on every tensor"].validation_loss.to_numpy()
+    assert fp16 == pytest.approx(first.validation_loss.to_numpy(), rel=1e-2)
+    assert curves[curves.step == 0].validation_loss.nunique() == 1  # one initial model
+    assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
