@@ -1,4 +1,74 @@
+"""Shared test setup: the tests directory on ``sys.path``, and the ``cli`` fixture."""
+
+import contextlib
+import io
 import os
+import shlex
+import subprocess
 import sys
+import warnings
+
+import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# Warnings a fresh interpreter does not print (Python's default filters).
+SILENT_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
+@contextlib.contextmanager
+def working_directory(path):
+    """Run the block in ``path`` (``None``: where we are), then come back."""
+    previous = os.getcwd()
+    if path is not None:
+        os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    """``cli(*args, cwd=None)``: run ``bytecomp ARGS`` in this process, through the console
+    script's entry point, and return what a subprocess would (``CompletedProcess``:
+    returncode, stdout, stderr; warnings go to stderr, as an interpreter prints them).
+
+    On the command line an exception escaping ``main`` would be a traceback: here it
+    fails the test, with that traceback.
+    """
+    from bytecomp.cli import main
+
+    monkeypatch.setenv("COLUMNS", "160")  # rich reads it at print time: no wrapped tables
+    monkeypatch.delenv("TERM", raising=False)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # typer replaces it
+
+    def run(*args, cwd=None) -> subprocess.CompletedProcess:
+        argv = [str(arg) for arg in args]
+        monkeypatch.setattr(sys, "argv", ["bytecomp", *argv])
+        stdout, stderr = io.StringIO(), io.StringIO()
+        code = 0
+        with working_directory(cwd), contextlib.redirect_stdout(stdout), \
+                contextlib.redirect_stderr(stderr), warnings.catch_warnings(record=True) as caught:
+            warnings.resetwarnings()
+            for category in SILENT_BY_DEFAULT:
+                warnings.filterwarnings("ignore", category=category)
+            try:
+                main(argv)
+            except SystemExit as done:
+                code = done.code
+            except Exception as error:
+                raise AssertionError(f"`bytecomp {shlex.join(argv)}` raised {error!r}: on the "
+                                     f"command line, a traceback") from error
+        for warning in caught:
+            stderr.write(warnings.formatwarning(warning.message, warning.category,
+                                                warning.filename, warning.lineno, warning.line))
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):  # sys.exit("message"), as the interpreter does it
+            stderr.write(f"{code}\n")
+            code = 1
+        return subprocess.CompletedProcess(["bytecomp", *argv], code, stdout.getvalue(),
+                                           stderr.getvalue())
+
+    return run

@@ -1,20 +1,30 @@
 """Spawn real gloo ranks on localhost for multi-rank tests.
 
-``run_ranks(fn, world_size, *args)`` starts ``world_size`` processes, initializes
-a gloo process group on a free port in each, calls ``fn(rank, world_size,
-*args)`` and returns the per-rank results. A failing rank fails the test with
-its traceback; the others are stopped, so nothing hangs.
+``run_ranks(fn, world_size, *args)`` calls ``fn(rank, world_size, *args)`` on
+``world_size`` processes with a gloo process group up, and returns the per-rank
+results. A failing rank fails the test with its traceback; the others are
+stopped, so nothing hangs.
+
+The ranks stay up for the next call with the same world size and ``env``: a
+spawn costs seconds (every rank imports torch), a call on live ranks next to
+nothing. Each call gets a fresh torch seed and the caller's ``sys.path``, as a
+new process would; after any failure the ranks are stopped, and the next call
+spawns new ones, so no call runs on a broken group.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import multiprocessing
 import os
+import pickle
 import queue
 import socket
+import sys
 import time
 import traceback
+from multiprocessing.reduction import ForkingPickler
 
 
 def free_port() -> int:
@@ -23,7 +33,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_main(fn, rank, world_size, port, args, results, env):
+def _rank_main(rank, world_size, port, env, tasks, results):
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
@@ -34,48 +44,109 @@ def _rank_main(fn, rank, world_size, port, args, results, env):
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=60))
-        value = fn(rank, world_size, *args)
-        results.put((rank, True, value))
+        for task in iter(tasks.get, None):
+            try:
+                path, fn, args = pickle.loads(task)
+                sys.path[:] = path
+                torch.seed()
+                results.put((rank, True, fn(rank, world_size, *args)))
+            except BaseException:
+                results.put((rank, False, traceback.format_exc()))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    results.close()
+    results.join_thread()
+    os._exit(0)  # the results are sent: skip the interpreter's teardown (most of a second)
 
 
-def run_ranks(fn, world_size: int, *args, timeout: float = 300, env: dict | None = None) -> list:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks."""
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = free_port()
-    processes = [
-        context.Process(target=_rank_main, args=(fn, rank, world_size, port, args, results,
-                                                 dict(env or {})), daemon=True)
-        for rank in range(world_size)
-    ]
-    for process in processes:
-        process.start()
-    values: dict[int, object] = {}
-    deadline = time.monotonic() + timeout
-    try:
+class _Ranks:
+    """``world_size`` live ranks, each waiting for the next function to run."""
+
+    def __init__(self, world_size: int, env: dict) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.results = context.Queue()
+        self.tasks = [context.Queue() for _ in range(world_size)]
+        port = free_port()
+        self.processes = [
+            context.Process(target=_rank_main, daemon=True,
+                            args=(rank, world_size, port, env, self.tasks[rank], self.results))
+            for rank in range(world_size)
+        ]
+        for process in self.processes:
+            process.start()
+
+    def alive(self) -> bool:
+        return all(process.is_alive() for process in self.processes)
+
+    def call(self, fn, args: tuple, timeout: float) -> list:
+        """``fn(rank, world_size, *args)`` on every rank; on any failure, stop the ranks."""
+        task = bytes(ForkingPickler.dumps((list(sys.path), fn, args)))  # fails here, not there
+        try:
+            for tasks in self.tasks:
+                tasks.put(task)
+            return self._collect(timeout)
+        except BaseException:
+            self.stop(wait=0)
+            raise
+
+    def _collect(self, timeout: float) -> list:
+        world_size = len(self.processes)
+        values: dict[int, object] = {}
+        deadline = time.monotonic() + timeout
         while len(values) < world_size:
             try:
-                rank, ok, value = results.get(timeout=0.5)
+                rank, ok, value = self.results.get(timeout=0.5)
             except queue.Empty:
-                dead = [r for r, p in enumerate(processes)
-                        if p.exitcode not in (None, 0) and r not in values]
-                if dead:
-                    raise AssertionError(f"rank {dead[0]} died with exit code "
-                                         f"{processes[dead[0]].exitcode}") from None
+                dead = [r for r, p in enumerate(self.processes) if p.exitcode is not None]
                 if time.monotonic() > deadline:
                     raise AssertionError(f"ranks timed out after {timeout} s") from None
-                continue
+                if not dead:
+                    continue
+                try:  # its own report may still be in flight
+                    rank, ok, value = self.results.get(timeout=1)
+                except queue.Empty:
+                    raise AssertionError(f"rank {dead[0]} died with exit code "
+                                         f"{self.processes[dead[0]].exitcode}") from None
             if not ok:
                 raise AssertionError(f"rank {rank} failed:\n{value}")
             values[rank] = value
-    finally:
-        for process in processes:
-            process.join(timeout=5)
+        return [values[rank] for rank in range(world_size)]
+
+    def stop(self, wait: float = 5) -> None:
+        """Let idle ranks leave the group (``wait`` seconds), then end the rest."""
+        if wait:
+            for tasks in self.tasks:
+                tasks.put(None)
+        for process in self.processes:
+            process.join(timeout=wait)
             if process.is_alive():
                 process.terminate()
-    return [values[rank] for rank in range(world_size)]
+                process.join(timeout=5)
+
+
+_live: dict[tuple, _Ranks] = {}
+
+
+@atexit.register
+def _stop_all() -> None:
+    while _live:
+        _live.popitem()[1].stop()
+
+
+def run_ranks(fn, world_size: int, *args, timeout: float = 300, env: dict | None = None) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks."""
+    key = (world_size, tuple(sorted((env or {}).items())))
+    ranks = _live.pop(key, None)
+    if ranks is not None and not ranks.alive():
+        ranks.stop(wait=0)
+        ranks = None
+    if ranks is None:
+        ranks = _Ranks(world_size, dict(env or {}))
+    values = ranks.call(fn, args, timeout)
+    _live[key] = ranks
+    return values

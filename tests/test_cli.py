@@ -1,4 +1,7 @@
-"""The command line: output of each command and one-line errors with exit code 2."""
+"""The command line: output of each command and one-line errors with exit code 2.
+
+The commands run in this process (the ``cli`` fixture); one test runs a real process.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import os
 import stat
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,6 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import check_output_file, read_text_file, write_text_atomic
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "cnn")
-
-
-def bytecomp(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bytecomp", *args], capture_output=True,
-                          text=True, cwd=cwd, env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"})
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -31,8 +28,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
         assert fragment in lines[0], lines[0]
 
 
-def test_compressors_lists_every_compressor_with_payload_and_ratio():
-    result = bytecomp("compressors")
+def test_compressors_lists_every_compressor_with_payload_and_ratio(cli):
+    result = cli("compressors")
     assert result.returncode == 0, result.stderr
     for name in ("none", "fp16", "topk", "powersgd", "acpsgd", "exdyna", "signsgd"):
         assert f" {name} " in result.stdout
@@ -40,24 +37,32 @@ def test_compressors_lists_every_compressor_with_payload_and_ratio():
     assert "32.0x" in result.stdout      # one bit per element
 
 
-def test_compressors_accepts_specs():
-    result = bytecomp("compressors", "topk:ratio=0.001")
+def test_compressors_accepts_specs(cli):
+    result = cli("compressors", "topk:ratio=0.001")
     assert result.returncode == 0 and "ratio=0.001" in result.stdout
 
 
-def test_bad_spec_is_one_line_and_exit_code_2():
-    assert_one_line_error(bytecomp("compressors", "topk:ratio=2"), "ratio=2", "0 < ratio <= 1")
-    assert_one_line_error(bytecomp("compressors", "zip"), "unknown compressor 'zip'", "topk")
+def test_bad_spec_is_one_line_and_exit_code_2(cli):
+    assert_one_line_error(cli("compressors", "topk:ratio=2"), "ratio=2", "0 < ratio <= 1")
+    assert_one_line_error(cli("compressors", "zip"), "unknown compressor 'zip'", "topk")
 
 
-def test_parse_errors_are_one_line_with_a_pointer_to_help():
-    assert_one_line_error(bytecomp("compressors", "--numel", "0"), "--numel",
+def test_parse_errors_are_one_line_with_a_pointer_to_help(cli):
+    assert_one_line_error(cli("compressors", "--numel", "0"), "--numel",
                           "bytecomp compressors --help")
-    assert_one_line_error(bytecomp("plan", PROFILE, "--bogus"), "No such option: --bogus")
-    assert_one_line_error(bytecomp("plan"), "Missing argument")
+    assert_one_line_error(cli("plan", PROFILE, "--bogus"), "No such option: --bogus")
+    assert_one_line_error(cli("plan"), "Missing argument")
 
 
-def test_bad_values_and_unusable_paths_fail_before_any_work(tmp_path):
+def test_a_real_process_prints_a_parse_error_as_one_line():
+    """The ``cli`` fixture's path, once as a process: ``python -m bytecomp``."""
+    result = subprocess.run([sys.executable, "-m", "bytecomp", "compressors", "--numel", "0"],
+                            capture_output=True, text=True,
+                            env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert_one_line_error(result, "--numel", "bytecomp compressors --help")
+
+
+def test_bad_values_and_unusable_paths_fail_before_any_work(cli, tmp_path):
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     binary = tmp_path / "binary.yaml"
@@ -82,18 +87,16 @@ def test_bad_values_and_unusable_paths_fail_before_any_work(tmp_path):
         (("bench", PROFILE, "--plan", str(binary), "--out", str(tmp_path / "b")),
          "is not a text file"),
     ]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # a CLI start is ~2 s
-        results = list(pool.map(lambda case: bytecomp(*case[0], cwd=tmp_path), cases))
-    for (_, fragment), result in zip(cases, results):
-        assert_one_line_error(result, fragment)
+    for args, fragment in cases:
+        assert_one_line_error(cli(*args, cwd=tmp_path), fragment)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.yaml", "file.txt"]
 
 
-def test_simulate_checks_every_output_before_writing_any(tmp_path):
+def test_simulate_checks_every_output_before_writing_any(cli, tmp_path):
     trace = tmp_path / "trace.json"
     (tmp_path / "file.txt").write_text("x")
-    result = bytecomp("simulate", PROFILE, "plan.yaml", "--trace", str(trace), "--png",
-                      str(tmp_path / "file.txt" / "gantt.png"), cwd=tmp_path)
+    result = cli("simulate", PROFILE, "plan.yaml", "--trace", str(trace), "--png",
+                 str(tmp_path / "file.txt" / "gantt.png"), cwd=tmp_path)
     assert_one_line_error(result, "--png", "is a file, not a directory")
     assert not trace.exists()
 

@@ -17,8 +17,10 @@ import bytecomp  # noqa: E402
 from bytecomp.comm.schemes import supported_schemes  # noqa: E402
 from bytecomp.compress import default_specs, from_spec  # noqa: E402
 from bytecomp.errors import BytecompError  # noqa: E402
-from bytecomp.model.strategy import Option  # noqa: E402
-from bytecomp.plan import plan_for_model  # noqa: E402
+from bytecomp.plan import (
+    Option,  # noqa: E402
+    plan_for_model,  # noqa: E402
+)
 from bytecomp.profile.workloads import load_workload  # noqa: E402
 
 from ranks import run_ranks  # noqa: E402
@@ -54,7 +56,7 @@ def fp32_plan_difference(rank, world, collective, nodes, native):
     planned = load_workload("mlp:width=256,depth=3")
     ddp_reference = DistributedDataParallel(reference.model, bucket_cap_mb=1)
     ddp_planned = DistributedDataParallel(planned.model, bucket_cap_mb=1)
-    plan = plan_for_model(planned.model, lambda n, p: Option(None, "device", collective), world,
+    plan = plan_for_model(planned.model, lambda n, p: Option("none", "device", collective), world,
                           nodes, bucket_cap_mb=1)
     executor = bytecomp.apply_plan(ddp_planned, plan, native=native)
     assert executor.native == (native and collective == "allreduce")
@@ -143,7 +145,7 @@ def example_run(rank, world, plans, tmp):
 
 
 def test_topk_with_error_feedback_reaches_the_fp32_loss(tmp_path):
-    plans = {"fp32": Option(None), "topk": Option("topk:ratio=0.01", "device", "allgather")}
+    plans = {"fp32": Option("none"), "topk": Option("topk:ratio=0.01", "device", "allgather")}
     losses = run_ranks(example_run, 2, plans, str(tmp_path))[0]
     relative = abs(losses["topk"] - losses["fp32"]) / losses["fp32"]
     assert relative <= 0.05, (f"final loss (mean of the last 100 of 600 steps): top-k 1% with "
@@ -222,7 +224,7 @@ def test_mismatched_plans_fail_clearly_on_every_rank(case, message):
 def unplanned_tensor(rank, world):
     workload = load_workload(SMALL)
     smaller = load_workload("mlp:inputs=32,width=64,depth=1").model  # lacks hidden.1
-    plan = plan_for_model(smaller, lambda n, p: Option(None), world)
+    plan = plan_for_model(smaller, lambda n, p: Option("none"), world)
     plan.entries = [e for e in plan.entries if e.name in dict(workload.model.named_parameters())]
     errors = []
     try:

@@ -16,9 +16,9 @@ from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import load_cluster
 from bytecomp.plan import load_plan, plan_from_dict
 from bytecomp.profile import load_profile
-from bytecomp.profile.synthetic import mlp_shapes, resnet50_shapes, synthetic_profile
 from bytecomp.search import Planner, simulate_plan, to_plan
 from bytecomp.search.tree import build_tree, options_of
+from bytecomp.testing.synthetic import mlp_shapes, resnet50_shapes, synthetic_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,11 +77,22 @@ def test_search_finds_the_brute_force_optimum_on_small_instances(shapes, cluster
 def test_plan_is_never_predicted_slower_than_a_baseline(bandwidth, nodes):
     profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=nodes,
                                 bandwidth_gbps=bandwidth)
-    for specs in (["topk:ratio=0.01"], None):
-        result = Planner(profile, None, specs).search()
-        assert all(result.time_ms <= b.time_ms + 1e-9 for b in result.baselines)
+    for specs in (["topk:ratio=0.01"], ["topk:ratio=0.01", "fp16"], None):
+        planner = Planner(profile, None, specs)
+        result = planner.search()
+        # with one compressor the plan may only use it (Espresso's accuracy guarantee): it
+        # must beat the baselines it can express, fp32 DDP and that compressor everywhere
+        searchable = set(planner.searchable)
+        rivals = [b for b in result.baselines if specs is None or len(specs) > 1
+                  or set(b.assignment) <= searchable]
+        assert len(rivals) >= (2 if specs and len(specs) == 1 else len(result.baselines))
+        assert all(result.time_ms <= b.time_ms + 1e-9 for b in rivals)
         assert result.lower_bound_ms <= result.time_ms
         assert 0 <= result.gap < 1
+        if specs and len(specs) == 1:
+            used = {result.problem.options[o].spec for o in result.assignment}
+            assert used <= {"none", "topk:ratio=0.01"}
+            assert any("at least that of topk:ratio=0.01" in n for n in result.notes)
 
 
 def test_a_plan_not_faster_than_fp32_ddp_by_min_gain_does_not_compress():
@@ -96,23 +107,44 @@ def test_a_plan_not_faster_than_fp32_ddp_by_min_gain_does_not_compress():
     assert "fp32 DDP baseline kept" in kept.algorithm
 
 
+# top-k with the fp16 and PowerSGD hooks' methods as candidates too (one --compressor alone
+# would restrict the plan to top-k)
+TOPK_AND_BASELINES = ["topk:ratio=0.01", "fp16", "powersgd:rank=4"]
+
+
 def test_a_plan_not_faster_than_the_best_baseline_by_min_gain_is_that_baseline(tmp_path):
     profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=10.0)
-    searched = Planner(profile, None, ["topk:ratio=0.01"]).search()
+    searched = Planner(profile, None, TOPK_AND_BASELINES).search()
     best = min(searched.baselines, key=lambda b: b.time_ms)
     gain = 1 - searched.time_ms / best.time_ms
     assert gain > 0.005  # the search does beat the baseline here, by a little
-    just_above = Planner(profile, None, ["topk:ratio=0.01"]).search(min_gain=gain * 1.5)
+    just_above = Planner(profile, None, TOPK_AND_BASELINES).search(min_gain=gain * 1.5)
     assert just_above.time_ms == pytest.approx(best.time_ms)
     assert just_above.assignment == best.assignment and just_above.cap_mb == best.cap_mb
     assert "baseline kept" in just_above.algorithm
     assert any(best.name in note for note in just_above.notes)
-    just_below = Planner(profile, None, ["topk:ratio=0.01"]).search(min_gain=gain * 0.5)
+    just_below = Planner(profile, None, TOPK_AND_BASELINES).search(min_gain=gain * 0.5)
     assert just_below.time_ms == pytest.approx(searched.time_ms, rel=0.02)
     plan = to_plan(just_above, profile)
     plan.save(tmp_path / "plan.yaml")
     assert load_plan(tmp_path / "plan.yaml").predicted_ms["plan"] == pytest.approx(best.time_ms,
                                                                                rel=1e-4)
+
+
+def test_each_search_has_its_own_notes():
+    """Notes belong to one search's result: a later search on the same planner neither
+    repeats an earlier one's notes nor changes the list that search returned."""
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=10.0)
+    planner = Planner(profile, None, ["topk:ratio=0.01"])
+    kept = planner.search(min_gain=0.9)
+    assert any("the plan is that baseline" in note for note in kept.notes)
+    kept_notes = list(kept.notes)
+    searched = planner.search(min_gain=0)
+    assert not any("the plan is that baseline" in note for note in searched.notes)
+    assert "baseline kept" not in searched.algorithm
+    assert kept.notes == kept_notes and kept.notes is not searched.notes
+    again = planner.search(min_gain=0.9)
+    assert again.notes == kept_notes  # not accumulated
 
 
 def test_shipped_profile_plans_on_every_cluster():
@@ -194,9 +226,10 @@ def test_unreadable_plans_are_errors(tmp_path):
 # -- the command line ---------------------------------------------------------------------------
 
 
-def bytecomp(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "bytecomp", *args], capture_output=True,
-                          text=True, cwd=cwd, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+@pytest.fixture
+def bytecomp(cli):
+    """``bytecomp(*args)``: the command line, in this process, from the repository root."""
+    return lambda *args: cli(*args, cwd=ROOT)
 
 
 def one_line_error(result, *fragments):
@@ -207,7 +240,7 @@ def one_line_error(result, *fragments):
         assert fragment in lines[0], lines[0]
 
 
-def test_plan_and_simulate_commands(tmp_path):
+def test_plan_and_simulate_commands(bytecomp, tmp_path):
     out = tmp_path / "plan.yaml"
     result = bytecomp("plan", "profiles/transformer", "--cluster", "gbe1", "--compressor",
                       "topk:ratio=0.01", "--out", str(out), "--verbose")
@@ -226,7 +259,7 @@ def test_plan_and_simulate_commands(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_plan_errors_are_one_line(tmp_path):
+def test_plan_errors_are_one_line(bytecomp, tmp_path):
     one_line_error(bytecomp("plan", str(tmp_path / "nothing")), "does not exist")
     broken = tmp_path / "broken"
     shutil.copytree(ROOT / "profiles" / "cnn", broken)
@@ -256,6 +289,14 @@ def test_plan_errors_are_one_line(tmp_path):
                    "--min-gain is a percentage")
 
 
+def test_a_real_process_prints_a_plan_error_as_one_line(tmp_path):
+    """One case of the above through a process, as a user runs it: ``python -m bytecomp``."""
+    result = subprocess.run([sys.executable, "-m", "bytecomp", "plan", str(tmp_path / "nothing")],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    one_line_error(result, "does not exist")
+
+
 def test_gathering_scattered_members_is_charged_where_the_executor_does_it():
     """Device groups gather and scatter on the compute stream (encode and decode); a host
     group on a GPU gathers on the device before its copy out, and its copy back writes
@@ -281,9 +322,9 @@ def test_gathering_scattered_members_is_charged_where_the_executor_does_it():
 
 
 def test_intra_node_interference_charges_the_hierarchical_exchange_only():
-    from bytecomp.model.strategy import Option
+    from bytecomp.plan import Option
 
-    flat, hierarchical = Option(None, "device", "allreduce"), Option(None, "device", "hierarchical")
+    flat, hierarchical = Option("none", "device", "allreduce"), Option("none", "device", "hierarchical")
 
     def predicted(intra: float):
         profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, backward_ms=400,

@@ -12,9 +12,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.compress import default_specs
+from bytecomp.plan import fingerprint
 from bytecomp.profile import load_profile
 from bytecomp.profile.sweeps import COLLECTIVES, DTYPES, EXTRA_SAMPLES, samples_per_round
-from bytecomp.profile.workloads import fingerprint, load_workload
+from bytecomp.profile.workloads import load_workload
 
 from ranks import free_port, run_ranks
 
@@ -140,33 +141,38 @@ def test_same_command_works_under_torchrun(tmp_path):
     assert profile.world_size == 2 and profile.ranks_per_node == 2 and len(profile.tensors) == 10
 
 
-def test_a_users_factory_is_profiled(tmp_path):
-    result = bytecomp("profile", "--model", "factories:tiny", "--nproc", "2", "--quick",
-                      "--out", str(tmp_path / "tiny"), "--compressor", "topk:ratio=0.1")
+def test_a_users_factory_is_profiled(cli, monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(FIXTURES)  # the spawned ranks get this sys.path too
+    result = cli("profile", "--model", "factories:tiny", "--nproc", "2", "--quick",
+                 "--out", str(tmp_path / "tiny"), "--compressor", "topk:ratio=0.1")
     assert result.returncode == 0, result.stderr
     profile = load_profile(tmp_path / "tiny")
     assert list(profile.tensors["name"]) == ["2.bias", "2.weight", "0.bias", "0.weight"]
     assert set(profile.compressors["spec"]) == {"topk:ratio=0.1"}
 
 
-def test_unknown_model_is_one_line(tmp_path):
-    assert_one_line_error(bytecomp("profile", "--model", "alexnet", "--out", str(tmp_path / "x")),
+# Errors found before any rank is spawned: the command runs in this process (``cli``).
+
+
+def test_unknown_model_is_one_line(cli, tmp_path):
+    assert_one_line_error(cli("profile", "--model", "alexnet", "--out", str(tmp_path / "x")),
                           "unknown model 'alexnet'", "mlp, cnn, transformer")
 
 
-def test_factory_that_fails_to_import_is_one_line(tmp_path):
-    assert_one_line_error(bytecomp("profile", "--model", "no_such_module:factory"),
+def test_factory_that_fails_to_import_is_one_line(cli, monkeypatch):
+    monkeypatch.syspath_prepend(FIXTURES)  # what PYTHONPATH does for a process
+    assert_one_line_error(cli("profile", "--model", "no_such_module:factory"),
                           "cannot import model factory module 'no_such_module'")
-    assert_one_line_error(bytecomp("profile", "--model", "factories:broken"),
+    assert_one_line_error(cli("profile", "--model", "factories:broken"),
                           "factories:broken failed", "this factory is broken")
-    assert_one_line_error(bytecomp("profile", "--model", "factories:wrong_return"),
+    assert_one_line_error(cli("profile", "--model", "factories:wrong_return"),
                           "must return (model, make_batch)")
 
 
-def test_bad_nproc_and_existing_output_are_one_line(tmp_path):
-    assert_one_line_error(bytecomp("profile", "--nproc", "0"), "--nproc must be at least 1")
+def test_bad_nproc_and_existing_output_are_one_line(cli, tmp_path):
+    assert_one_line_error(cli("profile", "--nproc", "0"), "--nproc must be at least 1")
     (tmp_path / "taken").mkdir()
-    assert_one_line_error(bytecomp("profile", "--out", str(tmp_path / "taken")),
+    assert_one_line_error(cli("profile", "--out", str(tmp_path / "taken")),
                           "already exists", "--force")
 
 
