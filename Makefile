@@ -7,7 +7,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install install-dev run test lint wheel-check check bench
+.PHONY: install install-dev run test lint wheel-check check bench gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ install: $(BIN)/python
 	$(BIN)/pip install -q -e .
 
 install-dev: install
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,digits]"
 
 run: install
 	$(BIN)/bytecomp plan profiles/transformer --cluster gbe1 --out plan.yaml
@@ -36,3 +36,9 @@ check: lint test wheel-check
 
 bench: install
 	$(BIN)/python benchmarks/compressors.py
+
+# On a machine with a CUDA GPU (a CUDA build of torch: e.g. TORCH=torch==2.14.1 on a
+# fresh .venv): the cuda tests, GPU compressor throughput, a one-GPU profile -> plan ->
+# simulate; writes benchmarks/results/gpu-check-<date>.md.
+gpu-check: install-dev
+	$(BIN)/python benchmarks/gpu_check.py

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 from bytecomp.bench.convergence import ConvergenceConfig, loss_at, steps_to, target_loss
 from bytecomp.profile.workloads import load_workload
@@ -59,3 +60,14 @@ def test_time_to_accuracy_on_mlp(tmp_path, cli):
     assert fp16 == pytest.approx(first.validation_loss.to_numpy(), rel=1e-2)
     assert curves[curves.step == 0].validation_loss.nunique() == 1  # one initial model
     assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_digits_is_real_data_with_a_fixed_split():
+    pytest.importorskip("sklearn", reason="the digits workload needs the digits extra")
+    workload = load_workload("digits")
+    inputs, labels = workload.make_batch(16)
+    assert inputs.shape == (16, 1, 8, 8) and 0 <= float(inputs.min()) <= float(inputs.max()) <= 1
+    held_out = workload.validation(32, 8)
+    assert sum(len(batch[1]) for batch in held_out) == 360  # every fifth of 1,797 images
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(held_out, workload.validation(32, 8)))
+    assert workload.loss(workload.model(inputs), labels).isfinite()

@@ -150,11 +150,16 @@ def test_each_search_has_its_own_notes():
 def test_shipped_profile_plans_on_every_cluster():
     profile = load_profile(ROOT / "profiles" / "cnn")
     for cluster in (None, "gbe1", "gbe10", "v100-nvlink-100g", "a100-ib200"):
-        result = Planner(profile, load_cluster(cluster) if cluster else None).search()
-        assert all(result.time_ms <= b.time_ms + 1e-9 for b in result.baselines)
+        config = load_cluster(cluster) if cluster else None
+        result = Planner(profile, config).search()  # effective time, the default
+        assert result.objective.name == "effective"
+        assert all(result.value <= b.value + 1e-9 for b in result.baselines)
+        assert result.fidelity >= 0.75
+        by_time = Planner(profile, config, objective="time").search()
+        assert all(by_time.time_ms <= b.time_ms + 1e-9 for b in by_time.baselines)
     slow = Planner(profile, load_cluster("gbe1")).search()
     fp32 = next(b for b in slow.baselines if b.name == "fp32 DDP")
-    assert fp32.time_ms / slow.time_ms > 1.2  # 1 GbE: compression pays off
+    assert fp32.value / slow.value > 1.2  # 1 GbE: compression pays off
 
 
 # -- the plan file -----------------------------------------------------------------------------

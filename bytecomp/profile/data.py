@@ -109,3 +109,40 @@ class TeacherTask:
         """Fixed held-out batches."""
         generator = torch.Generator().manual_seed(seed)
         return [self.draw(batch_size, generator) for _ in range(count)]
+
+
+class ExampleBatches:
+    """``make_batch(n)``: ``n`` examples drawn at random (torch's global generator) from a
+    fixed training set; :meth:`validation` is the held-out set in fixed batches."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor,
+                 validation_inputs: torch.Tensor, validation_targets: torch.Tensor) -> None:
+        self.inputs, self.targets = inputs, targets
+        self.validation_inputs, self.validation_targets = validation_inputs, validation_targets
+
+    def __call__(self, n: int):
+        chosen = torch.randint(0, len(self.inputs), (n,))
+        return self.inputs[chosen], self.targets[chosen]
+
+    def validation(self, batch_size: int, count: int) -> list[tuple]:
+        """The whole held-out set, in batches of ``batch_size`` (``count`` is not used:
+        every held-out example counts)."""
+        return [(self.validation_inputs[i: i + batch_size],
+                 self.validation_targets[i: i + batch_size])
+                for i in range(0, len(self.validation_inputs), batch_size)]
+
+
+def digits() -> ExampleBatches:
+    """scikit-learn's bundled handwritten digits (1,797 8x8 images, 10 classes; no
+    download): every fifth image held out for validation."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise BytecompError("the digits workload needs scikit-learn: "
+                            "pip install 'bytecomp[digits]'") from None
+    data = load_digits()
+    images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(data.target, dtype=torch.int64)
+    held_out = torch.arange(len(labels)) % 5 == 0
+    return ExampleBatches(images[~held_out], labels[~held_out], images[held_out],
+                          labels[held_out])

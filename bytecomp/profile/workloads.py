@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import bytecomp.profile.data as data
 from bytecomp.errors import BytecompError
 from bytecomp.profile.data import (
     VOCAB,
@@ -66,7 +67,7 @@ class Workload:
         has no real data to validate on (generated inputs)."""
         if isinstance(self.make_batch, TextWindows):
             return validation_batches(self.make_batch.seq_len, batch_size, count)
-        if isinstance(self.make_batch, TeacherTask):
+        if isinstance(self.make_batch, (TeacherTask, data.ExampleBatches)):
             return self.make_batch.validation(batch_size, count)
         return None
 
@@ -108,6 +109,21 @@ class ConvNet(nn.Module):
 
     def forward(self, x):
         x = self.features(x).flatten(1)
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+class DigitsNet(nn.Module):
+    """A small convnet for 8x8 grey images (scikit-learn's digits)."""
+
+    def __init__(self, width: int, classes: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, width, 3, padding=1)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
+        self.fc1 = nn.Linear(2 * width * 16, 4 * width)
+        self.fc2 = nn.Linear(4 * width, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2).flatten(1)
         return self.fc2(F.relu(self.fc1(x)))
 
 
@@ -160,6 +176,10 @@ def _cnn(width=32, classes=10):
     return ConvNet(width, classes), batch, 32
 
 
+def _digits(width=16, classes=10):
+    return DigitsNet(width, classes), data.digits(), 32
+
+
 def _transformer(layers=4, width=256, heads=4, seq_len=128, vocab=8192):
     if width % heads:
         raise BytecompError(f"transformer: width={width} must be a multiple of heads={heads}")
@@ -202,6 +222,7 @@ def _vision(name):
 BUILTINS: dict[str, Callable] = {
     "mlp": _mlp,
     "cnn": _cnn,
+    "digits": _digits,
     "transformer": _transformer,
     "lstm": _lstm,
     "resnet18": _vision("resnet18"),
@@ -268,6 +289,8 @@ def data_source(workload: Workload) -> str:
     """What the workload trains on, for a profile's record."""
     if isinstance(workload.make_batch, TextWindows):
         return f"text: the standard library's source as bytes (corpus {corpus_digest()})"
+    if isinstance(workload.make_batch, data.ExampleBatches):
+        return "scikit-learn's bundled handwritten digits, every fifth image held out"
     if isinstance(workload.make_batch, TeacherTask):
         return "generated: Gaussian inputs labelled by a fixed random teacher, 10% label noise"
     return "generated" if workload.name in BUILTINS else "the factory's make_batch"

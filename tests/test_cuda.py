@@ -1,0 +1,152 @@
+"""The CUDA path, checked where a GPU is (``make gpu-check``): compressors on CUDA
+tensors against the CPU, state moving between devices, apply_plan with device and
+host placement, and the profiler on one GPU. Skipped, with the reason, elsewhere."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bytecomp.compress import default_specs, from_spec
+from bytecomp.compress.local import encode, roundtrip
+from bytecomp.profile.fidelity import gain
+
+from ranks import run_ranks
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (make gpu-check runs these there)")]
+
+# Results that do not depend on a random generator (CUDA's streams differ from the CPU's).
+DETERMINISTIC = ("none", "fp16", "bf16", "int8", "topk", "threshold", "signsgd", "signum",
+                 "efsignsgd", "onebit")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CUDA = torch.device("cuda")
+
+
+def _state_on(state, device):
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {k: _state_on(v, device) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_state_on(v, device) for v in state]
+    return state
+
+
+def _tensors_of(state) -> list[torch.Tensor]:
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for v in state.values() for t in _tensors_of(v)]
+    if isinstance(state, list):
+        return [t for v in state for t in _tensors_of(v)]
+    return []
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spec", default_specs())
+def test_compressor_on_cuda_matches_the_cpu(spec, dtype):
+    compressor = from_spec(spec)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 128, generator=generator).to(dtype)
+    state_cpu = {"salt": 7, "shapes": [(256, 128)]}
+    state_gpu = {"salt": 7, "shapes": [(256, 128)]}
+    for _ in range(3):  # several steps: residuals, factors and counters carried
+        on_cpu, sent_cpu = roundtrip(compressor, x.reshape(-1).clone(), state_cpu)
+        on_gpu, sent_gpu = roundtrip(compressor, x.reshape(-1).to(CUDA), state_gpu)
+        assert on_gpu.device.type == "cuda" and on_gpu.dtype == on_cpu.dtype
+        assert on_gpu.shape == on_cpu.shape and bool(on_gpu.isfinite().all())
+        assert sent_gpu == sent_cpu  # the same payload sizes
+        assert all(t.device.type == "cuda" for t in _tensors_of(state_gpu))
+        if compressor.name in DETERMINISTIC:
+            tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+            assert torch.allclose(on_gpu.float().cpu(), on_cpu.float(), rtol=tolerance,
+                                  atol=tolerance), spec
+        else:  # random draws differ between devices: what they keep must not
+            assert gain(x.reshape(-1).float().to(CUDA), on_gpu.float()) == pytest.approx(
+                gain(x.reshape(-1).float(), on_cpu.float()), abs=0.1), spec
+
+
+@pytest.mark.parametrize("spec", default_specs())
+def test_state_round_trips_between_devices(spec):
+    """Moving the state to the CPU and back (a checkpoint) changes nothing."""
+    compressor = from_spec(spec)
+    x = torch.randn(64 * 96, device=CUDA)
+    state = {"salt": 3, "shapes": [(64, 96)]}
+    encode(compressor, x, state)
+    moved = _state_on(_state_on(state, torch.device("cpu")), CUDA)
+    first, _ = roundtrip(compressor, x * 0.5, state)
+    second, _ = roundtrip(compressor, x * 0.5, moved)
+    assert torch.equal(first, second), spec
+
+
+def _train_on_cuda(rank, world, host_share: int):
+    """A few steps of an MLP on CUDA tensors under a plan rotating compressors, schemes
+    and placements over the tensors; the parameters, on the CPU."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    import bytecomp
+    from bytecomp.comm.schemes import supported_schemes
+    from bytecomp.plan import Option, plan_for_model
+    from bytecomp.profile.workloads import load_workload
+
+    torch.manual_seed(0)
+    workload = load_workload("mlp:inputs=32,width=64,depth=3")
+    model = workload.model.to(CUDA)
+    specs = ["fp16", "topk:ratio=0.1", "powersgd:rank=2", "int8", "efsignsgd"]
+    names = [n for n, _ in model.named_parameters()]
+
+    def choose(name, param):
+        index = names.index(name)
+        spec = specs[index % len(specs)]
+        schemes = [s for s in supported_schemes(from_spec(spec)) if s != "hierarchical"]
+        place = "host" if host_share and index % host_share == 0 else "device"
+        return Option(spec, place, schemes[index % len(schemes)])
+
+    plan = plan_for_model(model, choose, world, bucket_cap_mb=0.01)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+    executor = bytecomp.apply_plan(ddp, plan)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(8):
+        generator = torch.Generator().manual_seed(100 * rank + step)
+        inputs = torch.randn(16, 32, generator=generator).to(CUDA)
+        target = torch.randint(0, 10, (16,), generator=generator).to(CUDA)
+        workload.loss(ddp(inputs), target).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    torch.cuda.synchronize()
+    executor.close()
+    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("host_share", [0, 2])
+def test_apply_plan_on_cuda_is_repeatable_and_agrees_across_ranks(world, host_share):
+    """Device and host placement (pinned copies, the worker pool, copies back) on CUDA
+    tensors; 2 ranks share one GPU over gloo. The same run twice gives the same
+    parameters (no race between the executor's streams), on every rank."""
+    first = run_ranks(_train_on_cuda, world, host_share)
+    second = run_ranks(_train_on_cuda, world, host_share)
+    assert all(torch.equal(first[0], other) for other in first + second)
+    assert bool(first[0].isfinite().all())
+
+
+def test_the_profiler_on_one_gpu(tmp_path):
+    out = tmp_path / "profile"
+    result = subprocess.run([sys.executable, "-m", "bytecomp", "profile", "--model",
+                             "transformer:layers=2,width=128,seq_len=64", "--nproc", "1",
+                             "--device", "cuda", "--quick", "--out", str(out)],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    from bytecomp.profile import load_profile
+
+    profile = load_profile(out)
+    assert profile.device_type == "cuda"
+    assert set(profile.copies.direction) >= {"d2h", "h2d", "d2d"}
+    assert set(profile.compressors.device) == {"cuda", "cpu"}
+    assert profile.has_fidelity
+    assert (profile.tensors.ready_ms >= 0).all()
