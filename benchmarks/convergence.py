@@ -4,11 +4,14 @@ hooks, every compressor on every tensor, and the plan made for iteration time al
 For each task and link rate (2 nodes x 1 rank under ``bytecomp emulate``):
 ``bytecomp profile`` (with gradient fidelity), ``bytecomp plan`` (the default
 objective, effective time) and ``bytecomp plan --objective time`` (for contrast),
-then ``bytecomp bench --train-steps`` for each plan: every strategy trains from
-the same weights on the same data, validation loss every --eval-every steps, and
-time to target = steps to the target loss (fp32 DDP's at 60% of its steps) x the
-iteration time measured under the emulation. Every command is the one a user
-would type. Targets, evaluated in summary.md:
+``bytecomp bench`` of each plan under the emulation (iteration times of every
+strategy, interleaved), and ``bytecomp bench --train-steps`` of each plan on 2
+local ranks over loopback: every strategy trains from the same weights on the
+same data, validation loss every --eval-every steps. The loss curve does not
+depend on the link (the same gloo collectives give the same sums), so training
+runs at full speed; time to target = steps to the target loss (fp32 DDP's at
+60% of its steps) x the iteration time measured under the emulation. Every
+command is the one a user would type. Targets, evaluated in summary.md:
 
 * the default plan reaches the target in less wall-clock time than fp32 DDP and
   every baseline, or within 3% of the best of them;
@@ -34,6 +37,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 from scipy.stats import spearmanr
+
+from bytecomp.bench.runner import plot_curves
 
 BYTECOMP = [sys.executable, "-m", "bytecomp"]
 CHARLM = "transformer:layers=2,width=128,heads=4,seq_len=64,vocab=256"
@@ -68,11 +73,14 @@ def one(task: str, bandwidth: str, out: Path, args) -> Path:
         run([*BYTECOMP, "plan", str(profile), "--out", str(plan), "--objective", objective],
             log)
         specs = COMPRESSORS if objective == "effective" else _plan_specs(plan)
+        compressors = [flag for spec in specs for flag in ("--compressor", spec)]
         run([*emulate, *BYTECOMP, "bench", str(profile), "--plan", str(plan),
              "--out", str(folder / f"bench-{objective}"), "--force",
-             "--iterations", str(args.bench_iterations),
+             "--iterations", str(args.bench_iterations), *compressors], log)
+        run([*BYTECOMP, "bench", str(profile), "--plan", str(plan), "--nproc", "2",
+             "--out", str(folder / f"train-{objective}"), "--force", "--iterations", "2",
              "--train-steps", str(args.train_steps), "--eval-every", str(args.eval_every),
-             *[flag for spec in specs for flag in ("--compressor", spec)]], log)
+             *compressors], log)
     print(f"{folder.name}: done in {(time.monotonic() - started) / 60:.1f} min", flush=True)
     return folder
 
@@ -82,21 +90,45 @@ def _plan_specs(plan: Path) -> list[str]:
     return specs[:1] or ["topk:ratio=0.01"]
 
 
+def _on_the_link(folder: Path, objective: str) -> pd.DataFrame:
+    """The loopback training's steps, timed by the emulated bench of the same plan."""
+    steps = pd.read_csv(folder / f"train-{objective}" / "convergence.csv")
+    timing = pd.read_csv(folder / f"bench-{objective}" / "bench.csv")
+    measured = dict(zip(timing.strategy, timing.measured_ms))
+    steps["iteration_ms"] = [measured[name] for name in steps.strategy]
+    steps["predicted_ms"] = [dict(zip(timing.strategy, timing.predicted_ms))[name]
+                             for name in steps.strategy]
+    steps["time_to_target_s"] = steps.steps_to_target * steps.iteration_ms / 1000
+    fp32 = steps.time_to_target_s.iloc[0]
+    steps["time_vs_fp32"] = fp32 / steps.time_to_target_s
+    return steps
+
+
 def summarize(folder: Path) -> tuple[pd.DataFrame, list[str]]:
     """One run's strategies (the time plan added as its own row) and its targets."""
-    main = pd.read_csv(folder / "bench-effective" / "convergence.csv")
-    timing = pd.read_csv(folder / "bench-effective" / "bench.csv")
-    contrast = pd.read_csv(folder / "bench-time" / "convergence.csv")
+    main = _on_the_link(folder, "effective")
+    contrast = _on_the_link(folder, "time")
     time_plan = contrast[contrast.strategy == "bytecomp plan"].assign(
         strategy="plan for iteration time (--objective time)")
-    # the contrast ran on its own: put its time on the main run's target and fp32's scale
+    # same weights, data and target (fp32 DDP's curve is the same in both runs)
     table = pd.concat([main, time_plan], ignore_index=True)
-    predicted = dict(zip(timing.strategy, timing.predicted_ms))
+    predicted = dict(zip(table.strategy, table.predicted_ms))
     table["predicted_effective_ms"] = [
         predicted.get(name, float("nan")) / fidelity if fidelity and fidelity == fidelity
         else float("nan") for name, fidelity in zip(table.strategy, table.predicted_fidelity)]
     lines = evaluate(table, folder.name)
+    curves = _curves(folder, "effective")
+    curves["plan for iteration time (--objective time)"] = \
+        _curves(folder, "time")["bytecomp plan"]
+    plot_curves(curves, dict(zip(table.strategy, table.iteration_ms)),
+                float(table.target_loss.iloc[0]), folder / "time-to-accuracy.png")
     return table, lines
+
+
+def _curves(folder: Path, objective: str) -> dict[str, list[tuple[int, float]]]:
+    rows = pd.read_csv(folder / f"train-{objective}" / "curves.csv")
+    return {name: list(zip(group.step, group.validation_loss))
+            for name, group in rows.groupby("strategy", sort=False)}
 
 
 def evaluate(table: pd.DataFrame, name: str) -> list[str]:
@@ -154,13 +186,16 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=600)
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--reuse-profiles", action="store_true")
+    parser.add_argument("--summarize", action="store_true",
+                        help="only summarize the runs already under --out")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sections = []
     for task in args.tasks:
         for bandwidth in args.bandwidths:
-            folder = one(task, bandwidth, out, args)
+            folder = out / f"{task.split(':')[0]}-2x1-{bandwidth}" if args.summarize \
+                else one(task, bandwidth, out, args)
             table, lines = summarize(folder)
             table.to_csv(folder / "summary.csv", index=False)
             sections.append("\n".join(lines) + "\n\n" + markdown(table))

@@ -17,10 +17,7 @@ import bytecomp  # noqa: E402
 from bytecomp.comm.schemes import supported_schemes  # noqa: E402
 from bytecomp.compress import default_specs, from_spec  # noqa: E402
 from bytecomp.errors import BytecompError  # noqa: E402
-from bytecomp.plan import (
-    Option,  # noqa: E402
-    plan_for_model,  # noqa: E402
-)
+from bytecomp.plan import Option, plan_for_model  # noqa: E402
 from bytecomp.profile.workloads import load_workload  # noqa: E402
 
 from ranks import run_ranks  # noqa: E402

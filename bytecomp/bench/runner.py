@@ -399,7 +399,8 @@ def _write(results: pd.DataFrame, config: BenchConfig, profile, world: int, shap
                           for name, curve in curves.items() for step, loss in curve]
                          ).to_csv(folder / "curves.csv", index=False)
             convergence.to_csv(folder / "convergence.csv", index=False)
-            _plot_curves(curves, convergence, folder / "convergence.png")
+            plot_curves(curves, dict(zip(convergence.strategy, convergence.iteration_ms)),
+                        float(convergence.target_loss.iloc[0]), folder / "convergence.png")
         lines = ["| strategy | measured ms (p10-p90) | predicted ms | error | recalibrated ms | "
                  "error | speedup vs fp32 |", "|---|---|---|---|---|---|---|"]
         for row in results.itertuples():
@@ -412,15 +413,14 @@ def _write(results: pd.DataFrame, config: BenchConfig, profile, world: int, shap
         (folder / "bench.md").write_text(header + "\n".join(lines) + "\n")
 
 
-def _plot_curves(curves: dict[str, list[tuple[int, float]]], convergence: pd.DataFrame,
-                 path) -> None:
-    """Validation loss against wall-clock time (steps x measured iteration time)."""
+def plot_curves(curves: dict[str, list[tuple[int, float]]], iteration: dict[str, float],
+                target: float, path) -> None:
+    """Validation loss against wall-clock time (steps x measured ``iteration`` ms)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    iteration = dict(zip(convergence.strategy, convergence.iteration_ms))
     figure, axes = plt.subplots(figsize=(9, 5.5))
     for name, curve in curves.items():
         finite = [(s, loss) for s, loss in curve if math.isfinite(loss)]
@@ -429,8 +429,7 @@ def _plot_curves(curves: dict[str, list[tuple[int, float]]], convergence: pd.Dat
         seconds = [s * iteration[name] / 1000.0 for s, _ in finite]
         axes.plot(seconds, [loss for _, loss in finite], label=name,
                   linewidth=2.5 if name == "bytecomp plan" else 1.2)
-    axes.axhline(convergence.target_loss.iloc[0], color="grey", linestyle=":",
-                 label="target")
+    axes.axhline(target, color="grey", linestyle=":", label="target")
     axes.set_xlabel("wall-clock time (s): steps x measured iteration time")
     axes.set_ylabel("validation loss")
     axes.legend(fontsize=7)
