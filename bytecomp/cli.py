@@ -154,7 +154,11 @@ def plan(
                                   "default where the profile measured fidelity) or time "
                                   "(iteration time alone, the default without)."),
     min_fidelity: float = typer.Option(None, help="With the effective objective: no plan whose "
-                                       "whole-gradient gain is below this (default 0.75)."),
+                                       "fidelity is below this (default 0.75)."),
+    fidelity_weights: str = typer.Option("params", help="How tensors' gains compose into a "
+                                         "plan's fidelity: params (each tensor by its share "
+                                         "of the parameters; Adam and the like) or norm (by "
+                                         "its share of the gradient's squared norm; SGD)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show fit quality and pruning."),
 ):
     """Search the per-tensor strategy that trains soonest: shortest predicted iteration per
@@ -173,7 +177,7 @@ def plan(
     check_output_file(out, "--out")
     loaded = load_profile(profile)
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
-                      min_fidelity)
+                      min_fidelity, fidelity_weights)
     result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100)
     written = to_plan(result, loaded).save(out)
     if verbose:
@@ -206,7 +210,8 @@ def _print_plan(result, written) -> None:
     effective = result.objective.name == "effective"
     title = f"predicted on {result.cluster.name} ({result.cluster.nodes} x " \
             f"{result.cluster.ranks_per_node} ranks); objective: " + \
-            (f"effective time, fidelity >= {result.objective.min_fidelity:g}" if effective
+            (f"effective time, fidelity ({result.objective.weights}-weighted) >= "
+             f"{result.objective.min_fidelity:g}" if effective
              else "iteration time")
     table = Table(title=title)
     columns = ["strategy", "bucket cap MB", "iteration ms"]

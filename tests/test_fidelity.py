@@ -157,12 +157,15 @@ def test_a_profile_without_fidelity_plans_by_time_and_refuses_the_objective(tmp_
 # -- the objective -----------------------------------------------------------------------
 
 
-def brute_force_effective(planner: Planner, caps, min_fidelity: float) -> float:
-    """Effective time by enumeration, fidelity composed from the profile's table."""
+def brute_force_effective(planner: Planner, caps, min_fidelity: float, weights: str) -> float:
+    """Effective time by enumeration, fidelity composed from the profile's tables."""
     problem = planner.problem
     table = planner.profile.fidelity
     gains = {(r.tensor, r.spec): r.gain for r in table.itertuples()}
-    shares = {r.tensor: r.norm_share for r in table.itertuples()}
+    if weights == "norm":
+        shares = {r.tensor: r.norm_share for r in table.itertuples()}
+    else:
+        shares = dict(zip(planner.profile.tensors["name"], planner.profile.tensors["numel"]))
     total = sum(shares.values())
     best = math.inf
     for cap in caps:
@@ -187,17 +190,19 @@ EFFECTIVE_INSTANCES = [
 ]
 
 
+@pytest.mark.parametrize("weights", ["params", "norm"])
 @pytest.mark.parametrize("shapes,cluster,device,specs,caps", EFFECTIVE_INSTANCES)
-def test_effective_time_optimum_equals_brute_force(shapes, cluster, device, specs, caps):
+def test_effective_time_optimum_equals_brute_force(shapes, cluster, device, specs, caps,
+                                                   weights):
     world, nodes = cluster
     for bandwidth, min_fidelity in ((0.1, 0.0), (1.0, 0.75), (10.0, 0.9)):
         profile = synthetic_profile(shapes, world_size=world, nodes=nodes, device=device,
                                     specs=specs, bandwidth_gbps=bandwidth, fidelity=True)
         planner = Planner(profile, None, specs, strict=True, objective="effective",
-                          min_fidelity=min_fidelity)
+                          min_fidelity=min_fidelity, fidelity_weights=weights)
         result = planner.search(caps)
         assert result.exact, result.algorithm
-        expected = brute_force_effective(planner, caps, min_fidelity)
+        expected = brute_force_effective(planner, caps, min_fidelity, weights)
         assert result.value == pytest.approx(expected, rel=1e-9)
         assert result.fidelity >= min_fidelity - 1e-12
         assert result.effective_ms == pytest.approx(result.value, rel=1e-9)
@@ -237,3 +242,25 @@ def test_one_compressor_keeps_espresso_s_guarantee():
     assert result.fidelity >= everywhere.fidelity - 1e-12
     assert any("at least that of topk:ratio=0.01" in note for note in result.notes)
     assert from_spec("topk:ratio=0.01").name == "topk"
+
+
+def test_parameter_weights_count_every_layer_where_norm_weights_see_the_largest():
+    """A lossy compressor on a layer with a small share of the norm but most of the
+    parameters: the norm-weighted fidelity barely notices, the parameter-weighted one
+    does (Adam moves every parameter alike)."""
+    from bytecomp.model.fidelity import FidelityModel, compose
+
+    profile = synthetic_profile([("head", (1000,)), ("body", (3000,))], world_size=2,
+                                specs=["randomk:ratio=0.01"], fidelity=True)
+    table = profile.fidelity
+    table.loc[table.tensor == "head", ["norm_share", "gain"]] = [0.99, 1.0]
+    table.loc[table.tensor == "body", ["norm_share", "gain"]] = [0.01, 0.1]
+    gains = [1.0, 0.1]  # head uncompressed, random-k on the body
+    by_norm = FidelityModel(profile, "norm").shares
+    by_params = FidelityModel(profile, "params").shares
+    assert compose([by_norm["head"], by_norm["body"]], gains) == pytest.approx(
+        math.sqrt(0.99 + 0.01 * 0.01))
+    assert compose([by_params["head"], by_params["body"]], gains) == pytest.approx(
+        math.sqrt(0.25 + 0.75 * 0.01))
+    with pytest.raises(BytecompError, match="unknown fidelity weights"):
+        FidelityModel(profile, "loss")

@@ -129,7 +129,8 @@ class Planner:
 
     def __init__(self, profile: Profile, cluster: Cluster | None = None,
                  specs: list[str] | None = None, strict: bool = False,
-                 objective: str | None = None, min_fidelity: float | None = None) -> None:
+                 objective: str | None = None, min_fidelity: float | None = None,
+                 fidelity_weights: str = "params") -> None:
         self.profile = profile
         self.cluster = cluster or profiled_cluster(profile)
         self.compute = ComputeModel(profile)
@@ -165,9 +166,10 @@ class Planner:
                                interference=float(measured.get("fraction", 0.0)),
                                intra_interference=measured.get("intra_fraction"))
         self.searchable = list(range(searchable))
-        self._set_objective(objective, min_fidelity)
+        self._set_objective(objective, min_fidelity, fidelity_weights)
 
-    def _set_objective(self, name: str | None, min_fidelity: float | None) -> None:
+    def _set_objective(self, name: str | None, min_fidelity: float | None,
+                       weights: str) -> None:
         """Effective time by default where the profile measured fidelity, else time."""
         if name is not None and name not in OBJECTIVES:
             raise BytecompError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
@@ -179,13 +181,13 @@ class Planner:
                               "by iteration time alone")
             return
         name = name or "effective"
-        fidelity = FidelityModel(self.profile)  # a one-line error without the table
+        fidelity = FidelityModel(self.profile, weights)  # one line without the table
         if name == "effective":
             for option in self.problem.options:
                 if option.compressed:
                     fidelity.check(option.spec)
         floor = DEFAULT_MIN_FIDELITY if min_fidelity is None else min_fidelity
-        objective = Objective(name, floor if name == "effective" else 0.0)
+        objective = Objective(name, floor if name == "effective" else 0.0, weights)
         self.problem.set_fidelity(lambda tensor, option: fidelity.gain(tensor.name, option.spec),
                                   [fidelity.shares[t.name] for t in self.problem.tensors],
                                   objective)
@@ -345,7 +347,8 @@ def to_plan(result: PlanResult, profile: Profile) -> Plan:
                         "created": profile.meta.get("created")},
             "cluster": result.cluster.name,
             "objective": {"name": result.objective.name,
-                          "min_fidelity": result.objective.min_fidelity}}
+                          "min_fidelity": result.objective.min_fidelity,
+                          "fidelity_weights": result.objective.weights}}
     if result.fidelity is not None:  # the whole gradient's gain, and effective times
         info["fidelity"] = {
             "plan": round(result.fidelity, 6),

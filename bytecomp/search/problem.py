@@ -37,6 +37,7 @@ class Objective:
 
     name: str = "time"
     min_fidelity: float = 0.0
+    weights: str = "params"  # how tensors' gains compose (bytecomp.model.fidelity.WEIGHTS)
 
     @property
     def uses_fidelity(self) -> bool:
