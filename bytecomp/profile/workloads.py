@@ -222,9 +222,9 @@ def _vision(name):
 BUILTINS: dict[str, Callable] = {
     "mlp": _mlp,
     "cnn": _cnn,
-    "digits": _digits,
     "transformer": _transformer,
     "lstm": _lstm,
+    "digits": _digits,
     "resnet18": _vision("resnet18"),
     "resnet50": _vision("resnet50"),
     "vgg16": _vision("vgg16"),
