@@ -244,3 +244,26 @@ def test_unplanned_tensors_need_the_fp32_fallback():
     for errors, _ in run_ranks(unplanned_tensor, 2):
         assert "is not in the plan (pass fallback='fp32'" in errors[0]
         assert "saved with another plan" in errors[1]
+
+
+def _one_rank_steps(rank, world):
+    """A single-rank job (one GPU, say) with compressing plans: one-collective exchanges
+    complete at once, others run on the FIFO thread."""
+    workload = load_workload(SMALL)
+    ddp = DistributedDataParallel(workload.model, bucket_cap_mb=0.01)
+    plan = plan_for_model(workload.model, lambda n, p: Option(
+        "fp16" if "weight" in n else "topk:ratio=0.1", "device",
+        "allreduce" if "weight" in n else "allgather"), world, bucket_cap_mb=0.01)
+    executor = bytecomp.apply_plan(ddp, plan)
+    for step in range(3):
+        inputs, target = batch(rank, step)
+        workload.loss(ddp(inputs), target).backward()
+        assert all(p.grad is not None and p.grad.isfinite().all()
+                   for p in workload.model.parameters())
+        ddp.zero_grad()
+    executor.close()
+    return executor.stats.steps
+
+
+def test_a_one_rank_job_runs_a_compressing_plan():
+    assert run_ranks(_one_rank_steps, 1) == [3]

@@ -152,7 +152,7 @@ class FlatExchange(Exchange):
         if size == 1:
             self.result = payload if self.rounds[0] == "allreduce" else [payload]
             done: torch.futures.Future = torch.futures.Future()
-            done.set_result(None)
+            done.set_result([])  # nothing to wait for: _finish iterates the value
             return done
         works: list = []
         self.divide_after: list[torch.Tensor] = []
