@@ -13,6 +13,7 @@ import torch
 from bytecomp.compress import default_specs, from_spec
 from bytecomp.compress.local import encode, roundtrip
 from bytecomp.profile.fidelity import gain
+from bytecomp.runtime.state import to_device
 
 from ranks import run_ranks
 
@@ -25,16 +26,6 @@ DETERMINISTIC = ("none", "fp16", "bf16", "int8", "topk", "threshold", "signsgd",
                  "efsignsgd", "onebit")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CUDA = torch.device("cuda")
-
-
-def _state_on(state, device):
-    if isinstance(state, torch.Tensor):
-        return state.to(device)
-    if isinstance(state, dict):
-        return {k: _state_on(v, device) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_state_on(v, device) for v in state]
-    return state
 
 
 def _tensors_of(state) -> list[torch.Tensor]:
@@ -78,7 +69,7 @@ def test_state_round_trips_between_devices(spec):
     x = torch.randn(64 * 96, device=CUDA)
     state = {"salt": 3, "shapes": [(64, 96)]}
     encode(compressor, x, state)
-    moved = _state_on(_state_on(state, torch.device("cpu")), CUDA)
+    moved = to_device(to_device(state, torch.device("cpu")), CUDA)
     first, _ = roundtrip(compressor, x * 0.5, state)
     second, _ = roundtrip(compressor, x * 0.5, moved)
     assert torch.equal(first, second), spec

@@ -332,22 +332,16 @@ def time_to_accuracy(curves: dict[str, list[tuple[int, float]]], timing: pd.Data
     rows = []
     for name, curve in curves.items():
         steps = steps_to(curve, target)
-        iteration_ms = measured[name]
-        final = curve[-1][1]
+        steps = math.nan if steps is None else steps  # NaN: never reached
         rows.append({
-            "strategy": name, "iteration_ms": iteration_ms, "target_loss": target,
-            "steps_to_target": steps, "time_to_target_s":
-                None if steps is None else steps * iteration_ms / 1000.0,
-            "final_loss": final, "diverged": not math.isfinite(final),
+            "strategy": name, "iteration_ms": measured[name], "target_loss": target,
+            "steps_to_target": steps, "time_to_target_s": steps * measured[name] / 1000.0,
+            "final_loss": curve[-1][1], "diverged": not math.isfinite(curve[-1][1]),
             "predicted_fidelity": fidelities.get(name),
         })
     table = pd.DataFrame(rows)
-    fp32 = table.time_to_target_s.iloc[0]
-    table["time_vs_fp32"] = [None if t is None or t != t or not fp32 else fp32 / t
-                             for t in table.time_to_target_s]
-    table["steps_vs_fp32"] = [None if s is None or s != s else s / table.steps_to_target.iloc[0]
-                              if table.steps_to_target.iloc[0] else None
-                              for s in table.steps_to_target]
+    table["time_vs_fp32"] = table.time_to_target_s.iloc[0] / table.time_to_target_s
+    table["steps_vs_fp32"] = table.steps_to_target / table.steps_to_target.iloc[0]
     return table
 
 
@@ -359,11 +353,11 @@ def convergence_table(table: pd.DataFrame, settings: ConvergenceConfig) -> Table
                    "vs fp32", "final loss", "predicted fidelity"):
         out.add_column(column, justify="left" if column == "strategy" else "right")
     for row in table.itertuples():
-        reached = row.steps_to_target is not None and row.steps_to_target == row.steps_to_target
+        reached = row.steps_to_target == row.steps_to_target  # not NaN
         out.add_row(row.strategy, f"{row.iteration_ms:.1f}",
                     f"{row.steps_to_target:.0f}" if reached else "not reached",
                     f"{row.time_to_target_s:.1f}" if reached else "-",
-                    f"{row.time_vs_fp32:.2f}x" if reached and row.time_vs_fp32 else "-",
+                    f"{row.time_vs_fp32:.2f}x" if reached else "-",
                     "diverged" if row.diverged else f"{row.final_loss:.4f}",
                     "-" if row.predicted_fidelity is None or row.predicted_fidelity !=
                     row.predicted_fidelity else f"{row.predicted_fidelity:.3f}")
