@@ -72,6 +72,7 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
     alive = [True] * len(strategies)
     for step in range(1, config.train_steps + 1):
         inputs, target = _batch(workload, batch_size, device, config.seed, step)
+        finite = torch.ones(len(strategies))
         for index, strategy in enumerate(strategies):
             if not alive[index]:
                 continue
@@ -79,10 +80,12 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
             loss.backward()
             strategy.optimizer.step()
             strategy.optimizer.zero_grad()
-            # every rank must agree on stopping: the executors' collectives must pair up
-            finite = torch.tensor([1.0 if math.isfinite(loss.item()) else 0.0])
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-            if finite.item() < 1:
+            finite[index] = float(math.isfinite(loss.item()))
+        # every rank must agree on stopping (the executors' collectives must pair up): one
+        # small allreduce per step for all strategies
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        for index in range(len(strategies)):
+            if alive[index] and finite[index] < 1:
                 alive[index] = False
                 curves[index].append((step, DIVERGED))
         if step % config.eval_every == 0 or step == config.train_steps:

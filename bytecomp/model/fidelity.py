@@ -46,8 +46,6 @@ class FidelityModel:
         table = profile.fidelity
         self.gains = {(row.tensor, canonical(row.spec)): float(row.gain)
                       for row in table.itertuples()}
-        shares = {row.tensor: float(row.norm_share) for row in table.itertuples()}
-        total = sum(shares.values())
         names = list(profile.tensors["name"])
         if weights == "params":
             numel = dict(zip(profile.tensors["name"], profile.tensors["numel"]))
@@ -56,7 +54,9 @@ class FidelityModel:
         else:
             # normalized over the tensors (medians over steps need not sum to 1); a tensor
             # the table lacks has no measured share: it counts as none of the norm
-            self.shares = {name: (shares.get(name, 0.0) / total if total > 0
+            norm = {row.tensor: float(row.norm_share) for row in table.itertuples()}
+            total = sum(norm.values())
+            self.shares = {name: (norm.get(name, 0.0) / total if total > 0
                                   else 1.0 / len(names)) for name in names}
         self.specs = {spec for _, spec in self.gains}
 
@@ -71,9 +71,9 @@ class FidelityModel:
         """The tensor's median gain under ``spec`` (1 for no compression)."""
         if spec == "none":
             return 1.0
-        return self.gains.get((tensor, spec), 1.0)  # absent: a tensor with no norm share
+        return self.gains.get((tensor, spec), 1.0)  # absent: not measured (not trainable)
 
 
 def compose(shares: list[float], gains: list[float]) -> float:
-    """The whole gradient's gain from its tensors' norm shares and gains."""
+    """A plan's fidelity from its tensors' weights (summing to 1) and gains."""
     return sum(s * g * g for s, g in zip(shares, gains)) ** 0.5

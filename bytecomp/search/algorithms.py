@@ -199,16 +199,18 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
 
     def bound(is_leaf: bool) -> float:
         # unassigned tensors count as uncompressed: the fidelity can only fall from here,
-        # so the objective of the partial assignment bounds every completion's
-        if problem.objective_of(1.0, partial) == math.inf:
+        # so the objective of the partial assignment bounds every completion's. The
+        # objective is the time times a factor (1, or 1 / fidelity): found once per node.
+        scale = problem.objective_of(1.0, partial)
+        if scale == math.inf:
             return math.inf  # below the minimum fidelity already
         groups = problem._fast_sim_groups(partial, cap_mb, gather=is_leaf)
         if not is_leaf:
-            relaxed = problem.objective_of(relaxation(groups), partial)
+            relaxed = relaxation(groups) * scale
             if relaxed >= best_value - EPSILON:
                 return relaxed
         problem.evaluations += 1
-        return problem.objective_of(simulate(model, groups).iteration_ms, partial)
+        return simulate(model, groups).iteration_ms * scale
 
     def descend(depth: int) -> None:
         nonlocal nodes, complete, best_assignment, best_value

@@ -247,15 +247,15 @@ class Problem:
     # -- fidelity ------------------------------------------------------------------------
     def set_fidelity(self, gain_of: Callable[[Tensor, Option], float], shares: list[float],
                      objective: Objective) -> None:
-        """Give every tensor its norm share and every (tensor, option) its gain, and set
-        the objective."""
+        """Give every tensor its weight (``shares``, summing to 1) and every (tensor, option)
+        its gain, and set the objective."""
         self._gain_of = gain_of
         self._weights = [[share * gain_of(tensor, option) ** 2 for option in self.options]
                          + [share] for tensor, share in zip(self.tensors, shares)]
         self.objective = objective
 
     def fidelity(self, assignment) -> float | None:
-        """The whole gradient's gain under ``assignment`` (None: gains unknown)."""
+        """The plan's fidelity, ``sqrt(sum(weight * gain^2))`` (None: gains unknown)."""
         if self._weights is None:
             return None
         return math.sqrt(sum(w[o] for w, o in zip(self._weights, assignment)))
