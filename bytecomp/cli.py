@@ -189,12 +189,15 @@ def _print_fits(planner) -> None:
     from bytecomp.model.costs import fit_quality
     from bytecomp.search.tree import pruned_counts
 
-    table = Table(title="fitted models: time = a + b * size (relative least squares)")
-    for column in ("model", "key", "a ms", "b ms/unit", "R²", "worst rel. error", "points"):
+    table = Table(title="fitted models: collectives and copies a + b * size (alpha-beta); "
+                  "compressors monotone piecewise (a: time at the smallest size, b: slope "
+                  "of the last segment)")
+    for column in ("model", "key", "form", "a ms", "b ms/unit", "R²", "worst rel. error",
+                   "points"):
         table.add_column(column, justify="left" if column in ("model", "key") else "right")
     quality = fit_quality(planner.comm.rows() + planner.compute.rows())
     for row in quality.itertuples():
-        table.add_row(row.model, row.key, f"{row.a_ms:.4f}", f"{row.b_ms_per_unit:.3e}",
+        table.add_row(row.model, row.key, row.form, f"{row.a_ms:.4f}", f"{row.b_ms_per_unit:.3e}",
                       f"{row.r2:.4f}", f"{100 * row.worst_rel_error:.1f}%", str(row.points))
     console.print(table)
     for reason, count in pruned_counts(planner.tree).items():

@@ -117,7 +117,7 @@ def test_a_plan_not_faster_than_the_best_baseline_by_min_gain_is_that_baseline(t
     searched = Planner(profile, None, TOPK_AND_BASELINES).search()
     best = min(searched.baselines, key=lambda b: b.time_ms)
     gain = 1 - searched.time_ms / best.time_ms
-    assert gain > 0.005  # the search does beat the baseline here, by a little
+    assert gain > 0.002  # the search does beat the baseline here, by a little
     just_above = Planner(profile, None, TOPK_AND_BASELINES).search(min_gain=gain * 1.5)
     assert just_above.time_ms == pytest.approx(best.time_ms)
     assert just_above.assignment == best.assignment and just_above.cap_mb == best.cap_mb

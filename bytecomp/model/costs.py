@@ -11,7 +11,8 @@
 
   An inter-node group has one rank per node; the ``ranks_per_node`` inter-node
   groups of a hierarchical exchange run at once and share each node's link.
-* Compression: ``a + b * numel`` for encode and decode per (spec, device).
+* Compression: a monotone piecewise curve in ``numel`` for encode and decode per
+  (spec, device) (:mod:`bytecomp.model.fits`).
 * Copies (GPU profiles): ``a + b * bytes`` per direction.
 """
 
@@ -25,7 +26,7 @@ import pandas as pd
 from bytecomp.compress import from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import PROFILE_LINK, Cluster, Link
-from bytecomp.model.fits import LinearFit, fit_compute, fit_linear
+from bytecomp.model.fits import LinearFit, PiecewiseFit, fit_linear, fit_piecewise
 from bytecomp.profile.store import Profile
 
 STEPS = {"allreduce": 2.0, "allgather": 1.0, "reduce_scatter": 1.0, "alltoall": 1.0,
@@ -54,7 +55,7 @@ class FitRow:
 
     kind: str
     key: str
-    fit: LinearFit
+    fit: LinearFit | PiecewiseFit
 
 
 class CommModel:
@@ -140,12 +141,12 @@ class ComputeModel:
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
-        self.encode: dict[tuple[str, str], LinearFit] = {}
-        self.decode: dict[tuple[str, str], LinearFit] = {}
+        self.encode: dict[tuple[str, str], PiecewiseFit] = {}
+        self.decode: dict[tuple[str, str], PiecewiseFit] = {}
         self.payload: dict[tuple[str, str], LinearFit] = {}
         for (spec, device), rows in profile.compressors.groupby(["spec", "device"]):
-            self.encode[(spec, device)] = fit_compute(rows["numel"], rows["encode_ms"])
-            self.decode[(spec, device)] = fit_compute(rows["numel"], rows["decode_ms"])
+            self.encode[(spec, device)] = fit_piecewise(rows["numel"], rows["encode_ms"])
+            self.decode[(spec, device)] = fit_piecewise(rows["numel"], rows["decode_ms"])
             self.payload[(spec, device)] = fit_linear(rows["numel"], rows["payload_bytes"])
         self.copies = {direction: fit_linear(rows["bytes"], rows["time_ms"])
                        for direction, rows in profile.copies.groupby("direction")}
@@ -183,9 +184,13 @@ class ComputeModel:
 
 
 def fit_quality(rows: list[FitRow]) -> pd.DataFrame:
-    return pd.DataFrame([{"model": row.kind, "key": row.key, "a_ms": row.fit.intercept,
-                          "b_ms_per_unit": row.fit.slope, "r2": row.fit.r2,
-                          "worst_rel_error": row.fit.worst_relative_error,
+    """One row per fit: its form, fixed cost ``a_ms`` (a piecewise curve's time at its
+    smallest size), slope (a piecewise curve's last segment, its extrapolation), and
+    the worst relative error at the sweep's points."""
+    return pd.DataFrame([{"model": row.kind, "key": row.key,
+                          "form": "piecewise" if isinstance(row.fit, PiecewiseFit) else "line",
+                          "a_ms": row.fit.intercept, "b_ms_per_unit": row.fit.slope,
+                          "r2": row.fit.r2, "worst_rel_error": row.fit.worst_relative_error,
                           "points": row.fit.points} for row in rows])
 
 

@@ -1,6 +1,7 @@
-"""Linear models ``time = a + b * size`` fitted to sweeps with scipy.
+"""Cost curves fitted to the profile's sweeps.
 
-A sweep has two regimes: small sizes measure the fixed cost (latency, launch
+Collectives and copies get a line ``time = a + b * size`` (:func:`fit_linear`,
+scipy). A sweep has two regimes: small sizes measure the fixed cost (latency, launch
 overhead), large ones the cost per byte or element (bandwidth). A single
 least-squares line is pulled by whichever regime has more points; worse, on a
 shaped link the small sizes ride the token bucket's burst and look faster than
@@ -11,17 +12,28 @@ the largest, through ``a`` (scipy's bounded least squares, both non-negative,
 so extrapolation never predicts negative times). Exact linear data gives its
 exact coefficients back.
 
-Compression is different (:func:`fit_compute`): its time per element has no
-bandwidth regime to find at the largest sizes, where it runs out of cache and
-competes for memory with the other ranks instead (on the emulated 2 x 2
-profiles, 16M elements cost 2.4x per element what 1M did, while a plan's
-groups are at most a bucket). Its slope is therefore the relative least-squares
-slope over every size, each point's relative error weighing the same, so that
-one outlying size cannot set the cost of all the others.
+Compression is different (:func:`fit_piecewise`): its time per element has no
+bandwidth regime to find at the largest sizes and is not constant either: top-k
+costs 15 ns per element at 64K elements, 46 at 1M and 72 at 16M on the CI
+machine (selection grows faster than linearly, and large arrays leave the
+cache), which no ``a + b * numel`` line follows. Its fit is monotone and
+piecewise: the sweep's times made non-decreasing in size (pool adjacent
+violators), then interpolated between neighbouring sizes as a power law (a
+straight line in log size and log time, exact for ``c * numel**k`` between two
+points), flat below the smallest size (its fixed cost) and extrapolated beyond
+the largest with the last segment's slope in milliseconds per element. Each
+segment is set by its own two sizes, so one outlying size (16M elements, larger
+than any bucket) cannot set the cost of all the others.
+
+Collectives keep the alpha-beta line: on a shaped link the sweep's small sizes
+ride the token bucket's burst, which a fit through the points would learn and
+an iteration, whose traffic keeps the bucket empty, never sees.
 """
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,16 +72,10 @@ def _intercept(x: np.ndarray, y: np.ndarray) -> float:
 
 def fit_linear(x, y) -> LinearFit:
     """Fit non-negative ``a + b x`` to a sweep ``(x, y)`` (see the module docstring)."""
-    return _fit(x, y, relative_slope=False)
+    return _fit(x, y)
 
 
-def fit_compute(x, y) -> LinearFit:
-    """Like :func:`fit_linear`, with the slope fitted to every size by relative error
-    (for compression times; see the module docstring)."""
-    return _fit(x, y, relative_slope=True)
-
-
-def _fit(x, y, relative_slope: bool) -> LinearFit:
+def _fit(x, y) -> LinearFit:
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     if x.size == 0:
@@ -79,14 +85,80 @@ def _fit(x, y, relative_slope: bool) -> LinearFit:
         a, b = 0.0, float(np.mean(y / np.maximum(x, 1e-12)))
     else:
         a = _intercept(x, y) if x.size > SMALLEST else 0.0
-        scale = weights if relative_slope else np.ones_like(x)
-        every_size = relative_slope or x.size <= SMALLEST
-        used = np.ones_like(x, dtype=bool) if every_size else x >= x.max() / LARGE_RANGE
-        system = (x * scale)[used].reshape(-1, 1)
-        b = float(lsq_linear(system, ((y - a) * scale)[used], bounds=(0, np.inf)).x[0])
+        used = np.ones_like(x, dtype=bool) if x.size <= SMALLEST else x >= x.max() / LARGE_RANGE
+        system = x[used].reshape(-1, 1)
+        b = float(lsq_linear(system, (y - a)[used], bounds=(0, np.inf)).x[0])
     predicted = a + b * x
     residual = float(np.sum((y - predicted) ** 2))
     spread = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - residual / spread if spread > 0 else 1.0
     worst = float(np.max(np.abs(predicted - y) * weights))
     return LinearFit(float(a), float(b), r2, worst, int(x.size), float(x.min()), float(x.max()))
+
+
+@dataclass(frozen=True)
+class PiecewiseFit:
+    """A monotone piecewise curve through a sweep (see the module docstring), with the
+    quality of the fit on the sweep's points."""
+
+    sizes: tuple[float, ...]
+    times: tuple[float, ...]  # non-decreasing
+    r2: float
+    worst_relative_error: float
+    points: int
+
+    @property
+    def intercept(self) -> float:
+        """The time at (and below) the smallest size: the fixed cost."""
+        return self.times[0]
+
+    @property
+    def slope(self) -> float:
+        """Milliseconds per unit of the last segment (the extrapolation beyond the sweep)."""
+        if len(self.sizes) == 1:
+            return self.times[0] / max(self.sizes[0], 1e-12)
+        return (self.times[-1] - self.times[-2]) / (self.sizes[-1] - self.sizes[-2])
+
+    def __call__(self, x: float) -> float:
+        sizes, times = self.sizes, self.times
+        if x <= sizes[0]:
+            return times[0]
+        if x >= sizes[-1]:
+            return times[-1] + self.slope * (x - sizes[-1])
+        right = bisect_right(sizes, x)
+        x0, x1, y0, y1 = sizes[right - 1], sizes[right], times[right - 1], times[right]
+        if y0 <= 0.0:  # no power law through zero: a straight line
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return y0 * (y1 / y0) ** (math.log(x / x0) / math.log(x1 / x0))
+
+
+def _non_decreasing(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing sequence closest to ``values`` (pool adjacent
+    violators, equal weights)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for value in values:
+        blocks.append([value, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, count = blocks.pop()
+            previous = blocks[-1]
+            previous[0] = (previous[0] * previous[1] + mean * count) / (previous[1] + count)
+            previous[1] += count
+    return [mean for mean, count in blocks for _ in range(int(count))]
+
+
+def fit_piecewise(x, y) -> PiecewiseFit:
+    """Fit a monotone piecewise curve to a sweep ``(x, y)`` (see the module docstring);
+    repeated sizes count by their median. It passes through every point of a sweep
+    that is already non-decreasing."""
+    x = np.asarray(x, dtype=float)
+    y = np.maximum(np.asarray(y, dtype=float), 0.0)
+    if x.size == 0:
+        raise ValueError("no points to fit")
+    sizes = sorted(set(x.tolist()))
+    medians = [float(np.median(y[x == size])) for size in sizes]
+    fit = PiecewiseFit(tuple(sizes), tuple(_non_decreasing(medians)), 1.0, 0.0, int(x.size))
+    predicted = np.array([fit(value) for value in x])
+    spread = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((y - predicted) ** 2)) / spread if spread > 0 else 1.0
+    worst = float(np.max(np.abs(predicted - y) / np.maximum(y, 1e-9)))
+    return PiecewiseFit(fit.sizes, fit.times, r2, worst, int(x.size))
