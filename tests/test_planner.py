@@ -62,10 +62,14 @@ SMALL_INSTANCES = [
 def test_search_finds_the_brute_force_optimum_on_small_instances(shapes, cluster, device,
                                                                   specs, caps):
     world, nodes = cluster
-    for bandwidth, interference in ((1.0, 0.0), (10.0, 0.3), (100.0, 0.0)):
+    for bandwidth, interference, fixed in ((1.0, 0.0, None), (10.0, 0.3, None),
+                                           (100.0, 0.0, None), (10.0, 0.0, FIXED),
+                                           (100.0, 0.0, FIXED)):
         profile = synthetic_profile(shapes, world_size=world, nodes=nodes, device=device,
                                     specs=specs + ["fp16", "powersgd:rank=4"],
                                     bandwidth_gbps=bandwidth, interference=interference)
+        if fixed:  # the executor's fixed costs (no hook for fp32 allreduce everywhere)
+            profile.meta["executor"] = fixed
         planner = Planner(profile, None, specs, strict=True)
         result = planner.search(caps)
         assert result.exact, result.algorithm
@@ -359,3 +363,72 @@ def test_a_bad_interference_in_a_profile_is_named(tmp_path, interference):
     (broken / "profile.yaml").write_text(yaml.safe_dump(meta))
     with pytest.raises(BytecompError, match="interference"):
         load_profile(broken)
+
+
+# -- the executor's fixed costs ---------------------------------------------------------------
+
+FIXED = {"bucket_ms": 0.5, "paths": {"direct": {"hook_ms": 0.2, "tail_ms": 0.3},
+                                     "fifo": {"hook_ms": 0.1, "tail_ms": 0.7},
+                                     "host": {"hook_ms": 0.05, "tail_ms": 0.9}}}
+
+
+def test_each_option_pays_the_fixed_costs_of_its_executor_path():
+    from bytecomp.model.overheads import ExecutorCosts, path_of
+    from bytecomp.plan import Option
+    from bytecomp.profile.store import EXECUTOR_PATHS
+    from bytecomp.search.planner import Planner as _Planner
+
+    assert EXECUTOR_PATHS == ("direct", "fifo", "host")
+    assert path_of(Option("fp16", "device", "allreduce")) == "direct"
+    assert path_of(Option("int8", "device", "allgather")) == "direct"  # fixed size, one round
+    assert path_of(Option("dgc:ratio=0.01", "device", "allgather")) == "fifo"  # sizes vary
+    assert path_of(Option("powersgd:rank=4", "device", "allreduce")) == "fifo"  # two rounds
+    assert path_of(Option("fp16", "device", "twoshot")) == "fifo"
+    assert path_of(Option("fp16", "host", "allreduce")) == "host"
+    assert ExecutorCosts.from_meta(FIXED).to_meta() == FIXED
+    profile = synthetic_profile(mlp_shapes(), world_size=2, specs=["fp16", "dgc:ratio=0.01"],
+                                device="cpu")
+    profile.meta["executor"] = FIXED
+    costs = _Planner(profile, None, ["fp16", "dgc:ratio=0.01"]).problem.costs
+    fifo = costs.cost(Option("dgc:ratio=0.01", "device", "allgather"), 1000)
+    assert (fifo.hook_ms, fifo.tail_ms) == (0.1, 0.7)
+    host = costs.cost(Option("fp16", "host", "allreduce"), 1000)
+    assert (host.hook_ms, host.tail_ms) == (0.05, 0.9)
+
+
+def test_fixed_costs_slow_plans_through_the_hook_but_not_ddps_own_allreduce():
+    """Without the hook (fp32 allreduce everywhere) nothing changes; the fp16 plan, one
+    group per bucket on the direct path, is predicted slower by at most every bucket's
+    and group's fixed cost, and by more than nothing."""
+    shapes = mlp_shapes()
+    plain = synthetic_profile(shapes, world_size=2, specs=["fp16"], device="cpu",
+                              bucket_cap_mb=0.1)
+    charged = synthetic_profile(shapes, world_size=2, specs=["fp16"], device="cpu",
+                                bucket_cap_mb=0.1)
+    charged.meta["executor"] = FIXED
+    before = {b.name: b.time_ms for b in Planner(plain, None, ["fp16"]).baselines()}
+    planner = Planner(charged, None, ["fp16"])
+    after = {b.name: b.time_ms for b in planner.baselines()}
+    assert after["fp32 DDP"] == pytest.approx(before["fp32 DDP"])
+    buckets = len(planner.problem.buckets(0.1))
+    assert buckets > 1
+    extra = after["fp16 hook"] - before["fp16 hook"]
+    assert 0 < extra <= buckets * (0.5 + 0.2 + 0.3) + 1e-9
+
+
+@pytest.mark.parametrize("executor,field", [
+    ("fast", "'executor' must be a mapping"),
+    ({"bucket_ms": -1, "paths": {}}, "'executor.bucket_ms'"),
+    ({"bucket_ms": 0.1, "paths": {"direct": {"hook_ms": 0.1, "tail_ms": float("nan")}}},
+     "'executor.paths.direct.tail_ms'"),
+    ({"bucket_ms": 0.1, "paths": {"direct": {"hook_ms": 0.1, "tail_ms": 0.1}}},
+     "'executor.paths.fifo.hook_ms'"),
+])
+def test_a_profile_with_bad_fixed_costs_is_a_clear_error(tmp_path, executor, field):
+    copy = tmp_path / "profile"
+    shutil.copytree(ROOT / "profiles" / "cnn", copy)
+    meta = yaml.safe_load((copy / "profile.yaml").read_text())
+    meta["executor"] = executor
+    (copy / "profile.yaml").write_text(yaml.safe_dump(meta))
+    with pytest.raises(BytecompError, match=field):
+        load_profile(copy)

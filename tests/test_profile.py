@@ -128,6 +128,19 @@ def test_profile_yaml_describes_the_run(mlp_profile):
     assert meta["machine"]["logical_cores"] >= 1
 
 
+def test_the_executors_fixed_costs_are_measured_and_load(mlp_profile):
+    """Measured with the real executor on the job's ranks: one figure per bucket and,
+    per path, on the hook's thread and on the channel, beside what the model charges."""
+    from bytecomp.model.overheads import PATHS, ExecutorCosts
+
+    executor = mlp_profile.meta["executor"]
+    costs = ExecutorCosts.from_meta(executor)
+    for path in PATHS:
+        assert 0 <= costs.hook_ms[path] < 50 and 0 <= costs.tail_ms[path] < 50
+        assert 0 <= executor["charged_ms"][path] < 50
+    assert 0 <= costs.bucket_ms < 50
+
+
 def test_same_command_works_under_torchrun(tmp_path):
     out = tmp_path / "mlp"
     env = {**os.environ, "PYTHONPATH": FIXTURES}

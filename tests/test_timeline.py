@@ -85,7 +85,9 @@ def test_intra_node_traffic_slows_the_backward_pass_by_its_own_interference():
 
 
 def test_single_pass_and_event_simulations_agree():
-    """Random instances, with device and host groups, copies and a few host workers."""
+    """Random instances, with device and host groups, copies, a few host workers and
+    the executor's fixed costs (per bucket, per group on the hook and on the channel),
+    through the hook or not."""
     import random
 
     from bytecomp.timeline.events import EventSimulation
@@ -104,7 +106,9 @@ def test_single_pass_and_event_simulations_agree():
                                generator.uniform(0, 5), ready,
                                host_workers=generator.randint(1, 4),
                                interference=generator.choice([0.0, 0.25, 0.6]),
-                               intra_interference=generator.choice([None, 0.0, 0.5]))
+                               intra_interference=generator.choice([None, 0.0, 0.5]),
+                               through_hook=generator.random() < 0.7,
+                               bucket_hook_ms=some(2))
         host_share = generator.choice([0.0, 0.5, 1.0])
         groups = []
         for bucket in range(buckets):
@@ -114,7 +118,8 @@ def test_single_pass_and_event_simulations_agree():
                 groups.append(SimGroup(bucket, GroupCost(
                     some(10), channel, some(10), host=host,
                     copy_in_ms=some(5) if host else 0.0, copy_out_ms=some(5) if host else 0.0,
-                    intra_ms=generator.choice([0.0, generator.uniform(0, channel)]))))
+                    intra_ms=generator.choice([0.0, generator.uniform(0, channel)]),
+                    hook_ms=some(2), tail_ms=some(2))))
         hosted += any(group.cost.host for group in groups)
         fast = simulate_single_pass(model, groups)
         events = EventSimulation(model, groups, False).run()
@@ -125,6 +130,27 @@ def test_single_pass_and_event_simulations_agree():
         assert flat == pytest.approx([t for interval in events.channel for t in interval],
                                      abs=1e-9), case
     assert hosted > 1000
+
+
+def test_the_executor_fixed_costs_fall_on_the_hook_and_the_channel():
+    """Bucket cost 1 and group hook 2 on the compute stream, tail 3 on the channel."""
+    groups = [SimGroup(0, GroupCost(4, 10, 0, hook_ms=2, tail_ms=3)),
+              SimGroup(0, GroupCost(0, 5, 0, hook_ms=2, tail_ms=3))]
+    hooked = IterationModel(0, 100, 0, [20], bucket_hook_ms=1)
+    result = simulate(hooked, groups, record=True)
+    # bucket 20-21, hook 21-23, encode 23-27, channel 27-40; hook 27-29, channel 40-48
+    assert result.channel == [pytest.approx((27, 40)), pytest.approx((40, 48))]
+    assert result.backward_end_ms == pytest.approx(100 + 1 + 2 + 4 + 2)
+    hooks = [e for e in result.events if e.op == "hook"]
+    assert sum(e.duration for e in hooks) == pytest.approx(5)
+    native = IterationModel(0, 100, 0, [20], bucket_hook_ms=1, through_hook=False)
+    plain = simulate(native, groups)  # DDP's own allreduce: no fixed costs at all
+    assert plain.channel == [pytest.approx((24, 34)), pytest.approx((34, 39))]
+    host = GroupCost(5, 10, 0, host=True, hook_ms=2, tail_ms=3)
+    late = simulate(hooked, [SimGroup(0, GroupCost(4, 1, 0, hook_ms=2)), SimGroup(0, host)])
+    # the host group is handed over after the first group's hook and encode and its own
+    # hook (20 + 1 + 2 + 4 + 2 = 29), encoded on a worker by 34
+    assert late.channel[1] == pytest.approx((34, 47))
 
 
 def test_buckets_launch_in_index_order():

@@ -9,7 +9,10 @@ merged group of ``numel`` elements has three parts:
 * ``channel_ms``: on the communication channel, in FIFO order: every
   collective of the scheme plus the compute the scheme does between them
   (two-shot's re-compression, for example);
-* ``decode_ms``: like encode.
+* ``decode_ms``: like encode;
+* the executor's fixed costs of the group's path (:mod:`bytecomp.model.overheads`):
+  ``hook_ms`` on the compute stream before the encode, ``tail_ms`` on the channel
+  after the collectives, charged when the plan runs through the hook.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from functools import cache
 
 from bytecomp.compress import from_spec
 from bytecomp.model.costs import CommModel, ComputeModel, wire_dtype
+from bytecomp.model.overheads import ExecutorCosts, path_of
 from bytecomp.plan import NO_COMPRESSION, Option
 
 __all__ = ["COUNT_BYTES", "NO_COMPRESSION", "GroupCost", "Option", "StrategyCosts"]
@@ -37,6 +41,8 @@ class GroupCost:
     copy_out_ms: float = 0.0
     wire_bytes: float = 0.0  # bytes this rank sends over all collectives
     intra_ms: float = 0.0  # the part of channel_ms spent in intra-node collectives
+    hook_ms: float = 0.0  # the executor's fixed cost on the hook's thread (compute stream)
+    tail_ms: float = 0.0  # and on the channel after the collectives (model/overheads.py)
 
 
 @cache
@@ -48,9 +54,10 @@ class StrategyCosts:
     """Costs of options for groups, from the fitted models of a profile and cluster."""
 
     def __init__(self, comm: CommModel, compute: ComputeModel, device_type: str,
-                 element_size: int = 4) -> None:
+                 element_size: int = 4, executor: ExecutorCosts | None = None) -> None:
         self.comm = comm
         self.compute = compute
+        self.executor = executor or ExecutorCosts()
         self.device_type = device_type
         self.element_size = element_size
         self._cache: dict = {}
@@ -138,7 +145,10 @@ class StrategyCosts:
         key = (option, numel, shapes)
         cost = self._cache.get(key)
         if cost is None:
-            cost = self._cache[key] = self._cost(option, numel, shapes)
+            path = path_of(option)
+            cost = self._cache[key] = replace(self._cost(option, numel, shapes),
+                                              hook_ms=self.executor.hook_ms[path],
+                                              tail_ms=self.executor.tail_ms[path])
         return cost
 
     def _cost(self, option: Option, numel: int, shapes) -> GroupCost:

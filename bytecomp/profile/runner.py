@@ -21,6 +21,7 @@ from bytecomp.errors import BytecompError
 from bytecomp.plan import fingerprint
 from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profile.fidelity import measure_fidelity
+from bytecomp.profile.overheads import measure_executor_costs, model_charges
 from bytecomp.profile.store import FORMAT_VERSION, Profile, save_profile
 from bytecomp.profile.sweeps import (
     SweepSettings,
@@ -158,6 +159,11 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
             config.specs, devices, sweep,
             reporter.phase("compressor sweeps", compressor_steps(config.specs, devices, sweep)))
         copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
+        charges = model_charges(collectives, device, nodes, ranks_per_node)
+        rounds = 2 * training.iterations
+        executor = measure_executor_costs(
+            device, nodes, charges, training.warmup, rounds,
+            reporter.phase("executor fixed costs", training.warmup + rounds))
         fidelity_specs = [s for s in config.specs if from_spec(s).name != "none"]
         fidelity = []
         if config.fidelity_iterations and fidelity_specs:
@@ -192,6 +198,7 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                      "optimizer": "SGD lr=1e-3 momentum=0.9", "data": data_source(workload)},
         "times": times,
         "interference": interference,
+        "executor": {**executor.to_meta(), "charged_ms": charges},
         "compressor_specs": config.specs,
         "sweep": {"min_bytes": sweep.min_bytes, "max_bytes": sweep.max_bytes,
                   "size_factor": sweep.size_factor, "repeats": sweep.repeats,

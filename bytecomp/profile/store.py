@@ -19,6 +19,7 @@ from bytecomp.files import check_input_directory, directory_atomic, read_text_fi
 
 FORMAT_VERSION = 1
 TIME_NAMES = ("forward", "backward", "optimizer", "iteration")
+EXECUTOR_PATHS = ("direct", "fifo", "host")  # bytecomp.model.overheads.PATHS
 
 TABLES = {
     "tensors": {"name": str, "shape": str, "numel": int, "dtype": str, "bytes": int,
@@ -123,6 +124,27 @@ def _check_interference(path: Path, entry) -> None:
             _fail(path, f"field 'interference.{key}' must be a number in [0, 1)")
 
 
+def _milliseconds(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and \
+        math.isfinite(value) and 0 <= value < 1e6
+
+
+def _check_executor(path: Path, entry) -> None:
+    """Optional: the executor's fixed costs (model/overheads.py), in milliseconds."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict) or not isinstance(entry.get("paths"), dict):
+        _fail(path, "field 'executor' must be a mapping with 'bucket_ms' and 'paths'")
+    if not _milliseconds(entry.get("bucket_ms")):
+        _fail(path, "field 'executor.bucket_ms' must be a non-negative number of ms")
+    for name in EXECUTOR_PATHS:
+        costs = entry["paths"].get(name)
+        for key in ("hook_ms", "tail_ms"):
+            if not isinstance(costs, dict) or not _milliseconds(costs.get(key)):
+                _fail(path, f"field 'executor.paths.{name}.{key}' must be a non-negative "
+                            f"number of ms")
+
+
 def _load_meta(path: Path) -> dict:
     if not path.exists():
         _fail(path, "missing (is this a profile directory made by bytecomp profile?)")
@@ -153,6 +175,7 @@ def _load_meta(path: Path) -> dict:
     if meta["device"].get("type") not in ("cpu", "cuda"):
         _fail(path, "field 'device.type' must be cpu or cuda")
     _check_interference(path, meta.get("interference"))
+    _check_executor(path, meta.get("executor"))
     for name in TIME_NAMES:
         entry = meta["times"].get(name)
         value = entry.get("median_ms") if isinstance(entry, dict) else None

@@ -14,6 +14,7 @@ keyed by the names of its tensors, and survive ``state_dict``
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from pathlib import Path
 
@@ -88,6 +89,7 @@ class Executor:
     # -- the hook ---------------------------------------------------------------------------------
     @staticmethod
     def _hook(self: Executor, bucket):  # no annotations: DDP rejects postponed ones
+        started = time.perf_counter()
         step = self._current
         members = [(self.group_of[self.name_of[id(p)]], self.name_of[id(p)], grad)
                    for p, grad in zip(bucket.parameters(), bucket.gradients())]
@@ -108,6 +110,7 @@ class Executor:
             self._launch(group, views, partial(step.group_done, group.index))
         if bucket.is_last():
             self._end_step(step)
+        self.stats.add(hook_s=time.perf_counter() - started)
         return waiting.future
 
     def _new_future(self) -> torch.futures.Future:

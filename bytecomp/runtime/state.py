@@ -26,6 +26,7 @@ class Stats:
     encode_s: float = 0.0
     communicate_s: float = 0.0
     decode_s: float = 0.0
+    hook_s: float = 0.0  # on DDP's thread, inside the hook (encodes of device groups included)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **amounts: float) -> None:
@@ -43,6 +44,7 @@ class Stats:
             "encode_ms_per_step": 1000 * self.encode_s / steps,
             "communicate_ms_per_step": 1000 * self.communicate_s / steps,
             "decode_ms_per_step": 1000 * self.decode_s / steps,
+            "hook_ms_per_step": 1000 * self.hook_s / steps,
         }
 
 

@@ -179,6 +179,7 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
     partial = [UNASSIGNED] * len(order)
     owner = problem.bucket_of(cap_mb)
     model = problem.iteration_model(cap_mb)
+    native_model = problem.iteration_model(cap_mb, native=True)
     cheapest = min(asymptotic_slopes(problem))
     unassigned = [0.0] * len(model.bucket_ready_ms)
     for position, tensor in enumerate(problem.tensors):
@@ -210,7 +211,9 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
             if relaxed >= best_value - EPSILON:
                 return relaxed
         problem.evaluations += 1
-        return simulate(model, groups).iteration_ms * scale
+        # a completion may run as DDP's own allreduce, without the hook's fixed costs
+        bounding = native_model if problem.may_be_native(partial) else model
+        return simulate(bounding, groups).iteration_ms * scale
 
     def descend(depth: int) -> None:
         nonlocal nodes, complete, best_assignment, best_value

@@ -13,6 +13,7 @@ from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import Cluster
 from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
 from bytecomp.model.fidelity import FidelityModel
+from bytecomp.model.overheads import ExecutorCosts
 from bytecomp.model.strategy import StrategyCosts
 from bytecomp.plan import NO_COMPRESSION, Option, Plan, PlanEntry
 from bytecomp.profile.store import Profile
@@ -156,7 +157,8 @@ class Planner:
             if option not in options:
                 options.append(option)
         times = profile.meta["times"]
-        costs = StrategyCosts(self.comm, self.compute, profile.device_type)
+        executor = ExecutorCosts.from_meta(profile.meta.get("executor"))
+        costs = StrategyCosts(self.comm, self.compute, profile.device_type, executor=executor)
         # Communication's cost to the compute stream was measured on the profiled network
         # only; a cluster config's links (GPUs, NCCL) are taken as not interfering.
         measured = (profile.meta.get("interference") or {}) if self.cluster.measured else {}
@@ -164,7 +166,8 @@ class Planner:
                                times["backward_compute"]["median_ms"],
                                times["optimizer"]["median_ms"], costs, options,
                                interference=float(measured.get("fraction", 0.0)),
-                               intra_interference=measured.get("intra_fraction"))
+                               intra_interference=measured.get("intra_fraction"),
+                               bucket_hook_ms=executor.bucket_ms)
         self.searchable = list(range(searchable))
         self._set_objective(objective, min_fidelity, fidelity_weights)
 
@@ -389,5 +392,6 @@ def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
         release = max(owner[m] for m in members)  # the executor launches it then
         groups.append((release, group_id, Group(release, problem.options.index(option), members)))
     ordered = [group for _, _, group in sorted(groups, key=lambda item: item[:2])]
-    return simulate(problem.iteration_model(plan.bucket_cap_mb),
+    native = all(problem.options[group.option] == NO_COMPRESSION for group in ordered)
+    return simulate(problem.iteration_model(plan.bucket_cap_mb, native),
                     problem.sim_groups(ordered, plan.bucket_cap_mb), record)

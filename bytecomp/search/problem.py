@@ -16,7 +16,7 @@ from operator import itemgetter
 
 from bytecomp.compress import from_spec
 from bytecomp.model.strategy import GroupCost, StrategyCosts
-from bytecomp.plan import HOST_WORKERS, Option
+from bytecomp.plan import HOST_WORKERS, NO_COMPRESSION, Option
 from bytecomp.timeline.buckets import ddp_buckets
 from bytecomp.timeline.simulator import (
     IterationModel,
@@ -78,7 +78,7 @@ class Problem:
     def __init__(self, tensors: list[Tensor], forward_ms: float, backward_ms: float,
                  optimizer_ms: float, costs: StrategyCosts, options: list[Option],
                  host_workers: int = HOST_WORKERS, interference: float = 0.0,
-                 intra_interference: float | None = None) -> None:
+                 intra_interference: float | None = None, bucket_hook_ms: float = 0.0) -> None:
         self.tensors = tensors
         self.forward_ms = forward_ms
         self.backward_ms = max(backward_ms, max((t.ready_ms for t in tensors), default=0.0))
@@ -88,8 +88,11 @@ class Problem:
         self.host_workers = host_workers
         self.interference = interference
         self.intra_interference = intra_interference
+        self.bucket_hook_ms = bucket_hook_ms
+        # fp32 allreduce on every tensor runs as DDP's own allreduce: no hook, no fixed costs
+        self._native = options.index(NO_COMPRESSION) if NO_COMPRESSION in options else None
         self._buckets: dict[float, list[list[int]]] = {}
-        self._models: dict[float, IterationModel] = {}
+        self._models: dict[tuple[float, bool], IterationModel] = {}
         self.low_rank = [_low_rank(o) for o in options]
         self.evaluations = 0
         self._bucket_groups: dict = {}
@@ -124,14 +127,28 @@ class Problem:
                     owner[position] = index
         return owner
 
-    def iteration_model(self, cap_mb: float) -> IterationModel:
-        if cap_mb not in self._models:
+    def iteration_model(self, cap_mb: float, native: bool = False) -> IterationModel:
+        """The iteration's compute and buckets; ``native``: run as DDP's own allreduce,
+        without bytecomp's hook (so without the executor's fixed costs)."""
+        key = (cap_mb, native)
+        if key not in self._models:
             ready = [max(self.tensors[p].ready_ms for p in members)
                      for members in self.buckets(cap_mb)]
-            self._models[cap_mb] = IterationModel(self.forward_ms, self.backward_ms,
-                                                  self.optimizer_ms, ready, self.host_workers,
-                                                  self.interference, self.intra_interference)
-        return self._models[cap_mb]
+            self._models[key] = IterationModel(self.forward_ms, self.backward_ms,
+                                               self.optimizer_ms, ready, self.host_workers,
+                                               self.interference, self.intra_interference,
+                                               through_hook=not native,
+                                               bucket_hook_ms=self.bucket_hook_ms)
+        return self._models[key]
+
+    def is_native(self, assignment) -> bool:
+        """Whether the assignment is fp32 allreduce on every tensor (DDP's own)."""
+        return self._native is not None and assignment.count(self._native) == len(assignment)
+
+    def may_be_native(self, assignment) -> bool:
+        """Whether some completion of a partial assignment is :meth:`is_native`."""
+        return self._native is not None and \
+            assignment.count(self._native) + assignment.count(UNASSIGNED) == len(assignment)
 
     # -- groups and evaluation ---------------------------------------------------------
     def groups(self, assignment, cap_mb: float) -> list[Group]:
@@ -223,8 +240,8 @@ class Problem:
 
     def simulate(self, assignment, cap_mb: float, record: bool = False) -> SimResult:
         self.evaluations += 1
-        return simulate(self.iteration_model(cap_mb), self._fast_sim_groups(assignment, cap_mb),
-                        record)
+        return simulate(self.iteration_model(cap_mb, self.is_native(assignment)),
+                        self._fast_sim_groups(assignment, cap_mb), record)
 
     def evaluate(self, assignment, cap_mb: float) -> float:
         """The objective's value: predicted iteration time, or effective time (infinite
@@ -272,6 +289,8 @@ class Problem:
     def add_option(self, option: Option) -> int:
         """Offer one more option (a plan's own, when simulating it); its index."""
         self.options.append(option)
+        if option == NO_COMPRESSION and self._native is None:
+            self._native = len(self.options) - 1
         self.low_rank.append(_low_rank(option))
         self._labels.append(option.label)
         if self._weights is not None and self._gain_of is not None:
@@ -287,6 +306,8 @@ class Problem:
         view.low_rank = self.low_rank[:count]
         view._labels = self._labels[:count]
         view.screens = {}  # screens depend on the options offered
+        if view._native is not None and view._native >= count:
+            view._native = None
         return view
 
     # -- helpers -----------------------------------------------------------------------

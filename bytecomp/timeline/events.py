@@ -136,8 +136,11 @@ class EventSimulation:
         if self.running_since is not None:
             self._schedule_backward()
 
-    def _device_job(self, duration: float, done, index: int, op: str) -> None:
-        if duration <= 0:
+    def _device_job(self, duration: float, done, index: int, op: str,
+                    in_order: bool = False) -> None:
+        """Run ``duration`` ms on the compute stream (FIFO), then ``done(index)``. A job of
+        no duration is done at once, unless ``in_order``: then after the jobs before it."""
+        if duration <= 0 and not (in_order and (self.device_busy or self.device_queue)):
             done(index)
             return
         self.device_queue.append((duration, done, index, op))
@@ -149,7 +152,8 @@ class EventSimulation:
         duration, done, index, op = self.device_queue.popleft()
         self.device_busy = True
         if self.record:
-            self.log("compute", op, self.now, self.now + duration, self.groups[index].label)
+            self.log("compute", op, self.now, self.now + duration,
+                     self.groups[index].label if index >= 0 else "")
         self.push(self.now + duration, self._device_done, done, index)
 
     def _device_done(self, done, index: int) -> None:
@@ -162,12 +166,20 @@ class EventSimulation:
 
     # -- launching and the channel ---------------------------------------------------------
     def _launch(self, bucket: int) -> None:
+        hooked = self.model.through_hook
+        if hooked:
+            self._device_job(self.model.bucket_hook_ms, lambda _: None, -1, "hook")
         for index in self.released[bucket]:
             cost = self.groups[index].cost
-            if cost.host:
-                self._copy(cost.copy_in_ms, index, "d2h", self._host_encode)
+            if hooked:
+                self._device_job(cost.hook_ms, lambda _: None, index, "hook")
+            if cost.host:  # handed over when the hook reaches it
+                self._device_job(0.0, self._host_copy_in, index, "hook", in_order=True)
             else:
-                self._device_job(cost.encode_ms, self._encoded, index, "encode")
+                self._device_job(cost.encode_ms, self._encoded, index, "encode", in_order=True)
+
+    def _host_copy_in(self, index: int) -> None:
+        self._copy(self.groups[index].cost.copy_in_ms, index, "d2h", self._host_encode)
 
     def _encoded(self, index: int) -> None:
         self.encoded[index] = True
@@ -179,7 +191,8 @@ class EventSimulation:
             return
         index = self.next_channel
         self.next_channel += 1
-        duration = self.groups[index].cost.channel_ms
+        cost = self.groups[index].cost
+        duration = cost.channel_ms + (cost.tail_ms if self.model.through_hook else 0.0)
         self.channel_busy = True
         self._set_rate(self.model.channel_rate(self.groups[index].cost))
         self.channel[index] = (self.now, self.now + duration)

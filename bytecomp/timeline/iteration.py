@@ -31,6 +31,10 @@ class IterationModel:
     host_workers: int = HOST_WORKERS
     interference: float = 0.0  # share of the compute stream lost while the channel is busy
     intra_interference: float | None = None  # the same for intra-node traffic (None: same)
+    # Through bytecomp's hook, every bucket costs bucket_hook_ms on the compute stream and
+    # every group its hook_ms and tail_ms; DDP's own allreduce (through_hook False) none.
+    through_hook: bool = True
+    bucket_hook_ms: float = 0.0
 
     def channel_rate(self, cost: GroupCost) -> float:
         """The backward pass's speed while ``cost``'s collectives run: its intra-node

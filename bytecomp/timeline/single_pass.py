@@ -27,10 +27,12 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimRe
 
     Host groups never touch the compute stream: their copies (one FIFO copy engine)
     and host work (a FIFO pool of workers) are served in request order. Requests
-    come in time order per kind (copies in at launches, encodes after them, decodes
-    at channel ends in group order), so each resource serves a request once every
-    earlier one is known: decodes before an encode's or a launch's time, copies out
-    before a launch's time, the rest at the end."""
+    come in time order per kind (copies in when the hook reaches the group, encodes
+    after them, decodes at channel ends in group order), so each resource serves a
+    request once every earlier one is known: decodes before an encode's time, copies
+    out before a copy in's time, the rest at the end. Through the hook, each bucket
+    and then each group first costs its fixed time on the compute stream, and each
+    group's channel interval ends with its tail."""
     released: list[list[SimGroup]] = [[] for _ in model.bucket_ready_ms]
     for group in groups:
         released[group.bucket].append(group)
@@ -109,27 +111,26 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimRe
         work = max(work, target)
 
     ready = 0.0
+    hooked = model.through_hook
     for bucket, bucket_groups in enumerate(released):
         ready = max(ready, model.bucket_ready_ms[bucket])
         advance_to(ready)
-        launch = clock
-        copied_in = []  # every host group asks for its copy in at the launch, in order
-        if any(group.cost.host for group in bucket_groups):
-            copy_out_until(launch)
-            copied_in = [on_copy_engine(launch, group.cost.copy_in_ms)
-                         for group in bucket_groups if group.cost.host]
-        host = 0
+        if hooked:
+            clock += model.bucket_hook_ms
         for group in bucket_groups:
             cost = group.cost
-            if cost.host:
-                decode_on_host_until(copied_in[host])
-                encoded = on_worker(copied_in[host], cost.encode_ms)
-                host += 1
+            if hooked:
+                clock += cost.hook_ms
+            if cost.host:  # handed over when the hook reaches it: copy in, then a worker
+                copy_out_until(clock)
+                copied_in = on_copy_engine(clock, cost.copy_in_ms)
+                decode_on_host_until(copied_in)
+                encoded = on_worker(copied_in, cost.encode_ms)
             else:
                 clock += cost.encode_ms
                 encoded = clock
             start = max(encoded, channel_free)
-            channel_free = start + cost.channel_ms
+            channel_free = start + cost.channel_ms + (cost.tail_ms if hooked else 0.0)
             channel.append((start, channel_free))
             rates.append(model.channel_rate(cost))
             if cost.host:

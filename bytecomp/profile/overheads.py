@@ -1,0 +1,165 @@
+"""Measure the executor's fixed costs (:mod:`bytecomp.model.overheads`) on the job's
+ranks, with the real executor on the real process groups.
+
+A synthetic model of ``GROUPS`` tiny parameters (``NUMEL`` elements each, next to no
+compute) is trained through DDP with a plan that gives each parameter a group of
+its own on one path (``direct``: fp16 allreduce; ``fifo``: DGC, whose payloads vary
+in size, so that sizes and payloads are allgathered on the FIFO thread; ``host``:
+fp16 on the host workers). Per
+path, the backward pass (hook, exchanges and DDP's wait included) is timed with
+``FEW`` and with ``GROUPS`` groups in one bucket: the difference per added group,
+less what the model already charges for such a group (its encode, collectives and
+decode from this profile's collective sweeps and a compressor sweep of the same
+sizes), is the group's fixed cost (none where the model charges more). The
+part of it spent inside the hook (the executor times its hook; device encodes
+excluded) is charged on the hook's thread, the rest on the channel. The cost of
+a bucket is the difference per added bucket between ``GROUPS`` groups in one
+bucket and in one bucket each (direct path), charged on the hook's thread.
+Every figure is the median over iterations of the slowest rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from bytecomp.model.overheads import PATHS, ExecutorCosts
+from bytecomp.plan import Option, Plan, PlanEntry, fingerprint, plan_from_dict
+from bytecomp.runtime import apply_plan
+
+NUMEL = 1024
+FEW, GROUPS = 2, 24
+OPTIONS = {"direct": Option("fp16", "device", "allreduce"),
+           "fifo": Option("dgc:ratio=0.01", "device", "allgather"),
+           "host": Option("fp16", "host", "allreduce")}
+ONE_BUCKET_MB, BUCKET_PER_TENSOR_MB = 25.0, NUMEL * 4 / 2**20 / 2
+
+
+class TinyModel(torch.nn.Module):
+    """``count`` parameters of ``NUMEL`` elements; the loss touches each once."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(NUMEL))
+                                              for _ in range(count))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum((w * x).sum() for w in self.weights)
+
+
+def _plan(model: TinyModel, option: Option, nodes: int, cap_mb: float) -> Plan:
+    """One group per parameter, every group on ``option``."""
+    world = dist.get_world_size()
+    names = [name for name, _ in model.named_parameters()]
+    entries = [PlanEntry.of(name, option, index) for index, name in enumerate(reversed(names))]
+    plan = Plan(fingerprint(model), world, nodes, world // nodes, cap_mb, entries, {},
+                {"algorithm": "executor overhead measurement"})
+    return plan_from_dict(plan.to_dict(), "<executor overhead measurement>")
+
+
+def _slowest_median(samples: list[float]) -> float:
+    """The median of this rank's samples (s), the largest over the ranks (ms)."""
+    value = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return 1000.0 * float(value)
+
+
+class _ThroughExecutor:
+    """One configuration: ``groups`` groups on ``option`` with buckets of ``cap_mb``."""
+
+    def __init__(self, option: Option, groups: int, cap_mb: float, nodes: int, device) -> None:
+        self.option, self.device = option, device
+        self.model = TinyModel(groups).to(device)
+        self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=cap_mb)
+        self.executor = apply_plan(self.ddp, _plan(self.model, option, nodes, cap_mb))
+        self.x = torch.ones(NUMEL, device=device)
+        self.backward: list[float] = []
+        self.hook: list[float] = []
+
+    def step(self, keep: bool) -> None:
+        """One timed backward pass; the hook's time without the device encodes in it."""
+        stats = self.executor.stats
+        loss = self.ddp(self.x)
+        dist.barrier()
+        hook_s, encode_s = stats.hook_s, stats.encode_s
+        started = time.perf_counter()
+        loss.backward()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - started
+        hook_s = stats.hook_s - hook_s
+        if self.option.place == "device":  # encodes run inside the hook: not a fixed cost
+            hook_s -= stats.encode_s - encode_s
+        if keep:
+            self.backward.append(elapsed)
+            self.hook.append(max(0.0, hook_s))
+
+    def medians(self) -> tuple[float, float]:
+        """Median backward ms and hook ms per step (slowest rank)."""
+        return _slowest_median(self.backward), _slowest_median(self.hook)
+
+
+def model_charges(collectives: list[dict], device, nodes: int, ranks_per_node: int) -> dict:
+    """What the model charges per path for one group of ``NUMEL`` elements (encode,
+    channel, decode, copies), from ``collectives`` (this profile's sweep rows) and a
+    compressor sweep of the measurement's options."""
+    import pandas as pd
+
+    from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
+    from bytecomp.model.strategy import StrategyCosts
+    from bytecomp.profile.store import Profile
+    from bytecomp.profile.sweeps import SweepSettings, sweep_compressors
+
+    specs = sorted({option.spec for option in OPTIONS.values()})
+    devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])
+    rows = sweep_compressors(specs, devices, SweepSettings(numels=(NUMEL, 4 * NUMEL)))
+    meta = {"model": {"name": "executor overhead measurement"}, "nodes": nodes,
+            "ranks_per_node": ranks_per_node, "world_size": nodes * ranks_per_node}
+    profile = Profile(meta, pd.DataFrame(), pd.DataFrame(collectives), pd.DataFrame(rows))
+    costs = StrategyCosts(CommModel(profile, profiled_cluster(profile)), ComputeModel(profile),
+                          device.type)
+    charges = {}
+    for path, option in OPTIONS.items():
+        cost = costs.cost(option, NUMEL)
+        charges[path] = (cost.encode_ms + cost.channel_ms + cost.decode_ms + cost.copy_in_ms
+                         + cost.copy_out_ms)
+    return charges
+
+
+def measure_executor_costs(device, nodes: int, charges: dict[str, float], warmup: int,
+                           iterations: int, progress=None) -> ExecutorCosts:
+    """The executor's fixed costs on this job (collective: call on every rank), given
+    what the model charges per group on each path (:func:`model_charges`). The
+    configurations run interleaved, round after round, so that drift hits all alike."""
+    runs: dict[tuple, _ThroughExecutor] = {}
+    for path in PATHS:
+        runs[(path, FEW)] = _ThroughExecutor(OPTIONS[path], FEW, ONE_BUCKET_MB, nodes, device)
+        runs[(path, GROUPS)] = _ThroughExecutor(OPTIONS[path], GROUPS, ONE_BUCKET_MB, nodes,
+                                                device)
+    runs[("buckets", GROUPS)] = _ThroughExecutor(OPTIONS["direct"], GROUPS,
+                                                 BUCKET_PER_TENSOR_MB, nodes, device)
+    try:
+        for round_number in range(warmup + iterations):
+            for run in runs.values():
+                run.step(keep=round_number >= warmup)
+            if progress is not None:
+                progress()
+    finally:
+        for run in runs.values():
+            run.executor.close()
+    added = GROUPS - FEW
+    hook_ms, tail_ms = {}, {}
+    for path in PATHS:
+        few, few_hook = runs[(path, FEW)].medians()
+        many, many_hook = runs[(path, GROUPS)].medians()
+        fixed = max(0.0, (many - few) / added - charges[path])
+        hook_ms[path] = min(fixed, max(0.0, (many_hook - few_hook) / added))
+        tail_ms[path] = fixed - hook_ms[path]
+    one_bucket, _ = runs[("direct", GROUPS)].medians()
+    many_buckets, _ = runs[("buckets", GROUPS)].medians()
+    bucket_ms = max(0.0, (many_buckets - one_bucket) / (GROUPS - 1))
+    return ExecutorCosts(bucket_ms, hook_ms, tail_ms)
