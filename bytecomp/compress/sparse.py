@@ -89,7 +89,8 @@ class Threshold(_IndexedSparse):
 
 class DGC(_IndexedSparse):
     """Deep Gradient Compression's sampled threshold: estimate the top-k threshold on a
-    random sample, keep what passes it, and trim to exactly k if more passed."""
+    random sample, keep what passes it, and trim to exactly k if more passed. Zeros are
+    never kept, so a gradient with fewer than k nonzeros sends just its nonzeros."""
 
     name = "dgc"
     summary = "sampled-threshold top-k (at most k kept)"
@@ -120,6 +121,10 @@ class DGC(_IndexedSparse):
         sample = magnitude[torch.randint(0, numel, (sample_size,), generator=generator,
                                          device=x.device)]
         threshold = torch.topk(sample, count_of(self.ratio, sample_size), sorted=False).values.min()
+        # A zero threshold (a gradient with fewer nonzeros than k, like an embedding whose
+        # rows are mostly unused) would select every element and fall back to an exact
+        # top-k of all of them: keep the nonzeros only (no host sync on GPU).
+        threshold = threshold.clamp(min=torch.finfo(x.dtype).tiny)
         indices = torch.nonzero(magnitude >= threshold).reshape(-1)
         if indices.numel() > k:
             indices = indices[torch.topk(magnitude[indices], k, sorted=False).indices]
