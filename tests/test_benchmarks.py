@@ -1,0 +1,22 @@
+"""Benchmarks in their smoke form: they run end to end and print their tables (no
+timing asserted: performance figures come from the benchmarks themselves)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_executor_overhead_benchmark_runs(tmp_path):
+    table = tmp_path / "table.md"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "executor_overhead.py"), "--model", "mlp",
+         "--rounds", "2", "--warmup", "1", "--trials", "1", "--markdown", str(table)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    for name in ("PyTorch allreduce_hook", "bytecomp all-fp32 plan, through the hook",
+                 "hand-written top-k hook", "bytecomp top-k plan"):
+        assert name in result.stdout and name in table.read_text()
