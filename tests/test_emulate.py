@@ -57,7 +57,7 @@ def test_emulated_allreduce_reaches_the_configured_bandwidth():
 @netns
 def test_interrupting_emulate_leaves_nothing_behind():
     process = subprocess.Popen([*BYTECOMP, "emulate", "--nodes", "2", "--ranks-per-node", "2",
-                                "--", "sleep", "60"], stderr=subprocess.PIPE, text=True)
+                                "--", "sleep", "59.25"], stderr=subprocess.PIPE, text=True)
     banner = process.stderr.readline()
     run_id = banner.split("run ")[1].split(",")[0]
     deadline = time.monotonic() + 20
@@ -72,7 +72,7 @@ def test_interrupting_emulate_leaves_nothing_behind():
     assert leftovers(run_id) == []
     assert f"bc{run_id}" not in subprocess.run(["tc", "qdisc", "show"], capture_output=True,
                                                text=True).stdout
-    sleepers = subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True, text=True)
+    sleepers = subprocess.run(["pgrep", "-f", "sleep 59.25"], capture_output=True, text=True)
     assert sleepers.stdout.strip() == ""
 
 
