@@ -123,8 +123,10 @@ class DGC(_IndexedSparse):
         threshold = torch.topk(sample, count_of(self.ratio, sample_size), sorted=False).values.min()
         # A zero threshold (a gradient with fewer nonzeros than k, like an embedding whose
         # rows are mostly unused) would select every element and fall back to an exact
-        # top-k of all of them: keep the nonzeros only (no host sync on GPU).
-        threshold = threshold.clamp(min=torch.finfo(x.dtype).tiny)
+        # top-k of all of them: keep the nonzeros only, subnormals included (the smallest
+        # positive value of the dtype, not finfo.tiny; no host sync on GPU).
+        threshold = torch.maximum(threshold, torch.nextafter(torch.zeros_like(threshold),
+                                                             torch.ones_like(threshold)))
         indices = torch.nonzero(magnitude >= threshold).reshape(-1)
         if indices.numel() > k:
             indices = indices[torch.topk(magnitude[indices], k, sorted=False).indices]
