@@ -347,6 +347,9 @@ def emulate(
     bandwidth: str = typer.Option("1gbit", help="Link rate of every node, both directions "
                                   "(tc syntax: 100mbit, 1gbit, 10gbit)."),
     latency: str = typer.Option("0", help="Added one-way latency (needs the netem qdisc)."),
+    burst: str = typer.Option(None, help="Token-bucket depth of every link (tc syntax: 32kb; "
+                              "default: one millisecond at the rate, at least 32kb). A deep "
+                              "bucket lets small messages after a pause go for free."),
     check: bool = typer.Option(False, "--check", help="Measure a 2-node allreduce of 16 MiB "
                                "and compare the achieved bandwidth with the configured one."),
 ):
@@ -355,7 +358,7 @@ def emulate(
     from bytecomp.emulate import check_bandwidth, run_emulated
 
     if check:
-        result = check_bandwidth(bandwidth)
+        result = check_bandwidth(bandwidth, burst=burst)
         table = Table(title="emulated 2-node allreduce of 16 MiB (gloo)")
         for column in ("configured Gbit/s", "achieved Gbit/s (bus)", "achieved share",
                        "time ms"):
@@ -364,7 +367,7 @@ def emulate(
                       f"{100 * result['share']:.1f}%", f"{result['time_ms']:.1f}")
         console.print(table)
         return
-    code = run_emulated(list(ctx.args), nodes, ranks_per_node, bandwidth, latency)
+    code = run_emulated(list(ctx.args), nodes, ranks_per_node, bandwidth, latency, burst=burst)
     raise typer.Exit(code)
 
 

@@ -16,6 +16,7 @@ from bytecomp.emulate.netns import (
     leftovers,
     parse_latency,
     parse_rate,
+    parse_size,
     reap_abandoned,
     tbf_burst_bytes,
 )
@@ -43,7 +44,13 @@ def test_rates_and_latencies_parse():
     assert parse_rate("2.5gbit") == 2.5e9
     assert parse_latency("100us") == pytest.approx(1e-4)
     assert parse_latency("2ms") == pytest.approx(2e-3)
-    assert tbf_burst_bytes(1e9) >= 64 * 1024 and tbf_burst_bytes(1e10) > tbf_burst_bytes(1e9)
+    # one millisecond at the rate, never below 32 KiB
+    assert tbf_burst_bytes(1e9) == 125_000 and tbf_burst_bytes(1e8) == 32 * 1024
+    assert parse_size("32kb") == parse_size("32k") == 32 * 1024 and parse_size("1mb") == 1 << 20
+    assert parse_size("65536") == 65536
+    for bad in ("lots", "1kb", "-5k"):
+        with pytest.raises(BytecompError, match="size|cannot pass"):
+            parse_size(bad)
     with pytest.raises(BytecompError, match="not a rate"):
         parse_rate("fast")
 
@@ -90,6 +97,23 @@ def test_the_next_run_removes_what_a_killed_run_left_behind():
     reaped = reap_abandoned()
     assert run_id in reaped and len(reaped[run_id]) >= 3
     assert leftovers(run_id) == []
+
+
+@netns
+def test_the_links_token_bucket_has_the_depth_asked_for():
+    show = ["tc", "qdisc", "show", "dev", "eth0"]
+    result = subprocess.run([*BYTECOMP, "emulate", "--nodes", "2", "--bandwidth", "100mbit",
+                             "--burst", "48kb", "--", *show], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and result.stdout.count("burst 48Kb") == 2, result.stdout
+    default = subprocess.run([*BYTECOMP, "emulate", "--nodes", "1", "--bandwidth", "1gbit",
+                              "--", *show], capture_output=True, text=True, timeout=60)
+    assert "rate 1Gbit burst 125000b" in default.stdout, default.stdout
+
+
+def test_a_bad_burst_is_one_clear_line(cli):
+    result = cli("emulate", "--burst", "deep", "--", "true")
+    assert result.returncode == 2 and "not a size like 32kb" in result.stderr
 
 
 @netns

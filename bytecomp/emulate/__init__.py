@@ -25,6 +25,7 @@ from bytecomp.emulate.netns import (
     check_support,
     parse_latency,
     parse_rate,
+    parse_size,
     reap_abandoned,
 )
 from bytecomp.errors import BytecompError
@@ -70,14 +71,18 @@ def _stop(processes: list[subprocess.Popen]) -> None:
 
 
 def run_emulated(command: list[str], nodes: int, ranks_per_node: int, bandwidth: str,
-                 latency: str = "0", env: dict | None = None, quiet: bool = False) -> int:
-    """Run ``command`` as every rank of an emulated cluster; return the exit code."""
+                 latency: str = "0", env: dict | None = None, quiet: bool = False,
+                 burst: str | None = None) -> int:
+    """Run ``command`` as every rank of an emulated cluster; return the exit code.
+    ``burst`` is the links' token-bucket depth (``32kb``; default: one millisecond at
+    the rate, at least 32 KiB)."""
     if not command:
         raise BytecompError("give the command to run after --, e.g. "
                             "bytecomp emulate --nodes 2 -- python train.py")
     if nodes < 1 or ranks_per_node < 1:
         raise BytecompError("--nodes and --ranks-per-node must be at least 1")
     rate, latency_s = parse_rate(bandwidth), parse_latency(latency)
+    burst_bytes = parse_size(burst) if burst else None
     check_support(latency_s)
     for run_id, names in reap_abandoned().items():
         if not quiet and names:
@@ -91,7 +96,7 @@ def run_emulated(command: list[str], nodes: int, ranks_per_node: int, bandwidth:
     previous = {sig: signal.signal(sig, terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
     processes: list[subprocess.Popen] = []
     try:
-        with EmulatedCluster(nodes, rate, latency_s) as cluster:
+        with EmulatedCluster(nodes, rate, latency_s, burst_bytes) as cluster:
             if not quiet:
                 print(f"bytecomp emulate: run {cluster.run_id}, {nodes} node(s) x "
                       f"{ranks_per_node} rank(s), {bandwidth} links"
@@ -122,14 +127,15 @@ def _wait(processes: list[subprocess.Popen]) -> int:
         time.sleep(0.1)
 
 
-def check_bandwidth(bandwidth: str, size_mb: float = 16.0, repeats: int = 5) -> dict:
+def check_bandwidth(bandwidth: str, size_mb: float = 16.0, repeats: int = 5,
+                    burst: str | None = None) -> dict:
     """A 2-node allreduce of ``size_mb`` over links of ``bandwidth``: achieved vs configured."""
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "check.json"
         os.chmod(scratch, 0o755)
         command = [sys.executable, "-m", "bytecomp.emulate.check", "--size-mb", str(size_mb),
                    "--repeats", str(repeats), "--report", str(report)]
-        code = run_emulated(command, 2, 1, bandwidth, quiet=True)
+        code = run_emulated(command, 2, 1, bandwidth, quiet=True, burst=burst)
         if code != 0 or not report.exists():
             raise BytecompError(f"the bandwidth check failed (exit code {code})")
         result = json.loads(report.read_text())
