@@ -101,6 +101,9 @@ def profile(
     fidelity_iterations: int = typer.Option(10, min=0, help="Training steps whose local "
                                             "gradients measure each compressor's gain (0: "
                                             "no fidelity table)."),
+    ladder: list[str] = typer.Option(None, help="Also time every setting of this compressor "
+                                     "family's adaptive ladder (repeatable: topk, randomk, dgc, "
+                                     "exdyna, powersgd, acpsgd), for plan --adaptive."),
 ):
     """Measure a real DDP job: compute, ready times, buckets, collectives, compressors,
     and each compressor's gradient fidelity on every tensor."""
@@ -116,7 +119,7 @@ def profile(
                            iterations=iterations, warmup=warmup, specs=compressor or [],
                            quick=quick, force=force, device=device, timeout_s=timeout,
                            max_mb=max_mb, machine=machine,
-                           fidelity_iterations=fidelity_iterations)
+                           fidelity_iterations=fidelity_iterations, ladders=ladder or [])
     run_profile(config, nproc)
 
 
@@ -160,6 +163,17 @@ def plan(
                                          "of the parameters; Adam and the like) or norm (by "
                                          "its share of the gradient's squared norm; SGD)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show fit quality and pruning."),
+    adaptive: str = typer.Option(None, help="Plan a ladder of levels over this compressor "
+                                 "family's settings in the profile (topk, randomk, dgc, exdyna, "
+                                 "powersgd, acpsgd), for the executor to move along while "
+                                 "training by the measured gain."),
+    gain_threshold: float = typer.Option(0.75, help="With --adaptive: the smoothed gain a "
+                                         "level must keep (GraVAC's threshold)."),
+    window: int = typer.Option(10, help="With --adaptive: steps of smoothing, and at a level "
+                               "before each decision."),
+    timing: str = typer.Option("measured", help="With --adaptive: score levels by step times "
+                               "the executor measures, or by this plan's predictions "
+                               "(predicted: the same decisions on every run)."),
 ):
     """Search the per-tensor strategy that trains soonest: shortest predicted iteration per
     unit of gradient fidelity (or iteration time alone); write plan.yaml."""
@@ -176,6 +190,10 @@ def plan(
         raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
     check_output_file(out, "--out")
     loaded = load_profile(profile)
+    if adaptive is not None:
+        _plan_adaptive(loaded, _load_cluster(cluster), adaptive, gain_threshold, window, timing,
+                       bucket_cap_mb or None, algorithm, budget, min_gain / 100, out)
+        return
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
                       min_fidelity, fidelity_weights)
     result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100)
@@ -183,6 +201,36 @@ def plan(
     if verbose:
         _print_fits(planner)
     _print_plan(result, written)
+
+
+def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int, timing: str,
+                   caps, algorithm: str, budget: float, min_gain: float, out: str) -> None:
+    from bytecomp.plan import TIMINGS, Adaptive
+    from bytecomp.search.ladder import level_rows, plan_ladder, to_ladder_plan
+
+    if not 0 <= threshold <= 1:
+        raise BytecompError(f"--gain-threshold must be between 0 and 1, got {threshold:g}")
+    if window < 1:
+        raise BytecompError(f"--window must be at least 1, got {window}")
+    if timing not in TIMINGS:
+        raise BytecompError(f"--timing must be {' or '.join(TIMINGS)}, got {timing!r}")
+    settings = Adaptive(family, threshold, window, timing=timing)
+    result = plan_ladder(profile, cluster, settings, caps, algorithm, budget, min_gain)
+    written = to_ladder_plan(result, profile).save(out)
+    level = result.levels[0]
+    table = Table(title=f"adaptive plan: {family} ladder on {level.cluster.name} "
+                        f"({level.cluster.nodes} x {level.cluster.ranks_per_node} ranks), "
+                        f"bucket cap {level.cap_mb:g} MB; the executor moves up while the "
+                        f"measured gain stays >= {threshold:g}")
+    for column in ("level", "setting", "iteration ms", "profiled fidelity", "vs fp32 DDP"):
+        table.add_column(column, justify="left" if column == "setting" else "right")
+    for number, setting, time_ms, fidelity, speedup in level_rows(result):
+        table.add_row(str(number), setting, f"{time_ms:.2f}",
+                      "-" if fidelity is None else f"{fidelity:.3f}", f"{speedup:.2f}x")
+    console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print(f"wrote {written}")
 
 
 def _print_fits(planner) -> None:
@@ -302,7 +350,9 @@ def simulate(
 @app.command()
 def bench(
     profile: str = typer.Argument(..., help="Profile directory the plan was made from."),
-    plan_file: str = typer.Option(..., "--plan", help="The plan to measure."),
+    plan_file: list[str] = typer.Option(..., "--plan", help="The plan to measure (repeatable: "
+                                        "the first is 'bytecomp plan', the others are named "
+                                        "by their files)."),
     out: str = typer.Option("bench", help="Output directory (bench.csv, bench.md; with "
                             "--train-steps also curves.csv, convergence.csv, convergence.png)."),
     compressor: list[str] = typer.Option(None, help="Compressor for an 'on every tensor' "
@@ -323,6 +373,8 @@ def bench(
     to_loss: float = typer.Option(None, help="Target validation loss (default: fp32 DDP's "
                                   "loss at 60% of --train-steps)."),
     lr: float = typer.Option(1e-3, help="Adam's learning rate for --train-steps."),
+    train_levels: bool = typer.Option(False, help="With --train-steps: also train every level "
+                                      "of an adaptive plan as a static plan of its own."),
 ):
     """Measure the plan and the baselines for real, beside the model's predictions; with
     --train-steps, also their time to a target validation loss."""
@@ -335,8 +387,8 @@ def bench(
         raise BytecompError(f"--to-loss must be a finite number, got {to_loss:g}")
     convergence = ConvergenceConfig(train_steps, min(eval_every, train_steps), to_loss, lr) \
         if train_steps else None
-    run_bench(BenchConfig(profile, plan_file, out, compressor or [], cluster, iterations, warmup,
-                          force, convergence), nproc)
+    run_bench(BenchConfig(profile, plan_file[0], out, plan_file[1:], compressor or [], cluster,
+                          iterations, warmup, force, convergence, train_levels), nproc)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

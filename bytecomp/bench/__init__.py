@@ -26,7 +26,8 @@ def _rank(config: BenchConfig, nodes: int, ranks_per_node: int) -> None:
 def run_bench(config: BenchConfig, nproc: int | None = None, timeout_s: float = 600) -> Path:
     """Benchmark on ``nproc`` spawned ranks or on this torchrun (or emulate) job."""
     load_profile(config.profile)  # bad files fail here, once, before any rank starts
-    load_plan(config.plan)
+    for plan in [config.plan, *config.other_plans]:
+        load_plan(plan)
     out = check_new_directory(config.out, config.force)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     run_job(_rank, (config,), nproc, backend, timeout_s)

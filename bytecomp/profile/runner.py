@@ -16,7 +16,7 @@ from rich.table import Table
 
 import bytecomp
 from bytecomp.comm.topology import Topology
-from bytecomp.compress import default_specs, from_spec
+from bytecomp.compress import default_specs, from_spec, ladder_specs
 from bytecomp.errors import BytecompError
 from bytecomp.plan import fingerprint
 from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
@@ -56,10 +56,13 @@ class ProfileConfig:
     max_mb: float = 64.0
     machine: str = ""
     fidelity_iterations: int = 10  # training steps whose gradients measure fidelity (0: none)
+    ladders: list[str] = field(default_factory=list)  # families whose ladders are timed too
 
     def __post_init__(self) -> None:
         self._validate()
-        self.specs = [from_spec(s).spec for s in self.specs] or default_specs()
+        specs = [from_spec(s).spec for s in self.specs] or default_specs()
+        specs += [spec for family in self.ladders for spec in ladder_specs(family)]
+        self.specs = list(dict.fromkeys(specs))
         if self.quick:
             self.iterations, self.warmup = min(self.iterations, 5), min(self.warmup, 2)
             self.fidelity_iterations = min(self.fidelity_iterations, 3)
