@@ -41,7 +41,6 @@ from pathlib import Path
 import pandas as pd
 from scipy.stats import spearmanr
 
-
 BYTECOMP = [sys.executable, "-m", "bytecomp"]
 CHARLM = "transformer:layers=2,width=128,heads=4,seq_len=64,vocab=256"
 COMPRESSORS = ["fp16", "int8", "topk:ratio=0.01", "randomk:ratio=0.01", "dgc:ratio=0.01",

@@ -420,7 +420,7 @@ def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
     raw_levels = reader.field(data, "levels", list)
     if len(raw_levels) < 2:
         reader.fail("levels", "an adaptive plan needs at least two levels")
-    levels = []
+    levels: list[Level] = []
     for number, raw in enumerate(raw_levels):
         where = f"levels[{number}]"
         if not isinstance(raw, dict):
@@ -506,7 +506,7 @@ def ladder_for_model(model, chooses: list, world_size: int, adaptive: Adaptive, 
     >>> plan = ladder_for_model(model, [lambda n, p: Option(), lambda n, p: Option(
     ...     "topk:ratio=0.01", "device", "allgather")], 2, Adaptive("topk"))
     """
-    levels = []
+    levels: list[Level] = []
     for number, choose in enumerate(chooses):
         level = plan_for_model(model, choose, world_size, nodes, bucket_cap_mb,
                                ready_order=ready_order)

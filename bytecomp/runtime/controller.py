@@ -86,9 +86,11 @@ class Controller:
         """Gain per millisecond of step: the step time measured (with ``timing:
         predicted``, or before a measurement, the plan's prediction; gain alone if
         neither)."""
-        gain = self.gain[level] if self.gain[level] is not None else 0.0
+        gain = self.gain[level]
         measured = self.time_ms[level] if self.settings.timing == "measured" else None
         time_ms = measured if measured is not None else self.predicted_ms[level]
+        if gain is None:
+            return 0.0
         return gain / time_ms if time_ms else gain
 
     def observe(self, step: int, gain: float, time_ms: float | None) -> int:
