@@ -101,6 +101,10 @@ def profile(
     fidelity_iterations: int = typer.Option(10, min=0, help="Training steps whose local "
                                             "gradients measure each compressor's gain (0: "
                                             "no fidelity table)."),
+    probe_steps: int = typer.Option(100, min=0, help="Steps of the convergence probe: fp32 and "
+                                    "every compressor on every tensor train this long from the "
+                                    "same weights, for each compressor's measured steps factor "
+                                    "(0: no probe; needs a workload with real data)."),
     ladder: list[str] = typer.Option(None, help="Also time every setting of this compressor "
                                      "family's adaptive ladder (repeatable: topk, randomk, dgc, "
                                      "exdyna, powersgd, acpsgd), for plan --adaptive."),
@@ -119,7 +123,8 @@ def profile(
                            iterations=iterations, warmup=warmup, specs=compressor or [],
                            quick=quick, force=force, device=device, timeout_s=timeout,
                            max_mb=max_mb, machine=machine,
-                           fidelity_iterations=fidelity_iterations, ladders=ladder or [])
+                           fidelity_iterations=fidelity_iterations, ladders=ladder or [],
+                           probe_steps=probe_steps)
     run_profile(config, nproc)
 
 
@@ -162,6 +167,9 @@ def plan(
                                          "plan's fidelity: params (each tensor by its share "
                                          "of the parameters; Adam and the like) or norm (by "
                                          "its share of the gradient's squared norm; SGD)."),
+    probe: bool = typer.Option(True, help="Calibrate the gains with the profile's convergence "
+                               "probe (each compressor's measured steps factor), where it has "
+                               "one."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show fit quality and pruning."),
     adaptive: str = typer.Option(None, help="Plan a ladder of levels over this compressor "
                                  "family's settings in the profile (topk, randomk, dgc, exdyna, "
@@ -195,7 +203,7 @@ def plan(
                        bucket_cap_mb or None, algorithm, budget, min_gain / 100, out)
         return
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
-                      min_fidelity, fidelity_weights)
+                      min_fidelity, fidelity_weights, probe)
     result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100)
     written = to_plan(result, loaded).save(out)
     if verbose:

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bytecomp.bench.convergence import (
+from bytecomp.profile.convergence import (
     ConvergenceConfig,
     loss_at,
     steps_to,
@@ -46,6 +46,10 @@ def test_time_to_accuracy_on_mlp(tmp_path, cli):
                "--compressor", "powersgd:rank=2", "--ladder", "dgc")
     assert done.returncode == 0, done.stderr
     assert (profile / "fidelity.csv").exists()
+    probe = pd.read_csv(profile / "probe.csv").set_index("spec")
+    assert {"fp16", "topk:ratio=0.05", "powersgd:rank=2", "dgc:ratio=0.1"} <= set(probe.index)
+    assert 0.9 <= probe.steps_factor["fp16"] <= 1.1  # fp16 trains as fp32 does
+    assert (probe.steps == 20).all()  # --quick
     done = cli("plan", profile, "--out", plan)
     assert done.returncode == 0, done.stderr
     # a slow link, so that compressing pays: the ladder's levels differ

@@ -157,11 +157,13 @@ def test_a_profile_without_fidelity_plans_by_time_and_refuses_the_objective(tmp_
 # -- the objective -----------------------------------------------------------------------
 
 
-def brute_force_effective(planner: Planner, caps, min_fidelity: float, weights: str) -> float:
-    """Effective time by enumeration, fidelity composed from the profile's tables."""
+def brute_force_effective(planner: Planner, caps, min_fidelity: float, weights: str,
+                          gains: dict | None = None) -> float:
+    """Effective time by enumeration, fidelity composed from the profile's tables (or the
+    given ``gains`` by tensor and spec)."""
     problem = planner.problem
     table = planner.profile.fidelity
-    gains = {(r.tensor, r.spec): r.gain for r in table.itertuples()}
+    gains = gains or {(r.tensor, r.spec): r.gain for r in table.itertuples()}
     if weights == "norm":
         shares = {r.tensor: r.norm_share for r in table.itertuples()}
     else:
@@ -264,3 +266,63 @@ def test_parameter_weights_count_every_layer_where_norm_weights_see_the_largest(
         math.sqrt(0.25 + 0.75 * 0.01))
     with pytest.raises(BytecompError, match="unknown fidelity weights"):
         FidelityModel(profile, "loss")
+
+
+# -- calibration by the convergence probe ------------------------------------------------
+
+
+def test_the_steps_factor_reads_the_curves():
+    from bytecomp.profile.probe import MAX_FACTOR, steps_factor
+
+    fp32 = [(0, 3.0), (10, 2.0), (20, 1.5), (30, 1.2), (40, 1.0)]
+    assert steps_factor(fp32, fp32, 20) == pytest.approx(1.0)
+    slower = [(0, 3.0), (10, 2.5), (20, 2.0), (30, 1.75), (40, 1.5)]  # fp32's pace at 1/2
+    assert steps_factor(slower, fp32, 20) == pytest.approx(2.0)
+    better = [(0, 3.0), (10, 1.9), (20, 1.4), (30, 1.1), (40, 0.9)]
+    assert steps_factor(better, fp32, 20) <= 1.0
+    stuck = [(0, 3.0), (10, 3.0), (20, 3.1), (30, float("inf")), (40, float("inf"))]
+    assert steps_factor(stuck, fp32, 20) == MAX_FACTOR
+
+
+@pytest.mark.parametrize("weights", ["params", "norm"])
+def test_calibrated_gains_compose_to_one_over_the_steps_factor(weights):
+    from bytecomp.model.fidelity import FidelityModel, compose
+
+    specs = ["int8", "powersgd:rank=4", "topk:ratio=0.01", "fp16"]
+    factors = {"int8": 1.05, "powersgd:rank=4": 1.2, "topk:ratio=0.01": 3.0, "fp16": 0.97}
+    profile = synthetic_profile(mlp_shapes(3, 256), world_size=2, specs=specs, fidelity=True,
+                                probe=factors)
+    raw = FidelityModel(profile, weights, calibrate=False)
+    model = FidelityModel(profile, weights)
+    names = list(profile.tensors["name"])
+    shares = [model.shares[n] for n in names]
+    for spec, factor in factors.items():
+        spec = from_spec(spec).spec
+        uniform = compose(shares, [model.gain(n, spec) for n in names])
+        assert uniform == pytest.approx(1 / max(factor, 1.0), rel=1e-6), spec
+        before = [raw.gain(n, spec) for n in names]
+        after = [model.gain(n, spec) for n in names]
+        # the tensors keep their order: one that loses more still loses more
+        assert sorted(range(len(names)), key=before.__getitem__) == \
+            sorted(range(len(names)), key=after.__getitem__) or len(set(before)) < len(before)
+    uncalibrated = synthetic_profile(mlp_shapes(3, 256), world_size=2, specs=specs,
+                                     fidelity=True)
+    assert FidelityModel(uncalibrated, weights).gains == raw.gains
+
+
+def test_the_calibrated_optimum_equals_brute_force():
+    from bytecomp.model.fidelity import FidelityModel
+
+    specs = ["powersgd:rank=4", "int8"]
+    for bandwidth, min_fidelity in ((0.1, 0.0), (1.0, 0.75)):
+        profile = synthetic_profile(mlp_shapes(2, 512), world_size=4, device="cpu", specs=specs,
+                                    bandwidth_gbps=bandwidth, fidelity=True,
+                                    probe={"powersgd:rank=4": 1.2, "int8": 1.1})
+        planner = Planner(profile, None, specs, strict=True, objective="effective",
+                          min_fidelity=min_fidelity)
+        result = planner.search([1.0, 25.0])
+        assert result.exact
+        gains = FidelityModel(profile).gains
+        expected = brute_force_effective(planner, [1.0, 25.0], min_fidelity, "params", gains)
+        assert result.value == pytest.approx(expected, rel=1e-9)
+        assert any("calibrated by the profile's convergence probe" in n for n in result.notes)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 
-from bytecomp.bench.convergence import ConvergenceConfig
 from bytecomp.bench.runner import BenchConfig, bench_rank
 from bytecomp.files import check_new_directory
 from bytecomp.launch import run_job
 from bytecomp.plan import load_plan
+from bytecomp.profile.convergence import ConvergenceConfig
 from bytecomp.profile.store import load_profile
 
 

@@ -50,7 +50,12 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
-from bytecomp.bench.convergence import (
+from bytecomp.compress import canonical, from_spec
+from bytecomp.errors import BytecompError
+from bytecomp.files import directory_atomic
+from bytecomp.model.clusters import load_cluster
+from bytecomp.plan import Plan, load_plan, plan_for_model
+from bytecomp.profile.convergence import (
     ConvergenceConfig,
     Training,
     steps_to,
@@ -59,11 +64,6 @@ from bytecomp.bench.convergence import (
     train_curves,
     training_optimizer,
 )
-from bytecomp.compress import canonical, from_spec
-from bytecomp.errors import BytecompError
-from bytecomp.files import directory_atomic
-from bytecomp.model.clusters import load_cluster
-from bytecomp.plan import Plan, load_plan, plan_for_model
 from bytecomp.profile.store import Profile, load_profile
 from bytecomp.profile.training import to_device
 from bytecomp.profile.workloads import load_workload
@@ -179,7 +179,7 @@ def scaled_compute(profile: Profile, factor: float) -> Profile:
     compressors = profile.compressors.assign(encode_ms=profile.compressors["encode_ms"] * factor,
                                              decode_ms=profile.compressors["decode_ms"] * factor)
     return Profile(meta, tensors, profile.collectives, compressors, profile.copies, profile.path,
-                   profile.fidelity)
+                   profile.fidelity, profile.probe)
 
 
 def timing_optimizer(parameters) -> torch.optim.Optimizer:

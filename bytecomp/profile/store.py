@@ -31,10 +31,11 @@ TABLES = {
     "copies": {"direction": str, "bytes": int, "time_ms": float},
     "fidelity": {"tensor": str, "spec": str, "gain": float, "gain_p10": float,
                  "gain_p90": float, "norm_share": float},
+    "probe": {"spec": str, "steps_factor": float, "steps": int},
 }
-OPTIONAL_TABLES = ("copies", "fidelity")  # profiles without them still load
+OPTIONAL_TABLES = ("copies", "fidelity", "probe")  # profiles without them still load
 NON_NEGATIVE = {"numel", "bytes", "ready_ms", "ranks", "time_ms", "p10_ms", "p90_ms",
-                "encode_ms", "decode_ms", "payload_bytes"}
+                "encode_ms", "decode_ms", "payload_bytes", "steps_factor", "steps"}
 FRACTIONS = {"gain", "gain_p10", "gain_p90", "norm_share"}  # between 0 and 1
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "format_version": int, "model": dict, "device": dict, "backend": str, "world_size": int,
@@ -54,11 +55,17 @@ class Profile:
     copies: pd.DataFrame = field(default_factory=lambda: empty_table("copies"))
     path: Path | None = None
     fidelity: pd.DataFrame = field(default_factory=lambda: empty_table("fidelity"))
+    probe: pd.DataFrame = field(default_factory=lambda: empty_table("probe"))
 
     @property
     def has_fidelity(self) -> bool:
         """Whether the profile measured gradient fidelity (profiles before it did not)."""
         return not self.fidelity.empty
+
+    @property
+    def steps_factors(self) -> dict[str, float]:
+        """The convergence probe's steps factor by spec (empty: no probe)."""
+        return {str(row.spec): float(row.steps_factor) for row in self.probe.itertuples()}
 
     @property
     def world_size(self) -> int:
@@ -233,4 +240,5 @@ def load_profile(directory) -> Profile:
     unknown = set(fidelity["tensor"]) - set(tensors["name"])
     if unknown:
         _fail(directory / "fidelity.csv", f"tensor {sorted(unknown)[0]!r} is not in tensors.csv")
-    return Profile(meta, tensors, collectives, compressors, copies, directory, fidelity)
+    probe = _load_table(directory, "probe", required=False)
+    return Profile(meta, tensors, collectives, compressors, copies, directory, fidelity, probe)

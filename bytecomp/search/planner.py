@@ -131,7 +131,7 @@ class Planner:
     def __init__(self, profile: Profile, cluster: Cluster | None = None,
                  specs: list[str] | None = None, strict: bool = False,
                  objective: str | None = None, min_fidelity: float | None = None,
-                 fidelity_weights: str = "params") -> None:
+                 fidelity_weights: str = "params", calibrate: bool = True) -> None:
         self.profile = profile
         self.cluster = cluster or profiled_cluster(profile)
         self.compute = ComputeModel(profile)
@@ -169,10 +169,10 @@ class Planner:
                                intra_interference=measured.get("intra_fraction"),
                                bucket_hook_ms=executor.bucket_ms)
         self.searchable = list(range(searchable))
-        self._set_objective(objective, min_fidelity, fidelity_weights)
+        self._set_objective(objective, min_fidelity, fidelity_weights, calibrate)
 
     def _set_objective(self, name: str | None, min_fidelity: float | None,
-                       weights: str) -> None:
+                       weights: str, calibrate: bool = True) -> None:
         """Effective time by default where the profile measured fidelity, else time."""
         if name is not None and name not in OBJECTIVES:
             raise BytecompError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
@@ -184,7 +184,14 @@ class Planner:
                               "by iteration time alone")
             return
         name = name or "effective"
-        fidelity = FidelityModel(self.profile, weights)  # one line without the table
+        fidelity = FidelityModel(self.profile, weights, calibrate)  # one line without the table
+        used = {o.spec for o in self.problem.options if o.compressed}
+        factors = {spec: f for spec, f in fidelity.factors.items() if spec in used}
+        if factors:
+            steps = int(self.profile.meta.get("probe", {}).get("steps", 0))
+            self.notes.append(
+                f"gains calibrated by the profile's convergence probe ({steps} steps): steps "
+                f"factor " + ", ".join(f"{spec} {f:.2f}" for spec, f in sorted(factors.items())))
         if name == "effective":
             for option in self.problem.options:
                 if option.compressed:
