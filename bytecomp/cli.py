@@ -408,7 +408,7 @@ def emulate(
                                   "(tc syntax: 100mbit, 1gbit, 10gbit)."),
     latency: str = typer.Option("0", help="Added one-way latency (needs the netem qdisc)."),
     burst: str = typer.Option(None, help="Token-bucket depth of every link (tc syntax: 32kb; "
-                              "default: one millisecond at the rate, at least 32kb). A deep "
+                              "default: one millisecond at the rate, at least 16kb). A deep "
                               "bucket lets small messages after a pause go for free."),
     check: bool = typer.Option(False, "--check", help="Measure a 2-node allreduce of 16 MiB "
                                "and compare the achieved bandwidth with the configured one."),
