@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -359,3 +360,21 @@ def test_a_ladder_without_profiled_settings_is_one_clear_error():
         plan_ladder(profile, None, Adaptive("topk"))
     with pytest.raises(BytecompError, match="no adaptive ladder for 'int8'"):
         plan_ladder(profile, None, Adaptive("int8"))
+
+
+def test_simulate_takes_a_level_of_an_adaptive_plan(tmp_path, cli):
+    from bytecomp.profile import save_profile
+    from bytecomp.search.ladder import plan_ladder, to_ladder_plan
+
+    profile = ladder_profile(["fp16", "topk:ratio=0.1", "topk:ratio=0.01"])
+    folder = save_profile(profile, tmp_path / "profile")
+    plan = tmp_path / "ladder.yaml"
+    to_ladder_plan(plan_ladder(profile, None, Adaptive("topk")), profile).save(plan)
+    levels = load_plan(plan).levels
+    for number, level in enumerate(levels):
+        done = cli("simulate", folder, plan, "--level", number)
+        assert done.returncode == 0, done.stderr
+        shown = float(re.search(r"\biteration\s*\W\s*([\d.]+)", done.stdout).group(1))
+        assert shown == pytest.approx(level.predicted_ms, rel=1e-3)
+    failed = cli("simulate", folder, plan, "--level", len(levels))
+    assert failed.returncode == 2 and f"has no level {len(levels)}" in failed.stderr

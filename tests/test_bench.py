@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pandas as pd
 import pytest
 import torch
@@ -79,7 +81,11 @@ def test_time_to_accuracy_on_mlp(tmp_path, cli):
     steps = pd.read_csv(out / "steps.csv")
     fp32_steps = list(steps[steps.strategy == "fp32 DDP"].ms)
     assert len(fp32_steps) == 30 and min(fp32_steps) > 0
-    assert fp32.time_to_target_s == pytest.approx(time_at(fp32_steps, fp32.steps_to_target))
+    assert fp32.time_to_target_raw_s == pytest.approx(time_at(fp32_steps,
+                                                              fp32.steps_to_target))
+    # the typical time: the median step x steps (no stall of the machine counted)
+    assert fp32.time_to_target_s == pytest.approx(
+        statistics.median(fp32_steps) * fp32.steps_to_target / 1000)
     levels = pd.read_csv(out / "levels.csv")
     assert set(levels.strategy) == {"bytecomp plan: adaptive"} and len(levels) == 30
     curves = pd.read_csv(out / "curves.csv")
@@ -102,3 +108,15 @@ def test_digits_is_real_data_with_a_fixed_split():
     assert sum(len(batch[1]) for batch in held_out) == 360  # every fifth of 1,797 images
     assert all(torch.equal(a[0], b[0]) for a, b in zip(held_out, workload.validation(32, 8)))
     assert workload.loss(workload.model(inputs), labels).isfinite()
+
+
+def test_typical_step_times_are_medians_per_level():
+    from bytecomp.profile.convergence import Training
+
+    training = Training({"a": [(0, 1.0)], "b": [(0, 1.0)]},
+                        {"a": [3.0, 30.0, 3.2, 2.9, float("nan")],
+                         "b": [10.0, 12.0, 50.0, 11.0, 20.0]},
+                        {"b": [(1, 0, 1.0), (2, 0, 1.0), (3, 1, 0.9), (4, 1, 0.9), (5, 1, 0.9)]})
+    assert training.typical_ms("a")[:4] == [3.1] * 4  # the 30 ms stall is not a's
+    assert training.typical_ms("a")[4] != training.typical_ms("a")[4]  # stopped: NaN
+    assert training.typical_ms("b") == [11.0, 11.0, 20.0, 20.0, 20.0]

@@ -286,10 +286,13 @@ def test_the_steps_factor_reads_the_curves():
 
 @pytest.mark.parametrize("weights", ["params", "norm"])
 def test_calibrated_gains_compose_to_one_over_the_steps_factor(weights):
+    """... where the probe says worse than the gains; where it says better (top-k's 1.1
+    against gains composing to about 0.7), the gains stay: the worse of the two counts."""
     from bytecomp.model.fidelity import FidelityModel, compose
 
-    specs = ["int8", "powersgd:rank=4", "topk:ratio=0.01", "fp16"]
-    factors = {"int8": 1.05, "powersgd:rank=4": 1.2, "topk:ratio=0.01": 3.0, "fp16": 0.97}
+    specs = ["int8", "powersgd:rank=4", "topk:ratio=0.01", "fp16", "dgc:ratio=0.01"]
+    factors = {"int8": 1.05, "powersgd:rank=4": 1.2, "topk:ratio=0.01": 3.0, "fp16": 0.97,
+               "dgc:ratio=0.01": 1.1}
     profile = synthetic_profile(mlp_shapes(3, 256), world_size=2, specs=specs, fidelity=True,
                                 probe=factors)
     raw = FidelityModel(profile, weights, calibrate=False)
@@ -299,12 +302,15 @@ def test_calibrated_gains_compose_to_one_over_the_steps_factor(weights):
     for spec, factor in factors.items():
         spec = from_spec(spec).spec
         uniform = compose(shares, [model.gain(n, spec) for n in names])
-        assert uniform == pytest.approx(1 / max(factor, 1.0), rel=1e-6), spec
+        measured = compose(shares, [raw.gain(n, spec) for n in names])
+        assert uniform == pytest.approx(min(1 / max(factor, 1.0), measured), rel=1e-6), spec
         before = [raw.gain(n, spec) for n in names]
         after = [model.gain(n, spec) for n in names]
         # the tensors keep their order: one that loses more still loses more
         assert sorted(range(len(names)), key=before.__getitem__) == \
             sorted(range(len(names)), key=after.__getitem__) or len(set(before)) < len(before)
+    assert model.gain(names[0], "dgc:ratio=0.01") == raw.gain(names[0], "dgc:ratio=0.01")
+    assert model.gain(names[0], "int8") < raw.gain(names[0], "int8")
     uncalibrated = synthetic_profile(mlp_shapes(3, 256), world_size=2, specs=specs,
                                      fidelity=True)
     assert FidelityModel(uncalibrated, weights).gains == raw.gains
@@ -326,3 +332,41 @@ def test_the_calibrated_optimum_equals_brute_force():
         expected = brute_force_effective(planner, [1.0, 25.0], min_fidelity, "params", gains)
         assert result.value == pytest.approx(expected, rel=1e-9)
         assert any("calibrated by the profile's convergence probe" in n for n in result.notes)
+
+
+def test_the_default_margin_is_wider_for_effective_time(cli, monkeypatch, tmp_path):
+    """Effective time carries the steps factor's error on top of the iteration's: its
+    default --min-gain is 10%, time's 5%."""
+    from bytecomp.search import planner as planner_module
+
+    seen = []
+    search = planner_module.Planner.search
+
+    def recording(self, caps=None, algorithm="auto", budget_s=None, min_gain=0.0):
+        seen.append((self.problem.objective.name, min_gain))
+        return search(self, caps, algorithm, budget_s, min_gain)
+
+    monkeypatch.setattr(planner_module.Planner, "search", recording)
+    profile = ROOT / "profiles" / "transformer"
+    for args, expected in (([], ("effective", 0.10)), (["--objective", "time"], ("time", 0.05)),
+                           (["--min-gain", "7"], ("effective", 0.07))):
+        done = cli("plan", profile, "--out", tmp_path / "plan.yaml", *args)
+        assert done.returncode == 0, done.stderr
+        assert seen[-1][0] == expected[0] and seen[-1][1] == pytest.approx(expected[1])
+
+
+def test_within_the_margin_the_plan_that_keeps_more_of_the_gradient_wins():
+    """By effective time, a baseline the search does not beat by --min-gain and that keeps
+    more of the gradient is the plan; fp32 DDP first among equals."""
+    from bytecomp.search.planner import Baseline, _baseline_to_keep
+
+    fast = Baseline("powersgd", [1, 1], 25.0, 5.0, 0.84, 6.1)
+    safe = Baseline("int8", [2, 2], 25.0, 6.3, 1.0, 6.3)
+    fp32 = Baseline("fp32 DDP", [0, 0], 25.0, 15.0, 1.0, 15.0)
+    searchable = {0, 1, 2}
+    assert _baseline_to_keep([fp32, fast, safe], searchable, 6.0, 0.10, 0.84) is safe
+    assert _baseline_to_keep([fp32, fast, safe], searchable, 5.0, 0.10, 0.84) is None
+    assert _baseline_to_keep([fp32, fast, safe], searchable, 6.0, 0.10, 1.0) is safe
+    assert _baseline_to_keep([fp32, fast, safe], searchable, 14.0, 0.10, 0.9) is fp32
+    # by time alone: fp32 DDP if close, else the fastest close baseline
+    assert _baseline_to_keep([fp32, fast, safe], searchable, 6.0, 0.10) is fast

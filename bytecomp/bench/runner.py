@@ -377,9 +377,9 @@ def _fidelities(profile, plans: list[BenchedPlan], cluster, specs) -> dict[str, 
 
 def time_to_accuracy(training: Training, settings: ConvergenceConfig,
                      fidelities: dict[str, float | None]) -> pd.DataFrame:
-    """Per strategy: steps and wall-clock time to the target validation loss (its step
-    times summed up to there), its median step time, final loss, divergence,
-    predicted fidelity."""
+    """Per strategy: steps and wall-clock time to the target validation loss (its typical
+    step times summed up to there, and its raw ones), its median step time, final
+    loss, divergence, predicted fidelity."""
     target = target_loss(list(training.curves.values()), settings)
     rows = []
     for name, curve in training.curves.items():
@@ -389,7 +389,9 @@ def time_to_accuracy(training: Training, settings: ConvergenceConfig,
             "strategy": name, "iteration_ms": statistics.median(step_ms) if step_ms
             else math.nan, "target_loss": target,
             "steps_to_target": math.nan if steps is None else steps,  # NaN: never reached
-            "time_to_target_s": math.nan if steps is None else time_at(step_ms, steps),
+            "time_to_target_s": math.nan if steps is None
+            else time_at(training.typical_ms(name), steps),
+            "time_to_target_raw_s": math.nan if steps is None else time_at(step_ms, steps),
             "final_loss": curve[-1][1], "diverged": not math.isfinite(curve[-1][1]),
             "predicted_fidelity": fidelities.get(name),
         })
@@ -490,12 +492,12 @@ def plot_curves(training: Training, target: float, path) -> None:
         finite = [(s, loss) for s, loss in curve if math.isfinite(loss)]
         if not finite:
             continue
-        step_ms = training.step_ms[name]
+        step_ms = training.typical_ms(name)
         seconds = [time_at(step_ms, s) for s, _ in finite]
         loss_axes.plot(seconds, [loss for _, loss in finite], label=name,
                        linewidth=2.5 if name.startswith("bytecomp plan") else 1.2)
     loss_axes.axhline(target, color="grey", linestyle=":", label="target")
-    loss_axes.set_xlabel("wall-clock time (s): measured step times, summed")
+    loss_axes.set_xlabel("wall-clock time (s): each level's median step time x steps")
     loss_axes.set_ylabel("validation loss")
     loss_axes.legend(fontsize=7)
     if training.levels:

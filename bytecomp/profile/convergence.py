@@ -8,14 +8,17 @@ barrier; the slowest rank's time). Every ``eval_every`` steps the validation los
 on fixed held-out batches is recorded (not timed). The target is ``to_loss``, or
 else fp32 DDP's validation loss at ``target_fraction`` of its steps. Steps to
 target come from the loss curve; time to target is the sum of the strategy's
-measured step times up to there: wall-clock time on the links the job runs on
-(under ``bytecomp emulate``, the shaped ones), whatever level an adaptive plan
-was at.
+step times up to there, each step taken as the median of the strategy's steps
+at the same level (a static strategy's median step x steps): wall-clock time on
+the links the job runs on (under ``bytecomp emulate``, the shaped ones), at
+whatever level an adaptive plan was, without the machine's stalls (the raw sum
+is reported beside it).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -74,6 +77,20 @@ class Training:
     curves: dict[str, list[tuple[int, float]]]
     step_ms: dict[str, list[float]]
     levels: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
+
+    def typical_ms(self, name: str) -> list[float]:
+        """Each step's time taken as the median of the strategy's steps at the same
+        level (a static strategy: its median step): the machine's stalls (a 3 ms step
+        that took 30 once) are not the strategy's. NaN once stopped."""
+        times = self.step_ms[name]
+        levels = [level for _, level, _ in self.levels.get(name, [])] or [0]
+        levels += [levels[-1]] * (len(times) - len(levels))
+        by_level: dict[int, list[float]] = {}
+        for ms, level in zip(times, levels):
+            if ms == ms:
+                by_level.setdefault(level, []).append(ms)
+        medians = {level: statistics.median(values) for level, values in by_level.items()}
+        return [medians[level] if ms == ms else math.nan for ms, level in zip(times, levels)]
 
 
 def _clock(device) -> float:

@@ -76,6 +76,8 @@ class Executor:
         self._use_level(0)
         self.pending: dict[str, torch.Tensor] = {}  # residuals to fold into the next gradients
         self._last_boundary: float | None = None
+        self._inflight: tuple | None = None  # (level, measurement, allreduce) being agreed on
+        self.controller_pending: list | None = None  # an agreed measurement not yet used
         self.stats = Stats()
         self.states = GroupStates(plan, self.device, meter=self.controller is not None)
         self.worker = CommWorker()
@@ -178,24 +180,45 @@ class Executor:
 
     # -- adaptive plans -----------------------------------------------------------------------
     def _boundary(self) -> None:
-        """Between two steps: agree on the last step's gain and time, and let the
-        controller choose this step's level."""
+        """Between two steps: share this rank's measurement of the step just done (an
+        allreduce issued now and completed by the next boundary), and let the controller
+        choose this step's level from the agreed measurement of the step before it.
+
+        Waiting for the agreement here would hold every rank's backward pass until the
+        slowest rank got there; a step of delay costs nothing, and every rank still
+        decides alike. A measurement taken at another level than the current one (the
+        step before a move) is not observed."""
         assert self.controller is not None and self.control is not None
         now = time.perf_counter()
         elapsed_ms = 1000 * (now - self._last_boundary) if self._last_boundary else 0.0
         self._last_boundary = now
         if self.states.step == 0:
             return  # nothing compressed yet
-        agreed = torch.tensor([self._local_squared_gain(), elapsed_ms, float(elapsed_ms > 0)],
-                              dtype=torch.float64)
-        dist.all_reduce(agreed, group=self.control)
-        world = dist.get_world_size()
-        gain = math.sqrt(max(0.0, float(agreed[0]) / world))
-        time_ms = float(agreed[1]) / world if float(agreed[2]) == world else None
+        agreed = self._agreed()
+        measured = torch.tensor([self._local_squared_gain(), elapsed_ms, float(elapsed_ms > 0)],
+                                dtype=torch.float64)
+        self._inflight = (self.controller.level, measured,
+                          dist.all_reduce(measured, group=self.control, async_op=True))
+        if agreed is None or agreed[0] != self.controller.level:
+            return
         before = self.controller.level
-        after = self.controller.observe(self.states.step, gain, time_ms)
+        after = self.controller.observe(self.states.step, agreed[1], agreed[2])
         if after != before:
             self._switch(before, after)
+
+    def _agreed(self) -> tuple[int, float, float | None] | None:
+        """The last measurement every rank shared, once: (level, gain, step ms or None)."""
+        if self._inflight is not None:
+            level, measured, work = self._inflight
+            work.wait()
+            world = dist.get_world_size()
+            self.controller_pending = [level, math.sqrt(max(0.0, float(measured[0]) / world)),
+                                       float(measured[1]) / world
+                                       if float(measured[2]) == world else None]
+            self._inflight = None
+        pending, self.controller_pending = self.controller_pending, None
+        return None if pending is None else (int(pending[0]), float(pending[1]),
+                                             None if pending[2] is None else float(pending[2]))
 
     def _local_squared_gain(self) -> float:
         """This rank's last step: the groups' squared gains weighted by their parameters
@@ -246,7 +269,10 @@ class Executor:
         each rank's are gathered; rank 0 can then save the whole job's state alone)."""
         saved = self.states.state_dict()
         if self.controller is not None:
-            saved["controller"] = self.controller.state_dict()
+            if self._inflight is not None:  # agreed on, and kept for the next step
+                self.controller_pending = list(self._agreed() or ()) or None
+            saved["controller"] = {**self.controller.state_dict(),
+                                   "pending": self.controller_pending}
         return saved
 
     def load_state_dict(self, state: dict) -> None:
@@ -257,10 +283,18 @@ class Executor:
                 raise BytecompError("this executor state has no controller (saved with a "
                                     "static plan?)")
             self.controller.load_state_dict(state["controller"])
+            pending = state["controller"].get("pending")
+            if pending is not None and (not isinstance(pending, list) or len(pending) != 3):
+                raise BytecompError("the executor state's controller is damaged (pending)")
+            self.controller_pending = pending
+            self._inflight = None
             self._use_level(self.controller.level)
 
     def close(self) -> None:
         """Stop the background threads (after the last step)."""
+        if self._inflight is not None:
+            self._inflight[2].wait()
+            self._inflight = None
         self.worker.close()
         if self.host_path is not None:
             self.host_path.close()

@@ -42,9 +42,9 @@ def profiled_settings(profile: Profile, family: str) -> tuple[list[str], list[st
     default ladder it lacks."""
     ladder_specs(family)  # one line for a family without a ladder
     specs = {canonical(s) for s in profile.compressors["spec"]}
-    timed = [s for s in specs if (ladder_place(s) or ("", 0.0))[0] == family
-             and from_spec(s).error_feedback]
-    timed.sort(key=lambda s: -(ladder_place(s) or ("", 0.0))[1])
+    places = {s: place for s in specs if (place := ladder_place(s)) and place[0] == family
+              and from_spec(s).error_feedback}
+    timed = sorted(places, key=lambda s: -places[s][1])
     missing = [s for s in ladder_specs(family) if s not in specs]
     return timed, missing
 

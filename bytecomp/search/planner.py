@@ -300,12 +300,16 @@ class Planner:
                  "auto": "greedy + local search", "exact": "greedy + local search"}
         name = "exact (branch and bound)" if exact else names[algorithm]
         notes = self.notes + self.baseline_notes()
-        kept = _baseline_to_keep(baselines, searchable, value, min_gain)
+        by_fidelity = problem.objective.uses_fidelity
+        kept = _baseline_to_keep(baselines, searchable, value, min_gain,
+                                 problem.fidelity(assignment) if by_fidelity else None)
         unit = "ms" if problem.objective.name == "time" else "ms effective"
         if kept is not None:
+            why = f", and keeps as much of the gradient or more (fidelity {kept.fidelity:.3f})" \
+                if by_fidelity else ""
             notes.append(f"the search's plan ({value:.2f} {unit}) is predicted less than "
                          f"{100 * min_gain:g}% better than the {kept.name} baseline "
-                         f"({kept.value:.2f} {unit}): the plan is that baseline")
+                         f"({kept.value:.2f} {unit}{why}): the plan is that baseline")
             assignment, value, cap = list(kept.assignment), kept.value, kept.cap_mb
             name += f", then the {kept.name} baseline kept (--min-gain)"
         time_ms = view.simulate(assignment, cap).iteration_ms
@@ -317,16 +321,29 @@ class Planner:
 
 
 def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: float,
-                      min_gain: float) -> Baseline | None:
-    """The baseline to keep when the search beats it by less than ``min_gain``: fp32 DDP
-    first (compressing at all must pay more than the model's error), then the fastest
-    baseline that a plan can express."""
+                      min_gain: float, fidelity: float | None = None) -> Baseline | None:
+    """The baseline to keep when the search beats it by less than ``min_gain``: a gain
+    smaller than the model's error is not worth compressing, or a more complex plan.
+
+    By time (``fidelity`` None): fp32 DDP first, then the fastest baseline that a plan
+    can express. By effective time: among the baselines the search does not beat by
+    the margin, the one that keeps the most of the gradient (fp32 DDP first among
+    equals, then the fastest), if it keeps at least as much as the search's plan
+    (``fidelity``): within the model's error, the plan that compresses less is the
+    safer bet on time to accuracy."""
     usable = [b for b in baselines if set(b.assignment) <= searchable]
     if not usable or min_gain <= 0:
         return None
+    close = [b for b in usable if value > b.value * (1 - min_gain)]
+    if fidelity is not None:
+        if not close:
+            return None
+        safest = max(close, key=lambda b: (round(b.fidelity or 0.0, 9), b.name == "fp32 DDP",
+                                           -b.value))
+        return safest if (safest.fidelity or 0.0) >= fidelity - 1e-9 else None
     for baseline in (next((b for b in usable if b.name == "fp32 DDP"), None),
                      min(usable, key=lambda b: b.value)):
-        if baseline is not None and value > baseline.value * (1 - min_gain):
+        if baseline is not None and baseline in close:
             return baseline
     return None
 
