@@ -16,6 +16,7 @@ from rich.table import Table
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_output_file
+from bytecomp.timeline.buckets import SEARCHED_CAPS_MB, cap_label
 
 app = typer.Typer(
     help="Gradient-compression strategy optimizer for PyTorch DDP: profile, plan, apply.",
@@ -48,7 +49,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 MIN_GAIN = {"time": 5.0, "effective": 10.0}
 
 SCHEME_ABBREVIATIONS = {"allreduce": "AR", "allgather": "AG", "twoshot": "2S",
-                        "hierarchical": "H"}
+                        "hierarchical": "H", "hierarchical-fp16": "H16", "hierarchical-bf16": "Hb",
+                        "twolevel": "2L"}
 
 
 @app.command()
@@ -64,7 +66,8 @@ def compressors(
         [from_spec(name) for name in COMPRESSORS]
     table = Table(title=f"bytecomp compressors: payload for {numel:,} float32 elements",
                   caption="schemes: AR allreduce, AG allgather, 2S two-shot alltoall+allgather, "
-                          "H hierarchical")
+                          "H hierarchical (H16, Hb: intra-node stages in fp16, bf16), 2L "
+                          "two-level")
     for column in ("name", "parameters", "EF", "sum", "schemes", "payload bytes", "ratio"):
         table.add_column(column, overflow="fold",
                          justify="right" if column in ("payload bytes", "ratio") else "left")
@@ -154,9 +157,13 @@ def plan(
                                          "default: every compressor in the profile)."),
     out: str = typer.Option("plan.yaml", help="Where to write the plan."),
     bucket_cap_mb: list[float] = typer.Option(None, help="Candidate DDP bucket cap (repeatable; "
-                                              "default: the profiled cap, 5, 10, 25, 50, 100)."),
-    algorithm: str = typer.Option("auto", help="auto, greedy, local or exact."),
-    budget: float = typer.Option(1.5, help="Seconds of local search, over all caps."),
+                                              "0: one bucket per tensor, no merging; default: "
+                                              "the profiled cap, " + ", ".join(
+                                                  f"{c:g}" for c in SEARCHED_CAPS_MB) + ")."),
+    algorithm: str = typer.Option("auto", help="auto, greedy, local (annealing over every "
+                                  "option) or exact."),
+    budget: float = typer.Option(None, help="Seconds of annealing after the greedy, spent in "
+                                 "full (default: 0.4 ms a tensor, 50 ms to 0.8 s)."),
     strict: bool = typer.Option(False, help="Only the --compressor specs (by default the "
                                 "fp16 and PowerSGD baselines' methods are candidates too)."),
     min_gain: float = typer.Option(None, help="Percent: unless the searched plan is predicted "
@@ -197,8 +204,10 @@ def plan(
     if algorithm not in ("auto", "greedy", "local", "exact"):
         raise BytecompError(f"--algorithm must be auto, greedy, local or exact, got {algorithm!r}")
     for cap in bucket_cap_mb or []:
-        _require_positive("--bucket-cap-mb", cap)
-    if not 0 <= budget < math.inf:
+        if not 0 <= cap < math.inf:
+            raise BytecompError(f"--bucket-cap-mb must be a positive number, or 0 for one "
+                                f"bucket per tensor, got {cap:g}")
+    if budget is not None and not 0 <= budget < math.inf:
         raise BytecompError(f"--budget must be a non-negative number of seconds, got {budget:g}")
     if min_gain is not None and not 0 <= min_gain < 100:
         raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
@@ -221,7 +230,8 @@ def plan(
 
 
 def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int, timing: str,
-                   caps, algorithm: str, budget: float, min_gain: float, out: str) -> None:
+                   caps, algorithm: str, budget: float | None, min_gain: float,
+                   out: str) -> None:
     from bytecomp.plan import TIMINGS, Adaptive
     from bytecomp.search.ladder import level_rows, plan_ladder, to_ladder_plan
 
@@ -289,7 +299,7 @@ def _print_plan(result, written) -> None:
         table.add_column(column, justify="left" if column == "strategy" else "right")
 
     def row(name: str, entry) -> list[str]:
-        cells = [name, f"{entry.cap_mb:g}", f"{entry.time_ms:.2f}"]
+        cells = [name, cap_label(entry.cap_mb), f"{entry.time_ms:.2f}"]
         if known:
             below = effective and entry.fidelity < result.objective.min_fidelity - 1e-12
             cells += [f"{entry.fidelity:.3f}" + (" (below)" if below else ""),

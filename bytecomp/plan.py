@@ -7,7 +7,8 @@
     world_size: 2
     nodes: 1
     ranks_per_node: 2
-    bucket_cap_mb: 25.0                   # pass it to DistributedDataParallel
+    bucket_cap_mb: 25.0                   # pass it to DistributedDataParallel (0: a bucket per tensor)
+    host_workers: 2                       # host-offload workers per rank (apply_plan's default)
     compressors: [topk:ratio=0.01]        # specs the entries use
     predicted_ms: {plan: 61.2, baselines: {fp32 DDP: 78.4, ...}}
     search: {algorithm: ..., time_ms: ..., lower_bound_ms: ..., gap: ..., exact: ...}
@@ -54,7 +55,7 @@ from pathlib import Path
 
 import yaml
 
-from bytecomp.comm.schemes import SCHEMES, supported_schemes
+from bytecomp.comm.schemes import SCHEMES, UNCOMPRESSED_SCHEMES, supported_schemes
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import read_text_file, write_text_atomic
@@ -63,8 +64,9 @@ FORMAT_VERSION = 1
 ACTIONS = ("none", "compress")
 PLACES = ("device", "host")
 UNCOMPRESSED = "none"  # the spec of an uncompressed (fp32) strategy
-# Host-offload workers: the executor's pool (``apply_plan(host_workers=...)``) and the
-# planner's model of it, which must agree.
+# Host-offload workers per rank: the executor's pool (``apply_plan(host_workers=...)``) and
+# the planner's model of it, which must agree. A plan for a cluster config that gives a
+# node's cores records that node's cores shared by its ranks instead (``Plan.host_workers``).
 HOST_WORKERS = 2
 
 
@@ -191,6 +193,7 @@ class Plan:
     path: Path | None = None
     levels: list[Level] | None = None
     adaptive: Adaptive | None = None
+    host_workers: int = HOST_WORKERS  # the executor's pool per rank (a node's cores / ranks)
 
     @property
     def compressors(self) -> list[str]:
@@ -206,7 +209,8 @@ class Plan:
         return Plan(self.model_fingerprint, self.world_size, self.nodes, self.ranks_per_node,
                     self.bucket_cap_mb, level.entries,
                     {"plan": level.predicted_ms} if level.predicted_ms is not None else {},
-                    dict(self.search), dict(self.info), self.path)
+                    dict(self.search), dict(self.info), self.path,
+                    host_workers=self.host_workers)
 
     def by_name(self) -> dict[str, PlanEntry]:
         return {entry.name: entry for entry in self.entries}
@@ -226,6 +230,7 @@ class Plan:
             "nodes": self.nodes,
             "ranks_per_node": self.ranks_per_node,
             "bucket_cap_mb": self.bucket_cap_mb,
+            "host_workers": self.host_workers,
             "compressors": self.compressors,
             "predicted_ms": self.predicted_ms,
             "search": self.search,
@@ -314,8 +319,9 @@ def _entry(reader: _Reader, index: int, data, within: str = "tensors") -> PlanEn
     else:
         if compressor is not None:
             reader.fail(f"{where}compressor", "must be null when action is none")
-        if collective not in ("allreduce", "hierarchical"):
-            reader.fail(f"{where}collective", "uncompressed tensors use allreduce or hierarchical")
+        if collective not in UNCOMPRESSED_SCHEMES:
+            reader.fail(f"{where}collective", f"uncompressed tensors use "
+                                              f"{', '.join(UNCOMPRESSED_SCHEMES)}")
     return PlanEntry(name, action, compressor, place, collective, group)
 
 
@@ -338,8 +344,11 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
     if nodes * per_node != world:
         reader.fail("world_size", f"{world} is not nodes x ranks_per_node = {nodes * per_node}")
     cap = reader.field(data, "bucket_cap_mb", (int, float))
-    if cap <= 0:
-        reader.fail("bucket_cap_mb", "must be positive")
+    if not 0 <= cap < float("inf"):
+        reader.fail("bucket_cap_mb", "must be positive, or 0 for one bucket per tensor")
+    workers = data.get("host_workers", HOST_WORKERS)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        reader.fail("host_workers", "must be a positive integer")
     levels, adaptive = None, None
     if "levels" in data:
         if "tensors" in data:
@@ -360,7 +369,7 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
     if not isinstance(predicted, dict) or not isinstance(search, dict):
         reader.fail("predicted_ms", "must be a mapping")
     return Plan(model_fingerprint, world, nodes, per_node, float(cap), entries, predicted, search,
-                info, levels=levels, adaptive=adaptive)
+                info, levels=levels, adaptive=adaptive, host_workers=workers)
 
 
 def _entries(reader: _Reader, raw_entries: list, where: str) -> list[PlanEntry]:

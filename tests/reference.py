@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bytecomp.comm.schemes import SERVER_SALT
+from bytecomp.comm.schemes import INTER_SALT, SERVER_SALT
 from bytecomp.compress.base import Peers
 
 
@@ -69,18 +69,64 @@ def two_shot(compressor, xs, states):
     return out[:numel]
 
 
-def hierarchical(compressor, xs, states, nodes, ranks_per_node):
-    """``states[node][local]`` is the inter-node state of that rank."""
+def _native(compressor):
+    return "allreduce" if compressor.collectives_of_rounds()[-1] == "allreduce" else "allgather"
+
+
+def _node_mean(xs, node, ranks_per_node, wire):
+    """The mean of a node's inputs, summed in ``wire`` (16 bits: divided first)."""
+    members = [xs[node * ranks_per_node + l] for l in range(ranks_per_node)]
+    if wire is None or ranks_per_node == 1:
+        return torch.stack([x.float() for x in members]).mean(0).to(xs[0].dtype)
+    parts = [(x / ranks_per_node).to(wire) for x in members]
+    return torch.stack(parts).sum(0).to(xs[0].dtype)  # two 16-bit addends: exact either way
+
+
+def hierarchical(compressor, xs, states, nodes, ranks_per_node, wire=None):
+    """``states[node][local]`` is the inter-node state of that rank; ``wire``: the
+    16-bit dtype of the intra-node stages (None: the inputs' own)."""
     numel = xs[0].numel()
-    node_means = [torch.stack([xs[n * ranks_per_node + l].float() for l in range(ranks_per_node)])
-                  .mean(0).to(xs[0].dtype) for n in range(nodes)]
+    node_means = [_node_mean(xs, n, ranks_per_node, wire) for n in range(nodes)]
     node_chunks = [_chunks(m, ranks_per_node) for m in node_means]
     pieces = []
     for local in range(ranks_per_node):
         inputs = [node_chunks[n][local].clone() for n in range(nodes)]
         if nodes > 1:
-            native = "allreduce" if compressor.collectives_of_rounds()[-1] == "allreduce" else "allgather"
-            pieces.append(flat(compressor, inputs, [states[n][local] for n in range(nodes)], native))
+            piece = flat(compressor, inputs, [states[n][local] for n in range(nodes)],
+                         _native(compressor))
         else:
-            pieces.append(inputs[0])
+            piece = inputs[0]
+        if wire is not None and ranks_per_node > 1:
+            piece = piece.to(wire).to(xs[0].dtype)
+        pieces.append(piece)
+    return torch.cat(pieces)[:numel]
+
+
+def two_level(compressor, xs, states, nodes, ranks_per_node):
+    """Espresso's two-level scheme; ``states[rank]`` is that rank's state (its chunks',
+    its inter-node stage's and its server's)."""
+    numel, k = xs[0].numel(), ranks_per_node
+    for state in states:
+        state.setdefault("chunks", [{"salt": j} for j in range(k)])
+        state.setdefault("inter", {"salt": INTER_SALT})
+        state.setdefault("server", {"salt": SERVER_SALT})
+    chunks = [_chunks(x.clone(), k) for x in xs]
+    # intra-node stage: rank (n, l) compresses its chunk j for local rank j
+    sent = [[compressor.compress(chunks[r][j], states[r]["chunks"][j], Peers(r % k, k))
+             for j in range(k)] for r in range(len(xs))]
+    node_means = [[rank_order_mean(compressor, [sent[n * k + l][j][0] for l in range(k)],
+                                   sent[n * k + j][j][1], chunks[0][0])
+                   for j in range(k)] for n in range(nodes)]
+    pieces = []
+    for j in range(k):
+        inputs = [node_means[n][j] for n in range(nodes)]
+        holders = [n * k + j for n in range(nodes)]  # local rank j of every node
+        if nodes > 1:
+            mean = flat(compressor, inputs, [states[r]["inter"] for r in holders],
+                        _native(compressor))
+        else:
+            mean = inputs[0]
+        second = [compressor.compress(mean.clone(), states[r]["server"], Peers(j, k))
+                  for r in holders]
+        pieces.append(compressor.decompress(second[0][0], second[0][1]))
     return torch.cat(pieces)[:numel]

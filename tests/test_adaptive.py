@@ -193,7 +193,7 @@ def conservation(rank, world, scheme, nodes, threshold):
 
 
 @pytest.mark.parametrize("world,scheme,nodes", [(2, "allgather", 1), (2, "twoshot", 1),
-                                                (4, "hierarchical", 2)])
+                                                (4, "hierarchical", 2), (4, "twolevel", 2)])
 @pytest.mark.parametrize("threshold", [0.0, 0.99])  # climbs to the top / falls back to fp32
 def test_residuals_are_conserved_across_switches(world, scheme, nodes, threshold):
     for error, scale, moves in run_ranks(conservation, world, scheme, nodes, threshold):

@@ -125,3 +125,15 @@ def test_atomic_writes_use_the_usual_permissions_and_leave_nothing_behind(tmp_pa
     assert [p.name for p in written.parent.iterdir()] == ["plan.yaml"]
     with pytest.raises(BytecompError, match="is a directory"):
         check_output_file(tmp_path, "--out")
+
+
+def test_plan_help_lists_the_bucket_caps_the_search_tries(cli):
+    from bytecomp.timeline.buckets import SEARCHED_CAPS_MB
+
+    result = cli("plan", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.replace("│", " ").split())
+    listed = ", ".join(f"{cap:g}" for cap in SEARCHED_CAPS_MB)
+    assert listed == "0, 1, 2, 5, 10, 25, 50, 100"
+    assert f"the profiled cap, {listed}" in text
+    assert "0: one bucket per tensor" in text

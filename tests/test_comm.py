@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from bytecomp.comm import Communicator, Topology, exchange, supported_schemes
+from bytecomp.comm.schemes import HIERARCHICAL
 from bytecomp.compress import default_specs, from_spec
 
 import reference
@@ -41,7 +42,7 @@ def tolerance(compressor, want: torch.Tensor) -> float:
 
 
 def fresh_states(scheme, world, nodes, ranks_per_node):
-    if scheme == "hierarchical":
+    if scheme in HIERARCHICAL:
         return [[{} for _ in range(ranks_per_node)] for _ in range(nodes)]
     return [{} for _ in range(world)]
 
@@ -49,8 +50,11 @@ def fresh_states(scheme, world, nodes, ranks_per_node):
 def expected(compressor, scheme, xs, states, nodes, ranks_per_node):
     if scheme == "twoshot":
         return reference.two_shot(compressor, xs, states)
-    if scheme == "hierarchical":
-        return reference.hierarchical(compressor, xs, states, nodes, ranks_per_node)
+    if scheme in HIERARCHICAL:
+        return reference.hierarchical(compressor, xs, states, nodes, ranks_per_node,
+                                      HIERARCHICAL[scheme])
+    if scheme == "twolevel":
+        return reference.two_level(compressor, xs, states, nodes, ranks_per_node)
     return reference.flat(compressor, xs, states, scheme)
 
 
@@ -135,8 +139,10 @@ def test_communicator_futures_match_synchronous_exchange():
 
 
 def test_scheme_support_follows_capabilities():
-    assert supported_schemes(from_spec("powersgd")) == ["allreduce", "hierarchical"]
-    assert supported_schemes(from_spec("exdyna")) == ["allreduce", "hierarchical"]
-    assert supported_schemes(from_spec("topk")) == ["allgather", "twoshot", "hierarchical"]
+    hierarchical = ["hierarchical", "hierarchical-fp16", "hierarchical-bf16"]
+    assert supported_schemes(from_spec("powersgd")) == ["allreduce", *hierarchical]
+    assert supported_schemes(from_spec("exdyna")) == ["allreduce", *hierarchical]
+    assert supported_schemes(from_spec("topk")) == ["allgather", "twoshot", *hierarchical,
+                                                    "twolevel"]
     assert supported_schemes(from_spec("fp16")) == ["allreduce", "allgather", "twoshot",
-                                                    "hierarchical"]
+                                                    *hierarchical, "twolevel"]

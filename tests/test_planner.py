@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import shutil
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,10 +20,19 @@ from bytecomp.model.clusters import load_cluster
 from bytecomp.plan import load_plan, plan_from_dict
 from bytecomp.profile import load_profile
 from bytecomp.search import Planner, simulate_plan, to_plan
-from bytecomp.search.tree import build_tree, options_of
-from bytecomp.testing.synthetic import mlp_shapes, resnet50_shapes, synthetic_profile
+from bytecomp.search.algorithms import lower_bound
+from bytecomp.search.bound import relaxed_bound
+from bytecomp.search.tree import build_tree, options_of, pruned_counts
+from bytecomp.testing.synthetic import lstm_shapes, mlp_shapes, resnet50_shapes, synthetic_profile
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def large_cluster(inter_gbps: float):
+    """The 8 x 8 V100 NVLink config with its network at ``inter_gbps``."""
+    cluster = load_cluster("v100-nvlink-100g")
+    return replace(cluster, name=f"8 x 8 V100 at {inter_gbps:g} Gbit/s",
+                   inter=replace(cluster.inter, bandwidth_gbps=inter_gbps))
 
 
 def brute_force(planner: Planner, caps) -> float:
@@ -40,9 +52,22 @@ def test_tree_prunes_what_cannot_run():
                       "topk:ratio=0.01 twoshot @device", "powersgd:rank=4 allreduce @device"}
     gpu_cluster = options_of(build_tree(["fp16"], 2, 4, "cuda"))
     assert {o.collective for o in gpu_cluster} == {"allreduce", "allgather", "twoshot",
-                                                    "hierarchical"}
+                                                    "hierarchical", "hierarchical-fp16",
+                                                    "hierarchical-bf16", "twolevel"}
     assert {o.place for o in gpu_cluster if o.compressed} == {"device", "host"}
-    assert len(gpu_cluster) == 2 + 2 * 4
+    assert len(gpu_cluster) == 4 + 2 * 7  # keep: allreduce and 3 hierarchical schemes
+
+
+def test_tree_prunes_the_new_exchange_options_with_a_reason():
+    tree = build_tree(["powersgd:rank=4", "topk:ratio=0.01"], 2, 4, "cuda", casts={"fp16"})
+    reasons = pruned_counts(tree)
+    assert reasons["a bf16 intra-node stage needs the profile's bf16 timings"] == 1 + 2 * 2
+    assert reasons["powersgd does not support twolevel"] == 2
+    labels = {o.label for o in options_of(tree)}
+    assert {"fp32 hierarchical-fp16", "topk:ratio=0.01 twolevel @host",
+            "powersgd:rank=4 hierarchical-fp16 @device"} <= labels
+    one_node = pruned_counts(build_tree(["topk:ratio=0.01"], 1, 8, "cuda"))
+    assert one_node["two-level needs several nodes and several ranks per node"] == 2
 
 
 # -- optimality ----------------------------------------------------------------------------
@@ -53,6 +78,8 @@ SMALL_INSTANCES = [
     (mlp_shapes(4, 512), (4, 1), "cpu", ["topk:ratio=0.01"], [1.0]),
     (mlp_shapes(5, 256), (4, 1), "cpu", ["powersgd:rank=4"], [0.25, 25.0]),
     (mlp_shapes(2, 1024)[:3], (8, 2), "cuda", ["fp16", "topk:ratio=0.01"], [2.0]),
+    # 2 x 4 GPUs: the 16-bit hierarchical and two-level options, and one bucket per tensor
+    (mlp_shapes(2, 256)[:3], (8, 2), "cuda", ["topk:ratio=0.01"], [0.0, 0.3]),
     ([("a", (700, 300)), ("b", (3000,)), ("c", (64, 64, 3, 3))], (2, 1), "cpu",
      ["randomk:ratio=0.05", "signsgd", "qsgd:levels=16"], [0.5]),
 ]
@@ -97,6 +124,77 @@ def test_plan_is_never_predicted_slower_than_a_baseline(bandwidth, nodes):
             used = {result.problem.options[o].spec for o in result.assignment}
             assert used <= {"none", "topk:ratio=0.01"}
             assert any("at least that of topk:ratio=0.01" in n for n in result.notes)
+
+
+def test_the_search_never_returns_a_plan_worse_than_a_start_it_was_given():
+    profile = synthetic_profile(lstm_shapes(), world_size=8, nodes=1, backward_ms=20)
+    cluster = large_cluster(25.0)
+    planner = Planner(profile, cluster, ["topk:ratio=0.01"])
+    problem = planner.problem
+    rng = random.Random(7)
+    searchable = range(len(planner.searchable))
+    starts = [([rng.choice(searchable) for _ in problem.tensors], rng.choice([0.0, 5.0, 25.0]))
+              for _ in range(20)]
+    for algorithm in ("greedy", "auto"):
+        result = planner.search(algorithm=algorithm, starts=starts, budget_s=0.05)
+        values = [problem.evaluate(a, cap) for a, cap in starts]
+        values += [b.value for b in result.baselines if set(b.assignment) <= set(searchable)]
+        assert result.value <= min(values) + 1e-9
+
+
+def test_the_annealing_budget_is_spent_when_asked():
+    profile = synthetic_profile(lstm_shapes(), world_size=8, nodes=1, backward_ms=20)
+    planner = Planner(profile, large_cluster(25.0), ["topk:ratio=0.01"])
+    quick = planner.search(algorithm="greedy")
+    started = time.perf_counter()
+    long = planner.search(algorithm="local", budget_s=1.0)
+    assert time.perf_counter() - started >= 1.0
+    assert long.value <= quick.value + 1e-9
+    assert long.evaluations > quick.evaluations + 100
+
+
+@pytest.mark.parametrize("bandwidth", [10.0, 100.0])
+def test_the_relaxed_bound_is_below_every_plan(bandwidth):
+    """On 8 x 8 V100 (NCCL), no assignment at any cap, random or searched, is predicted
+    faster than the bound, which is at least the channel bound."""
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=1, backward_ms=100)
+    planner = Planner(profile, large_cluster(bandwidth), None)
+    result = planner.search(budget_s=0.1)
+    problem = planner.problem.restricted(len(planner.searchable))
+    caps = [0.0, 1.0, 5.0, 25.0, 100.0]
+    bound = relaxed_bound(problem, caps)
+    assert bound >= min(lower_bound(problem, cap) for cap in caps) - 1e-9
+    assert bound <= result.time_ms + 1e-9
+    rng = random.Random(3)
+    for _ in range(200):
+        assignment = [rng.randrange(len(problem.options)) for _ in problem.tensors]
+        cap = rng.choice(caps)
+        assert bound <= problem.simulate(assignment, cap).iteration_ms + 1e-9
+        uniform = problem.uniform(rng.randrange(len(problem.options)))
+        assert bound <= problem.simulate(uniform, cap).iteration_ms + 1e-9
+
+
+def test_host_workers_are_a_nodes_cores_shared_by_its_ranks(tmp_path):
+    profile = synthetic_profile(mlp_shapes(4, 512), world_size=8, nodes=1)
+    result = Planner(profile, load_cluster("a100-ib200")).search(budget_s=0.05)
+    assert result.problem.host_workers == 128 // 8
+    plan = to_plan(result, profile)
+    plan.save(tmp_path / "plan.yaml")
+    assert load_plan(tmp_path / "plan.yaml").host_workers == 16
+    assert Planner(profile).problem.host_workers == 2  # the profiled cluster: the default
+
+
+def test_a_plan_with_one_bucket_per_tensor_round_trips(tmp_path):
+    profile = synthetic_profile(mlp_shapes(4, 512), world_size=8, nodes=1)
+    planner = Planner(profile, large_cluster(10.0), ["topk:ratio=0.01"])
+    result = planner.search(caps=[0.0], budget_s=0.05)
+    assert result.cap_mb == 0.0
+    groups = result.problem.groups(result.assignment, 0.0)
+    assert len(groups) == len(result.problem.tensors)
+    to_plan(result, profile).save(tmp_path / "plan.yaml")
+    plan = load_plan(tmp_path / "plan.yaml")
+    assert plan.bucket_cap_mb == 0.0
+    assert simulate_plan(planner, plan).iteration_ms == pytest.approx(result.time_ms)
 
 
 def test_a_plan_not_faster_than_fp32_ddp_by_min_gain_does_not_compress():

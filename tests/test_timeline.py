@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from torch.nn.parallel import DistributedDataParallel
 
-from bytecomp.model.clusters import Cluster, load_cluster
-from bytecomp.model.costs import CommModel, ring_ms
+from bytecomp.compress import from_spec
+from bytecomp.model.clusters import Cluster, Link, load_cluster
+from bytecomp.model.costs import CommModel, ComputeModel, ring_ms
 from bytecomp.model.fits import fit_linear, fit_piecewise
-from bytecomp.model.strategy import GroupCost
+from bytecomp.model.strategy import GroupCost, StrategyCosts
+from bytecomp.plan import Option
 from bytecomp.profile.workloads import load_workload
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
 from bytecomp.timeline.buckets import ddp_buckets
@@ -170,7 +172,7 @@ def test_bucketing_rule_closes_a_bucket_at_the_limit():
 
 
 DDP_SPECS = ["mlp", "cnn", "transformer:layers=2", "lstm:width=256"]
-DDP_CAPS = [None, 1, 5]
+DDP_CAPS = [None, 1, 5, 0]  # 0: one bucket per tensor
 
 
 def ddp_truth(rank, world, specs, caps):
@@ -306,3 +308,66 @@ def test_shipped_cluster_configs_load():
         cluster = load_cluster(name)
         assert cluster.world_size >= 8
         assert cluster.inter.bandwidth_gbps > 0
+
+
+# -- the exchange options of large clusters, hand-computed ---------------------------------
+
+HAND = Cluster("hand", 2, 16, Link(10.0, 80.0, "pcie"), Link(20.0, 10.0))
+N = 1 << 20  # the tensor, and its chunk N / 16 = 65536: both sweep sizes, where the
+# piecewise compression curves are the synthetic profile's a + n / rate exactly
+
+
+def hand_costs():
+    """A CPU (gloo) profile planned for HAND: the ring formulas with its links."""
+    profile = synthetic_profile(mlp_shapes(), world_size=2, device="cpu")
+    return StrategyCosts(CommModel(profile, HAND), ComputeModel(profile), "cpu")
+
+
+def ring(collective, ranks, nbytes, link, share=1):
+    return ring_ms(collective, ranks, nbytes, link.alpha_ms, link.beta_ms_per_byte * share)
+
+
+def test_hierarchical_fp16_runs_the_intra_node_stages_in_16_bits():
+    costs = hand_costs()
+    intra, inter = HAND.intra, HAND.inter
+    cast = lambda n: 0.01 + n / 2e8  # noqa: E731  (fp16's synthetic encode and decode)
+    chunk = N // 16
+    expected = (ring("reduce_scatter", 16, 2 * N, intra) + ring("allgather", 16, 2 * N, intra)
+                + ring("allreduce", 2, 4 * chunk, inter, share=16)
+                + cast(N) + cast(chunk) + cast(chunk) + cast(N))
+    cost = costs.cost(Option("none", "device", "hierarchical-fp16"), N)
+    assert cost.channel_ms == pytest.approx(expected)
+    assert cost.intra_ms == pytest.approx(ring("reduce_scatter", 16, 2 * N, intra)
+                                          + ring("allgather", 16, 2 * N, intra))
+    fp32 = costs.cost(Option("none", "device", "hierarchical"), N)
+    assert fp32.channel_ms == pytest.approx(ring("reduce_scatter", 16, 4 * N, intra)
+                                            + ring("allgather", 16, 4 * N, intra)
+                                            + ring("allreduce", 2, 4 * chunk, inter, share=16))
+
+
+def test_two_level_cost_and_timeline():
+    """top-k 1% on the two-level scheme: 16 chunks encoded on the compute stream; on the
+    channel an intra-node alltoall, 16 decodes to average, the inter-node allgather of
+    this rank's chunk (encode, collective, 2 decodes), a re-encode and an intra-node
+    allgather; 16 decodes."""
+    costs = hand_costs()
+    intra, inter = HAND.intra, HAND.inter
+    encode = lambda n: 0.08 + n / 1e7  # noqa: E731  (top-k's synthetic curves)
+    decode = lambda n: 0.03 + n / 1e8  # noqa: E731
+    chunk = N // 16
+    payload = from_spec("topk:ratio=0.01").payload_bytes(chunk)
+    assert from_spec("topk:ratio=0.01").fixed_size
+    channel = (ring("alltoall", 16, 16 * payload, intra) + 16 * decode(chunk) + encode(chunk)
+               + ring("allgather", 2, 2 * payload, inter, share=16) + 2 * decode(chunk)
+               + encode(chunk) + ring("allgather", 16, 16 * payload, intra))
+    cost = costs.cost(Option("topk:ratio=0.01", "device", "twolevel"), N)
+    assert cost.encode_ms == pytest.approx(16 * encode(chunk))
+    assert cost.decode_ms == pytest.approx(16 * decode(chunk))
+    assert cost.channel_ms == pytest.approx(channel)
+    # one bucket ready at 100 ms: encode on the compute stream, the channel, the decode
+    model = IterationModel(10, 100, 5, [100])
+    result = simulate(model, [SimGroup(0, cost)], record=True)
+    assert result.iteration_ms == pytest.approx(10 + 100 + 16 * encode(chunk) + channel
+                                                + 16 * decode(chunk) + 5)
+    assert simulate(model, [SimGroup(0, cost)]).iteration_ms == \
+        pytest.approx(result.iteration_ms)

@@ -8,7 +8,14 @@
   chunk j of every rank, averages it, re-compresses it (with its own "server"
   state, so error feedback applies to both stages) and it is gathered.
 * ``hierarchical``: intra-node reduce-scatter uncompressed, inter-node exchange of
-  each rank's chunk with the compressor, intra-node allgather uncompressed.
+  each rank's chunk with the compressor, intra-node allgather uncompressed;
+  ``hierarchical-fp16`` and ``hierarchical-bf16`` run both intra-node stages in
+  16 bits (divided by the ranks per node first, as PyTorch's fp16 hook does).
+* ``twolevel`` (Espresso's two-level scheme): the compressor inside the node too.
+  Each rank compresses its tensor's chunks, one per local rank; an intra-node
+  alltoall gives local rank j every local chunk j, which it averages and
+  exchanges with local rank j of every other node (the compressor's native
+  scheme); the result is compressed once more and gathered inside the node.
 
 Every exchange returns the mean over all ranks, identical on every rank, with
 the input's shape and dtype; the input may be overwritten. An exchange has
@@ -36,8 +43,13 @@ from bytecomp.comm.compat import all_gather_flat, reduce_scatter_flat
 from bytecomp.comm.topology import Topology
 from bytecomp.compress.base import Compressor, Peers
 
-SCHEMES = ("allreduce", "allgather", "twoshot", "hierarchical")
+# The intra-node stages' dtype of each hierarchical scheme (None: the tensor's own).
+HIERARCHICAL = {"hierarchical": None, "hierarchical-fp16": torch.float16,
+                "hierarchical-bf16": torch.bfloat16}
+SCHEMES = ("allreduce", "allgather", "twoshot", *HIERARCHICAL, "twolevel")
+UNCOMPRESSED_SCHEMES = ("allreduce", *HIERARCHICAL)  # what an uncompressed tensor may use
 SERVER_SALT = 1_000_003  # same on every rank, so stage-two contexts agree
+INTER_SALT = 2_000_003  # the two-level scheme's inter-node stage, same on every node
 
 
 def supported_schemes(compressor: Compressor) -> list[str]:
@@ -49,7 +61,9 @@ def supported_schemes(compressor: Compressor) -> list[str]:
         schemes.append("allgather")
         if compressor.chunkable:
             schemes.append("twoshot")
-    schemes.append("hierarchical")
+    schemes += HIERARCHICAL
+    if "twoshot" in schemes:  # two-shot inside the node, around an inter-node exchange
+        schemes.append("twolevel")
     return schemes
 
 
@@ -226,41 +240,106 @@ class TwoShotExchange(Exchange):
         return result if out is None else out.copy_(result.reshape(out.shape))
 
 
+def native_scheme(compressor: Compressor) -> str:
+    """The one-stage scheme a compressor's own rounds end with."""
+    return "allreduce" if compressor.collectives_of_rounds()[-1] == "allreduce" else "allgather"
+
+
 class HierarchicalExchange(Exchange):
     """Intra-node reduce-scatter, inter-node compressed exchange, intra-node allgather.
-    Compression happens between collectives, so all of it runs in ``communicate``."""
+    Compression happens between collectives, so all of it runs in ``communicate``.
+    ``intra_dtype`` (float16 or bfloat16): the intra-node stages run in it, the sum
+    of the reduce-scatter on values already divided by the ranks per node."""
 
-    def __init__(self, x, compressor: Compressor, state: dict, topology: Topology):
+    def __init__(self, x, compressor: Compressor, state: dict, topology: Topology,
+                 intra_dtype: torch.dtype | None = None):
         super().__init__(x)
         self.compressor, self.state, self.topology = compressor, state, topology
+        self.wire = intra_dtype or x.dtype
 
     def communicate(self) -> None:
         topology, x = self.topology, self.x
         k = topology.ranks_per_node
         padded = _padded(x, k)
         if k > 1:
-            chunk = torch.empty(padded.numel() // k, dtype=x.dtype, device=x.device)
-            self.sent_bytes += padded.numel() * padded.element_size()
-            reduce_scatter_flat(chunk, padded, group=topology.intra)
-            chunk.div_(k)
+            chunk = self._reduce_scatter(padded, k)
         else:
             chunk = padded
         if topology.nodes > 1:
-            native = "allreduce" if "allreduce" in supported_schemes(self.compressor) \
-                else "allgather"
-            inner = FlatExchange(chunk, self.compressor, self.state, topology.inter, native)
+            inner = FlatExchange(chunk, self.compressor, self.state, topology.inter,
+                                 native_scheme(self.compressor))
             chunk = inner.run()
             self.sent_bytes += inner.sent_bytes
         if k > 1:
-            out = torch.empty_like(padded)
-            self.sent_bytes += chunk.numel() * chunk.element_size()
-            all_gather_flat(out, chunk.contiguous(), group=topology.intra)
+            sent = chunk.to(self.wire).contiguous()
+            gathered = torch.empty(padded.numel(), dtype=self.wire, device=x.device)
+            self.sent_bytes += sent.numel() * sent.element_size()
+            all_gather_flat(gathered, sent, group=topology.intra)
+            out = gathered.to(x.dtype)
         else:
             out = chunk
         self.out = out[: x.numel()].view(x.shape)
 
+    def _reduce_scatter(self, padded: torch.Tensor, k: int) -> torch.Tensor:
+        """This rank's chunk of the node's mean."""
+        intra = self.topology.intra
+        if self.wire == padded.dtype:
+            chunk = torch.empty(padded.numel() // k, dtype=padded.dtype, device=padded.device)
+            self.sent_bytes += padded.numel() * padded.element_size()
+            reduce_scatter_flat(chunk, padded, group=intra)
+            return chunk.div_(k)
+        sent = (padded / k).to(self.wire)  # divided first: a 16-bit sum cannot overflow
+        chunk = torch.empty(padded.numel() // k, dtype=self.wire, device=padded.device)
+        self.sent_bytes += sent.numel() * sent.element_size()
+        reduce_scatter_flat(chunk, sent, group=intra)
+        return chunk.to(padded.dtype)
+
     def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.out if out is None else out.copy_(self.out.reshape(out.shape))
+
+
+class TwoLevelExchange(Exchange):
+    """Espresso's two-level exchange (see the module docstring): two-shot inside the
+    node, with an inter-node exchange of each local rank's chunk between its two
+    stages. States: ``chunks`` (this rank's compression of each of its chunks),
+    ``inter`` (the inter-node stage) and ``server`` (the re-compression of the world's
+    mean of this rank's chunk)."""
+
+    def __init__(self, x, compressor: Compressor, state: dict, topology: Topology):
+        super().__init__(x)
+        self.compressor, self.state, self.topology = compressor, state, topology
+        self.peers = Peers(topology.local_rank, topology.ranks_per_node)
+
+    def encode(self) -> None:
+        k = self.topology.ranks_per_node
+        self.chunks = _padded(self.x, k).view(k, -1)
+        meter = {"meter": True} if self.state.get("meter") else {}
+        chunk_states = self.state.setdefault("chunks", [{"salt": j, **meter} for j in range(k)])
+        self.compressed = [self.compressor.compress(self.chunks[j], chunk_states[j], self.peers)
+                           for j in range(k)]
+
+    def communicate(self) -> None:
+        compressor, topology = self.compressor, self.topology
+        outgoing = [payload for payload, _ in self.compressed]
+        self.sent_bytes += sum(_nbytes(p) for p in outgoing)
+        received = alltoall_payloads(outgoing, topology.intra, compressor.fixed_size)
+        mean = mean_of_decompressed(compressor, received,
+                                    self.compressed[topology.local_rank][1], self.chunks[0])
+        if topology.nodes > 1:
+            inter_state = self.state.setdefault("inter", {"salt": INTER_SALT})
+            inner = FlatExchange(mean, compressor, inter_state, topology.inter,
+                                 native_scheme(compressor))
+            mean = inner.run()
+            self.sent_bytes += inner.sent_bytes
+        server_state = self.state.setdefault("server", {"salt": SERVER_SALT})
+        payload, self.ctx = compressor.compress(mean.reshape(-1), server_state, self.peers)
+        self.sent_bytes += _nbytes(payload)
+        self.gathered = allgather_payloads(payload, topology.intra, compressor.fixed_size)
+
+    def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        full = torch.cat([self.compressor.decompress(p, self.ctx) for p in self.gathered])
+        result = full[: self.x.numel()].view(self.x.shape)
+        return result if out is None else out.copy_(result.reshape(out.shape))
 
 
 def take_residuals(state: dict, scheme: str, numel: int, topology: Topology
@@ -272,10 +351,22 @@ def take_residuals(state: dict, scheme: str, numel: int, topology: Topology
 
     ``allreduce``/``allgather`` keep one residual of the whole tensor; ``twoshot``
     one per chunk and, for the chunk this rank re-compresses, a "server" residual of
-    the average (so it counts ``world`` times); ``hierarchical`` one of this rank's
-    chunk of the node's average (so it counts ``ranks_per_node`` times)."""
+    the average (so it counts ``world`` times); the hierarchical schemes one of this
+    rank's chunk of the node's average (so it counts ``ranks_per_node`` times);
+    ``twolevel`` one per chunk of its intra-node stage, one of the node's average of
+    its chunk (inter-node stage) and one of the world's average of it, which the same
+    local rank of every node holds (``server``): both count ``ranks_per_node``
+    times."""
     if scheme in ("allreduce", "allgather"):
         return state.pop("residual", None)
+    if scheme == "twolevel":
+        k = topology.ranks_per_node
+        pieces = [(j, chunk.pop("residual", None), 1)
+                  for j, chunk in enumerate(state.get("chunks") or [])]
+        for stage in ("inter", "server"):
+            pieces.append((topology.local_rank, (state.get(stage) or {}).pop("residual", None),
+                           k))
+        return _placed(pieces, -(-numel // k), k, numel)
     if scheme == "twoshot":
         size = topology.size
         pieces = [(j, chunk.pop("residual", None), 1)
@@ -313,8 +404,10 @@ def make_exchange(x: torch.Tensor, compressor: Compressor, state: dict, topology
         return Exchange(x)
     if scheme == "twoshot":
         return TwoShotExchange(x, compressor, state, topology.world)
-    if scheme == "hierarchical":
-        return HierarchicalExchange(x, compressor, state, topology)
+    if scheme in HIERARCHICAL:
+        return HierarchicalExchange(x, compressor, state, topology, HIERARCHICAL[scheme])
+    if scheme == "twolevel":
+        return TwoLevelExchange(x, compressor, state, topology)
     return FlatExchange(x, compressor, state, topology.world, scheme)
 
 

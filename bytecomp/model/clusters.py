@@ -9,13 +9,20 @@ checkout's top-level ``configs/clusters`` is a link to that folder.
     name: gbe10
     nodes: 8
     ranks_per_node: 1
+    cpu_cores: 16                                     # optional: a node's cores, for host offload
     links:
       inter: {bandwidth_gbps: 9.49, latency_us: 25}   # each number with its source
       intra: profile                                  # or: alpha and beta fitted from the profile
 
 ``intra`` is required when ``ranks_per_node > 1``, ``inter`` when ``nodes > 1``.
-A link given as ``profile`` takes its per-message and per-byte costs from the
+A link may say what it is (``type``: ``nvlink``, ``pcie`` or ``net``; default
+``pcie`` inside a node, ``net`` between nodes): NCCL's per-hop latencies
+depend on it (:mod:`bytecomp.model.nccl`). ``bandwidth_gbps`` is the bus
+bandwidth a rank gets on the link (per GPU inside a node, per node between
+nodes), ``latency_us`` the per-message cost of one step of gloo's ring. A
+link given as ``profile`` takes its per-message and per-byte costs from the
 profile's fitted sweeps, so a profile can be extrapolated to more ranks.
+``cpu_cores`` is what a node's ranks share for host-side compression.
 """
 
 from __future__ import annotations
@@ -37,12 +44,18 @@ if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+
 SHIPPED = ("configs", "clusters")  # inside the bytecomp package
 
 
+LINK_TYPES = ("nvlink", "pcie", "net")
+DEFAULT_LINK_TYPE = {"intra": "pcie", "inter": "net"}
+
+
 @dataclass(frozen=True)
 class Link:
-    """Per-message latency and per-direction bandwidth of one link kind."""
+    """Per-message latency and per-direction bandwidth of one link kind, and what it is
+    (``nvlink``, ``pcie`` or ``net``: NCCL's hardware classes)."""
 
     latency_us: float
     bandwidth_gbps: float
+    type: str = "net"
 
     @property
     def alpha_ms(self) -> float:
@@ -65,6 +78,7 @@ class Cluster:
     ranks_per_node: int
     intra: Link | str | None = None
     inter: Link | str | None = None
+    cpu_cores: int | None = None  # per node, shared by its ranks' host workers
 
     @property
     def world_size(self) -> int:
@@ -107,7 +121,7 @@ def _link(path: str, kind: str, value) -> Link | str:
     if not isinstance(value, dict):
         raise BytecompError(f"{path}: links.{kind} must be a mapping with bandwidth_gbps "
                             f"and latency_us, or 'profile'")
-    numbers = {}
+    numbers: dict = {}
     for field in ("bandwidth_gbps", "latency_us"):
         number = value.get(field)
         if isinstance(number, bool) or not isinstance(number, (int, float)):
@@ -115,10 +129,13 @@ def _link(path: str, kind: str, value) -> Link | str:
         numbers[field] = float(number)
     if not (0 < numbers["bandwidth_gbps"] < math.inf and 0 <= numbers["latency_us"] < math.inf):
         raise BytecompError(f"{path}: links.{kind} needs bandwidth_gbps > 0 and latency_us >= 0")
-    unknown = set(value) - {"bandwidth_gbps", "latency_us"}
+    unknown = set(value) - {"bandwidth_gbps", "latency_us", "type"}
     if unknown:
         raise BytecompError(f"{path}: links.{kind} has unknown field {sorted(unknown)[0]!r}")
-    return Link(**numbers)
+    link_type = value.get("type", DEFAULT_LINK_TYPE[kind])
+    if link_type not in LINK_TYPES:
+        raise BytecompError(f"{path}: links.{kind}.type must be one of {', '.join(LINK_TYPES)}")
+    return Link(**numbers, type=link_type)
 
 
 def load_cluster(name_or_path: str) -> Cluster:
@@ -142,6 +159,9 @@ def load_cluster(name_or_path: str) -> Cluster:
     if data["nodes"] > 1 and "inter" not in links:
         raise BytecompError(f"{path}: links.inter is required with nodes > 1")
     parsed = {kind: _link(path, kind, value) for kind, value in links.items()}
+    cores = data.get("cpu_cores")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise BytecompError(f"{path}: cpu_cores must be a positive integer")
     default_name = Path(name_or_path).stem
     return Cluster(str(data.get("name", default_name)), data["nodes"], data["ranks_per_node"],
-                   parsed.get("intra"), parsed.get("inter"))
+                   parsed.get("intra"), parsed.get("inter"), cores)

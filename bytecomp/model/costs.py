@@ -1,9 +1,12 @@
 """Empirical cost models fitted from a profile, and the cost of each strategy.
 
 * Collectives: ``a + b * bytes`` per (collective, group, dtype), fitted to the
-  profile's sweeps. For another cluster, times come from the ring formulas
-  with each link's per-message cost alpha and per-byte cost beta (from the
-  config, or derived from the fits for links given as ``profile``)::
+  profile's sweeps. For another cluster: a GPU job (NCCL) costs what NCCL's
+  tuning model says of the cheapest algorithm and protocol for the size
+  (:mod:`bytecomp.model.nccl`: ring or tree, LL, LL128 or Simple, per-hop
+  latencies by link type); a CPU job (gloo), or a cluster whose links are given
+  as ``profile``, follows the ring formulas with each link's per-message cost
+  alpha and per-byte cost beta (from the config, or derived from the fits)::
 
       allreduce                              2 (p-1) alpha + 2 (p-1)/p n beta
       allgather, reduce_scatter, alltoall    (p-1) alpha + (p-1)/p n beta
@@ -27,6 +30,7 @@ from bytecomp.compress import from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import PROFILE_LINK, Cluster, Link
 from bytecomp.model.fits import LinearFit, PiecewiseFit, fit_linear, fit_piecewise
+from bytecomp.model.nccl import Span, nccl_ms
 from bytecomp.profile.store import Profile
 
 STEPS = {"allreduce": 2.0, "allgather": 1.0, "reduce_scatter": 1.0, "alltoall": 1.0,
@@ -70,6 +74,10 @@ class CommModel:
             self.fits[(collective, group, dtype)] = fit_linear(rows["bytes"], rows["time_ms"])
         self._resolved: dict[tuple[str, str, str], LinearFit] = {}
         self.links = {kind: self._link(kind) for kind in ("intra", "inter")}
+        # NCCL's model for a GPU job on configured links; gloo's ring otherwise
+        self.library = "nccl" if profile.device_type == "cuda" and PROFILE_LINK not in (
+            cluster.intra, cluster.inter) else "gloo"
+        self._spans: dict[str, Span] = {}
 
     def _fit(self, collective: str, group: str, dtype: str) -> LinearFit:
         key = (collective, group, dtype)
@@ -114,10 +122,25 @@ class CommModel:
             beta /= self.profile.ranks_per_node  # measured with every local rank sharing the link
         return Link(alpha_ms * 1000.0, 8.0 / max(beta, 1e-15) * 1e-9 * 1000.0)
 
+    def span(self, group: str) -> Span:
+        """Where the ranks of ``group`` sit, for NCCL's model."""
+        if group not in self._spans:
+            nodes, per_node = self.cluster.nodes, self.cluster.ranks_per_node
+            intra = self._config_link("intra") if per_node > 1 else None
+            inter = self._config_link("inter") if nodes > 1 else None
+            nvlink = intra is not None and intra.type == "nvlink"
+            self._spans[group] = {
+                "world": Span(nodes * per_node, nodes, intra, inter, 1, nvlink),
+                "intra": Span(per_node, 1, intra, None, 1, nvlink),
+                "inter": Span(nodes, nodes, None, inter, per_node, nvlink)}[group]
+        return self._spans[group]
+
     def time_ms(self, collective: str, group: str, dtype: str, nbytes: float) -> float:
         """``group``: world, intra (a node's ranks) or inter (one rank per node)."""
         if self.cluster.measured:
             return max(0.0, self._fit(collective, group, dtype)(nbytes))
+        if self.library == "nccl":
+            return nccl_ms(collective, self.span(group), nbytes)
         nodes, per_node = self.cluster.nodes, self.cluster.ranks_per_node
         if group == "intra" or (group == "world" and nodes == 1):
             intra = self._config_link("intra")

@@ -8,7 +8,9 @@ merged group of ``numel`` elements has three parts:
 * ``encode_ms``: on the compute stream (device) or a host worker (host);
 * ``channel_ms``: on the communication channel, in FIFO order: every
   collective of the scheme plus the compute the scheme does between them
-  (two-shot's re-compression, for example);
+  (two-shot's re-compression, the 16-bit casts of a hierarchical scheme's
+  intra-node stages, the two-level scheme's averaging, inter-node exchange and
+  re-compression, for example);
 * ``decode_ms``: like encode;
 * the executor's fixed costs of the group's path (:mod:`bytecomp.model.overheads`):
   ``hook_ms`` on the compute stream before the encode, ``tail_ms`` on the channel
@@ -21,6 +23,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import cache
 
+from bytecomp.comm.schemes import HIERARCHICAL, native_scheme
 from bytecomp.compress import from_spec
 from bytecomp.model.costs import CommModel, ComputeModel, wire_dtype
 from bytecomp.model.overheads import ExecutorCosts, path_of
@@ -29,6 +32,13 @@ from bytecomp.plan import NO_COMPRESSION, Option
 __all__ = ["COUNT_BYTES", "NO_COMPRESSION", "GroupCost", "Option", "StrategyCosts"]
 
 COUNT_BYTES = 8  # one int64 element count per payload tensor, for variable sizes
+CASTS = {"hierarchical-fp16": "fp16", "hierarchical-bf16": "bf16"}  # the cast's compressor
+
+
+def cast_specs(specs) -> dict[str, str]:
+    """The profiled specs (of ``specs``) that time the 16-bit casts, by compressor name."""
+    return {from_spec(spec).name: spec for spec in sorted(specs)
+            if from_spec(spec).name in CASTS.values()}
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class StrategyCosts:
         self._gathered: dict = {}
         self._payloads: dict = {}
         self.gathers = "d2d" in compute.copies  # the profile measured memory copies
+        self.casts = cast_specs(compute.specs())  # fp16/bf16 timings: the 16-bit casts
 
     # -- collectives ---------------------------------------------------------------
     def _collective(self, name: str, group: str, dtype: str, nbytes: float) -> float:
@@ -109,16 +120,38 @@ class StrategyCosts:
     # -- whole strategies ------------------------------------------------------------
     def uncompressed_ms(self, collective: str, numel: float) -> float:
         nbytes = numel * self.element_size
-        if collective == "hierarchical":
+        if collective in HIERARCHICAL:
             per_node = self.comm.ranks("intra")
-            return (self.intra_node_ms(nbytes)
+            return (self.intra_node_ms(numel, collective, "device")
                     + self._collective("allreduce", "inter", "float32", nbytes / per_node))
         return self._collective("allreduce", "world", "float32", nbytes)
 
-    def intra_node_ms(self, nbytes: float) -> float:
-        """The hierarchical scheme's intra-node steps: reduce-scatter and allgather."""
-        return (self._collective("reduce_scatter", "intra", "float32", nbytes)
-                + self._collective("allgather", "intra", "float32", nbytes))
+    def intra_node_ms(self, numel: float, scheme: str = "hierarchical",
+                      place: str = "device") -> float:
+        """A hierarchical scheme's intra-node stages: reduce-scatter and allgather, in
+        16 bits with their casts (on the channel) for ``hierarchical-fp16``/``-bf16``."""
+        return self.intra_collectives_ms(numel, scheme) + self.casts_ms(numel, scheme, place)
+
+    def intra_collectives_ms(self, numel: float, scheme: str) -> float:
+        sixteen = scheme in CASTS
+        nbytes = numel * (2 if sixteen else self.element_size)
+        dtype = "float16" if sixteen else "float32"
+        return (self._collective("reduce_scatter", "intra", dtype, nbytes)
+                + self._collective("allgather", "intra", dtype, nbytes))
+
+    def casts_ms(self, numel: float, scheme: str, place: str) -> float:
+        """The 16-bit intra-node stages' casts: the tensor to 16 bits and this rank's
+        chunk back, then the chunk to 16 bits and the gathered tensor back."""
+        if scheme not in CASTS or self.comm.ranks("intra") <= 1:
+            return 0.0
+        spec = self.casts.get(CASTS[scheme])
+        if spec is None:  # the tree prunes these schemes without cast timings
+            return 0.0
+        device = "cpu" if place == "host" else self.device_type
+        chunk = math.ceil(numel / self.comm.ranks("intra"))
+        encode, decode = self.compute.encode_ms, self.compute.decode_ms
+        return (encode(spec, device, numel) + decode(spec, device, chunk)
+                + encode(spec, device, chunk) + decode(spec, device, numel))
 
     def gathered(self, cost: GroupCost, nbytes: float) -> GroupCost:
         """``cost`` plus gathering scattered members into one tensor before encoding and
@@ -154,8 +187,8 @@ class StrategyCosts:
     def _cost(self, option: Option, numel: int, shapes) -> GroupCost:
         if not option.compressed:
             channel = self.uncompressed_ms(option.collective, numel)
-            intra = self.intra_node_ms(numel * self.element_size) \
-                if option.collective == "hierarchical" else 0.0
+            intra = self.intra_collectives_ms(numel, option.collective) \
+                if option.collective in HIERARCHICAL else 0.0
             return GroupCost(0.0, channel, 0.0, wire_bytes=numel * self.element_size,
                              intra_ms=intra)
         spec = option.spec
@@ -190,20 +223,48 @@ class StrategyCosts:
                             + self._collective("allgather", "world", "uint8", counts))
             decode_ms = world * decode(chunk)
             wire = 2 * world * payload
-        else:  # hierarchical
+        elif scheme == "twolevel":
+            encode_ms, channel, decode_ms, wire, intra = self._two_level(spec, numel, encode,
+                                                                         decode)
+        else:  # the hierarchical schemes
             per_node = self.comm.ranks("intra")
             nodes = self.comm.ranks("inter")
             chunk = math.ceil(numel / per_node)
-            native = "allreduce" if compressor.collectives_of_rounds()[-1] == "allreduce" \
-                else "allgather"
-            nbytes = numel * self.element_size
-            intra = self.intra_node_ms(nbytes)
-            channel = intra + self.exchange_ms(spec, chunk, "inter", native)
+            native = native_scheme(compressor)
+            intra = self.intra_collectives_ms(numel, scheme)
+            channel = (intra + self.casts_ms(numel, scheme, option.place)
+                       + self.exchange_ms(spec, chunk, "inter", native))
             encode_ms = encode(chunk)
             decode_ms = decode(chunk) * (nodes if native == "allgather" else 1)
-            wire = 2 * nbytes + sum(self._payload(spec, chunk, None))
+            wire = 2 * numel * (2 if scheme in CASTS else self.element_size) \
+                + sum(self._payload(spec, chunk, None))
         host = option.place == "host"
         copies = numel * self.element_size
         return GroupCost(encode_ms, channel, decode_ms, host,
                          self.compute.copy_ms("d2h", copies) if host else 0.0,
                          self.compute.copy_ms("h2d", copies) if host else 0.0, wire, intra)
+
+    def _two_level(self, spec: str, numel: float, encode, decode):
+        """(encode, channel, decode, wire bytes, intra-node channel) of the two-level
+        scheme: every chunk encoded; on the channel an intra-node alltoall of the
+        payloads, their average, the inter-node exchange of this rank's chunk (its
+        encode, collectives and decodes), its re-encode and an intra-node allgather;
+        every gathered chunk decoded."""
+        compressor = _compressor(spec)
+        per_node, nodes = self.comm.ranks("intra"), self.comm.ranks("inter")
+        chunk = math.ceil(numel / per_node)
+        payload = sum(self._payload(spec, chunk, None))
+        intra = (self._collective("alltoall", "intra", "uint8", per_node * payload)
+                 + self._gather("intra", per_node, payload, True, 0))
+        if not compressor.fixed_size:
+            counts = per_node * COUNT_BYTES * 2
+            intra += (self._collective("alltoall", "intra", "uint8", counts)
+                      + self._collective("allgather", "intra", "uint8", counts))
+        channel = intra + per_node * decode(chunk) + encode(chunk)
+        wire = (per_node + 1) * payload
+        if nodes > 1:
+            native = native_scheme(compressor)
+            channel += (encode(chunk) + self.exchange_ms(spec, chunk, "inter", native)
+                        + decode(chunk) * (nodes if native == "allgather" else 1))
+            wire += payload
+        return per_node * encode(chunk), channel, per_node * decode(chunk), wire, intra

@@ -36,7 +36,7 @@ from bytecomp.comm.schemes import take_residuals
 from bytecomp.comm.topology import Topology
 from bytecomp.comm.worker import CommWorker
 from bytecomp.errors import BytecompError
-from bytecomp.plan import HOST_WORKERS, Plan, load_plan
+from bytecomp.plan import Plan, load_plan
 from bytecomp.runtime.checks import agree, check_bucket_cap, local_problem
 from bytecomp.runtime.controller import Controller, Switch
 from bytecomp.runtime.groups import GroupSpec, build_groups
@@ -51,7 +51,7 @@ class Executor:
     """Runs a plan as a DDP communication hook. Create it with :func:`apply_plan`."""
 
     def __init__(self, ddp, plan: Plan, fallback: str | None = None,
-                 host_workers: int = HOST_WORKERS, native: bool = True):
+                 host_workers: int | None = None, native: bool = True):
         if fallback not in (None, "fp32"):
             raise BytecompError(f"fallback must be None or 'fp32', got {fallback!r}")
         if not dist.is_initialized():
@@ -87,8 +87,8 @@ class Executor:
         if any(g.place == "host" for groups in self.ladder for g in groups):
             if dist.get_backend() != "gloo":  # host payloads travel on gloo groups
                 topology = Topology.build(plan.nodes, plan.ranks_per_node, backend="gloo")
-            self.host_path = HostPath(topology, host_workers, self.worker, self.stats,
-                                      self.device)
+            workers = host_workers or plan.host_workers
+            self.host_path = HostPath(topology, workers, self.worker, self.stats, self.device)
         self._fp32_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
         self._current = Step()
         check_bucket_cap(ddp, plan)
@@ -301,7 +301,7 @@ class Executor:
 
 
 def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
-               host_workers: int = HOST_WORKERS, native: bool = True) -> Executor:
+               host_workers: int | None = None, native: bool = True) -> Executor:
     """Register a communication hook on ``ddp_model`` that executes ``plan``.
 
     Every rank must call it with the same plan, before the first backward pass.
@@ -309,7 +309,9 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     the job (world size) and that all ranks hold the same plan (their digests
     agree); any mismatch raises the same :class:`~bytecomp.errors.BytecompError`
     on every rank. A parameter the plan does not name is an error unless
-    ``fallback="fp32"``. A plan that allreduces every gradient in fp32 is what
+    ``fallback="fp32"``. Host-placed groups run on ``host_workers`` threads per rank
+    (default: the plan's ``host_workers``, a node's cores shared by its ranks where the
+    cluster config gave them, else 2). A plan that allreduces every gradient in fp32 is what
     DDP does by itself: with ``native=True`` no hook is registered for it (the
     executor only counts steps and bytes); ``native=False`` runs it through the
     hook like any other plan.

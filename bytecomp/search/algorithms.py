@@ -6,8 +6,13 @@
   that minimizes the simulated iteration. Bubble-aware: tensors whose
   communication is followed by an idle channel are hidden behind compute, so
   compressing them cannot help and they are not tried.
-* :func:`improve`: local search, one tensor at a time, until no move helps
-  or the time budget ends.
+* :func:`anneal`: simulated annealing on the fast evaluator until its deadline
+  (the budget is spent, whatever happens): moves that give one tensor, a whole
+  bucket or a size class another option, join a tensor to a neighbour's group,
+  or change the bucket cap; worse moves are accepted with a probability that
+  falls with the relative loss and the temperature; after a stretch without a
+  new best it restarts from the next start (every baseline, then random
+  assignments); it ends with a descent from the best assignment.
 * :func:`branch_and_bound`: exact for the model. Tensors are fixed largest
   first; the bound of a partial assignment is the simulation of its assigned
   tensors alone, valid because the timeline is monotone (more work never ends
@@ -20,8 +25,10 @@
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 from bytecomp.search.problem import UNASSIGNED, Problem
 from bytecomp.timeline.simulator import simulate
@@ -124,30 +131,147 @@ def _greedy_pass(problem, cap_mb, current, best, deadline, keep):
     return current, best
 
 
-def improve(problem: Problem, cap_mb: float, assignment: list[int], value: float,
-            deadline: float, keep: int = 0) -> tuple[list[int], float]:
-    """Best single-tensor moves, largest tensors first, until none helps or time is up."""
-    current = list(assignment)
-    order = sorted(range(len(current)), key=lambda p: (-problem.tensors[p].numel, p))
-    candidates = {p: screened_options(problem, [p], keep) for p in order}
+@dataclass
+class Point:
+    """An assignment at a bucket cap, and its objective's value."""
+
+    assignment: list[int]
+    cap: float
+    value: float
+
+
+MOVES = (("tensor", 0.35), ("bucket", 0.25), ("class", 0.15), ("join", 0.2), ("cap", 0.05))
+HOT, COLD = 0.02, 2e-4  # the temperature: a relative loss accepted with probability 1/e
+DESCENT_SHARE = 0.15  # of the budget kept for the final descent
+
+
+class Annealer:
+    """Simulated annealing over assignments and bucket caps (see :func:`anneal`)."""
+
+    def __init__(self, problem: Problem, caps: list[float], keep: int, rng: random.Random,
+                 starts: list[Point]) -> None:
+        self.problem, self.caps, self.rng = problem, caps, rng
+        classes = size_classes(problem)
+        self.class_of = [0] * len(problem.tensors)
+        self.candidates = []
+        for index, members in enumerate(classes):
+            for position in members:
+                self.class_of[position] = index
+            self.candidates.append(screened_options(problem, members, keep))
+        self.classes = classes
+        self.starts = list(starts)  # restarts, in order; then random assignments
+        self.moves = [name for name, _ in MOVES]
+        self.weights = [weight for _, weight in MOVES]
+
+    def random_start(self) -> Point:
+        assignment = [self.rng.choice(self.candidates[self.class_of[p]])
+                      for p in range(len(self.problem.tensors))]
+        return self.at_best_cap(assignment)
+
+    def at_best_cap(self, assignment: list[int]) -> Point:
+        value, cap = min((self.problem.evaluate(assignment, c), c) for c in self.caps)
+        return Point(assignment, cap, value)
+
+    def restart(self) -> Point:
+        if self.starts:
+            start = self.starts.pop(0)
+            return self.at_best_cap(list(start.assignment))
+        return self.random_start()
+
+    def neighbour(self, point: Point) -> tuple[list[int], float]:
+        """A random move from ``point``: (assignment, cap); the assignment may be
+        ``point``'s own list (for a cap move) but is never modified in place."""
+        rng, problem = self.rng, self.problem
+        move = rng.choices(self.moves, self.weights)[0]
+        assignment = list(point.assignment)
+        position = rng.randrange(len(assignment))
+        if move == "cap" and len(self.caps) > 1:
+            return point.assignment, rng.choice([c for c in self.caps if c != point.cap])
+        if move == "tensor":
+            assignment[position] = rng.choice(self.candidates[self.class_of[position]])
+        elif move == "class":
+            members = self.classes[self.class_of[position]]
+            option = rng.choice(self.candidates[self.class_of[position]])
+            for member in members:
+                assignment[member] = option
+        else:
+            bucket = problem.buckets(point.cap)[problem.bucket_of(point.cap)[position]]
+            if move == "join":
+                assignment[position] = assignment[rng.choice(bucket)]
+            else:
+                option = rng.choice(self.candidates[self.class_of[rng.choice(bucket)]])
+                for member in bucket:
+                    assignment[member] = option
+        return assignment, point.cap
+
+    def run(self, start: Point, deadline: float) -> Point:
+        problem, rng = self.problem, self.rng
+        began = time.perf_counter()
+        span = max(1e-9, (deadline - began) * (1 - DESCENT_SHARE))
+        current = best = start
+        stale, patience = 0, max(300, 20 * len(problem.tensors))
+        while True:
+            now = time.perf_counter()
+            if now >= began + span:
+                break
+            temperature = HOT * (COLD / HOT) ** ((now - began) / span)
+            assignment, cap = self.neighbour(current)
+            value = problem.evaluate(assignment, cap)
+            if value <= current.value or (math.isfinite(value) and rng.random() < math.exp(
+                    -(value - current.value) / current.value / temperature)):
+                current = Point(assignment, cap, value)
+                if value < best.value - EPSILON:
+                    best, stale = current, 0
+            stale += 1
+            if stale > patience:  # nothing new for a while: from the next start
+                current, stale = self.restart(), 0
+                if current.value < best.value - EPSILON:
+                    best = current
+        return descend(problem, best, deadline, self.candidates, self.class_of)
+
+
+def descend(problem: Problem, point: Point, deadline: float, candidates, class_of) -> Point:
+    """First-improvement descent: whole buckets, then single tensors, each to every
+    candidate option of its class, until no move helps or the deadline."""
+    assignment, value, cap = list(point.assignment), point.value, point.cap
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
-        for position in order:
-            if time.perf_counter() > deadline:
-                break
-            original = current[position]
-            best_option = original
-            for option in candidates[position]:
-                if option == original:
+        for bucket in problem.buckets(cap):
+            options = dict.fromkeys(o for p in bucket for o in candidates[class_of[p]])
+            for option in options:
+                if time.perf_counter() > deadline:
+                    return Point(assignment, cap, value)
+                if all(assignment[p] == option for p in bucket):
                     continue
-                current[position] = option
-                trial = problem.evaluate(current, cap_mb)
-                if trial < value - EPSILON:
-                    value, best_option = trial, option
-            current[position] = best_option
-            improved |= best_option != original
-    return current, value
+                trial = list(assignment)
+                for p in bucket:
+                    trial[p] = option
+                trial_value = problem.evaluate(trial, cap)
+                if trial_value < value - EPSILON:
+                    assignment, value, improved = trial, trial_value, True
+        for position in range(len(assignment)):
+            original = assignment[position]
+            for option in candidates[class_of[position]]:
+                if option == original or time.perf_counter() > deadline:
+                    continue
+                assignment[position] = option
+                trial_value = problem.evaluate(assignment, cap)
+                if trial_value < value - EPSILON:
+                    value, original, improved = trial_value, option, True
+            assignment[position] = original
+    return Point(assignment, cap, value)
+
+
+def anneal(problem: Problem, caps: list[float], start: Point, deadline: float,
+           restarts: list[Point], keep: int = 8, seed: int = 0) -> Point:
+    """The best point found from ``start`` by simulated annealing until ``deadline`` (see
+    the module docstring); never worse than ``start``. ``restarts``: where to go when
+    the walk stalls (then random assignments of the screened options); ``keep``: the
+    options screened per size class (0: all)."""
+    annealer = Annealer(problem, caps, keep, random.Random(seed), restarts)
+    found = annealer.run(start, deadline)
+    return found if found.value < start.value - EPSILON else start
 
 
 def asymptotic_slopes(problem: Problem) -> list[float]:
@@ -260,10 +384,11 @@ def lower_bound(problem: Problem, cap_mb: float) -> float:
 
 def _distinct_channels(problem: Problem) -> list[tuple]:
     """(option, low rank) for one option per distinct channel cost: the placement
-    changes only encode, decode and copies, except in the two-shot scheme, whose
-    channel time includes re-encoding the chunks."""
+    changes only encode, decode and copies, except in the schemes that compute between
+    their collectives (two-shot, two-level, the 16-bit hierarchical schemes' casts)."""
     distinct: dict[tuple, tuple] = {}
     for option, low_rank in zip(problem.options, problem.low_rank):
-        place = option.place if option.collective == "twoshot" else None
+        place = option.place if option.collective not in ("allreduce", "allgather",
+                                                          "hierarchical") else None
         distinct.setdefault((option.spec, option.collective, place), (option, low_rank))
     return list(distinct.values())

@@ -133,7 +133,7 @@ def to_ladder_plan(result: LadderResult, profile: Profile) -> Plan:
     info.pop("fidelity", None)
     return Plan(first.model_fingerprint, first.world_size, first.nodes, first.ranks_per_node,
                 first.bucket_cap_mb, levels[0].entries, predicted, search, info,
-                levels=levels, adaptive=result.adaptive)
+                levels=levels, adaptive=result.adaptive, host_workers=first.host_workers)
 
 
 def level_rows(result: LadderResult) -> list[tuple[int, str, float, float | None, float]]:

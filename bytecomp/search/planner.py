@@ -14,19 +14,39 @@ from bytecomp.model.clusters import Cluster
 from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
 from bytecomp.model.fidelity import FidelityModel
 from bytecomp.model.overheads import ExecutorCosts
-from bytecomp.model.strategy import StrategyCosts
-from bytecomp.plan import NO_COMPRESSION, Option, Plan, PlanEntry
+from bytecomp.model.strategy import StrategyCosts, cast_specs
+from bytecomp.plan import HOST_WORKERS, NO_COMPRESSION, Option, Plan, PlanEntry
 from bytecomp.profile.store import Profile
-from bytecomp.search.algorithms import branch_and_bound, greedy, improve, lower_bound
+from bytecomp.search.algorithms import (
+    Point,
+    anneal,
+    branch_and_bound,
+    greedy,
+    lower_bound,
+)
+from bytecomp.search.bound import relaxed_bound
 from bytecomp.search.problem import OBJECTIVES, Group, Objective, Problem, Tensor
 from bytecomp.search.tree import build_tree, options_of
+from bytecomp.timeline.buckets import SEARCHED_CAPS_MB
 from bytecomp.timeline.simulator import simulate
 
-DEFAULT_CAPS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
+DEFAULT_CAPS = SEARCHED_CAPS_MB  # and the profiled cap; 0: one bucket per tensor
 EXACT_MAX_SPACE = 50_000  # options ** tensors: exact search where enumeration is cheap
-STARTS = 1
 DEFAULT_MIN_FIDELITY = 0.75  # GraVAC's threshold on the compression gain
 ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def default_budget_s(tensors: int) -> float:
+    """Seconds of annealing when none is asked: 0.4 ms a tensor, 50 ms to 0.8 s."""
+    return min(0.8, max(0.05, 0.0004 * tensors))
+
+
+def host_workers_of(cluster: Cluster) -> int:
+    """Host-offload workers per rank: a node's cores shared by its ranks (the cluster
+    config's ``cpu_cores``), else the executor's default pool."""
+    if cluster.cpu_cores is None:
+        return HOST_WORKERS
+    return max(1, cluster.cpu_cores // cluster.ranks_per_node)
 
 
 def effective_ms(time_ms: float, fidelity: float | None) -> float | None:
@@ -148,7 +168,7 @@ class Planner:
         if not strict:  # the baselines' methods are always candidates, so no baseline wins
             searched += [s for s in (fp16, powersgd) if s and s not in searched]
         tree = build_tree(searched, self.cluster.nodes, self.cluster.ranks_per_node,
-                          profile.device_type)
+                          profile.device_type, set(cast_specs(self.compute.specs())))
         self.tree = tree
         options = options_of(tree)
         searchable = len(options)
@@ -165,6 +185,7 @@ class Planner:
         self.problem = Problem(tensors_of(profile), times["forward"]["median_ms"],
                                times["backward_compute"]["median_ms"],
                                times["optimizer"]["median_ms"], costs, options,
+                               host_workers=host_workers_of(self.cluster),
                                interference=float(measured.get("fraction", 0.0)),
                                intra_interference=measured.get("intra_fraction"),
                                bucket_hook_ms=executor.bucket_ms)
@@ -238,15 +259,19 @@ class Planner:
 
     # -- search ----------------------------------------------------------------------------
     def search(self, caps: list[float] | None = None, algorithm: str = "auto",
-               budget_s: float | None = None, min_gain: float = 0.0) -> PlanResult:
+               budget_s: float | None = None, min_gain: float = 0.0,
+               starts: list[tuple[list[int], float]] | None = None) -> PlanResult:
         """Find the best assignment and bucket cap.
 
-        1. The greedy starts from each of the three fastest baselines that use
-           searchable options, at the profiled bucket cap; the best result wins.
-        2. Its result is evaluated at every candidate cap; if another cap is
-           faster, the greedy runs again there from that result.
-        3. Local search at that cap, for ``budget_s`` (default: half as long as
-           the greedy took, at least 20 ms), unless ``algorithm == "greedy"``.
+        1. Every start (each baseline whose options the search may use, and any
+           ``starts`` given as (assignment, cap)) is evaluated at its cap; the greedy
+           runs from the best of them.
+        2. Its result is evaluated at every candidate cap (0: one bucket per tensor);
+           if another cap is better, the greedy runs again there from that result.
+        3. Unless ``algorithm == "greedy"``: simulated annealing for ``budget_s``
+           seconds (default :func:`default_budget_s`), spent in full, restarting from
+           every other start and then from random assignments when it stalls, and a
+           final descent (``local``: over every option, else the screened ones).
         4. Where the problem is small (options ** tensors <= 50,000), branch and
            bound at every cap proves the optimum (``exact``).
         5. Unless the result is predicted at least ``min_gain`` (a fraction)
@@ -254,6 +279,11 @@ class Planner:
            much faster than the fastest baseline, that baseline is: a gain
            smaller than the model's error is not worth compressing or a more
            complex plan.
+
+        The result is never worse on the objective than any start (before step 5).
+        The lower bound is the better of a linear relaxation over every option of
+        every tensor (:func:`bytecomp.search.bound.relaxed_bound`) and the channel
+        bound of :func:`bytecomp.search.algorithms.lower_bound`.
         """
         started = time.perf_counter()
         problem = self.problem
@@ -261,43 +291,46 @@ class Planner:
         caps = sorted(set(caps or [self.profile.bucket_cap_mb, *DEFAULT_CAPS]))
         view = problem.restricted(len(self.searchable))
         searchable = set(self.searchable)
-        starts = [b.assignment for b in baselines if set(b.assignment) <= searchable]
+        offered = [Point(list(b.assignment), b.cap_mb, math.nan) for b in baselines
+                   if set(b.assignment) <= searchable]
+        for assignment, cap in starts or []:
+            if len(assignment) != len(problem.tensors) or not set(assignment) <= searchable:
+                raise BytecompError("a start must give every tensor a searchable option")
+            offered.append(Point(list(assignment), cap, math.nan))
         space = len(view.options) ** len(problem.tensors) if len(problem.tensors) < 64 else math.inf
         small = space <= EXACT_MAX_SPACE
         if algorithm == "exact" and not small:
             raise BytecompError(f"--algorithm exact needs at most {EXACT_MAX_SPACE:,} assignments; "
                                 f"this problem has {len(view.options)} options for each of "
                                 f"{len(problem.tensors)} tensors")
-
-        cap = self.profile.bucket_cap_mb
-        ranked = sorted(starts, key=lambda a: view.evaluate(a, cap))
-        assignment, value = greedy(view, cap, ranked[0])  # fp32 DDP is always a start
-        for start in ranked[1:STARTS]:  # a few starts: the greedy is myopic
-            found, found_value = greedy(view, cap, start)
-            if found_value < value - 1e-9:
-                assignment, value = found, found_value
+        for point in offered:
+            point.value = view.evaluate(point.assignment, point.cap)
+        offered.sort(key=lambda point: point.value)
+        first = offered[0]
+        assignment, value = greedy(view, first.cap, first.assignment)
+        cap = first.cap
         best_cap = min(caps, key=lambda c: view.evaluate(assignment, c))
         if best_cap != cap:  # the assignment prefers another cap: re-run the greedy there
             cap = best_cap
             assignment, value = greedy(view, cap, assignment)
-        greedy_s = time.perf_counter() - started
         if algorithm != "greedy":
-            budget = budget_s if budget_s is not None else max(0.02, 0.5 * greedy_s)
-            keep = 0 if algorithm == "local" else 8
-            assignment, value = improve(view, cap, assignment, value,
-                                        time.perf_counter() + budget, keep)
+            budget = budget_s if budget_s is not None else default_budget_s(len(problem.tensors))
+            found = anneal(view, caps, Point(assignment, cap, value),
+                           time.perf_counter() + budget, offered[1:],
+                           keep=0 if algorithm == "local" else 8)
+            assignment, cap, value = found.assignment, found.cap, found.value
         exact = False
         if small and algorithm in ("auto", "exact"):
             exact = True
             for other in caps:
-                found, found_value, complete = branch_and_bound(
+                found_assignment, found_value, complete = branch_and_bound(
                     view, other, assignment, view.evaluate(assignment, other))
                 exact &= complete
                 if found_value < value - 1e-9:
-                    assignment, value, cap = found, found_value, other
-        bound = min(lower_bound(view, c) for c in caps)
-        names = {"greedy": "greedy", "local": "greedy + full local search",
-                 "auto": "greedy + local search", "exact": "greedy + local search"}
+                    assignment, value, cap = found_assignment, found_value, other
+        bound = _lower_bound(view, caps)
+        names = {"greedy": "greedy", "local": "greedy + annealing (every option)",
+                 "auto": "greedy + annealing", "exact": "greedy + annealing"}
         name = "exact (branch and bound)" if exact else names[algorithm]
         notes = self.notes + self.baseline_notes()
         by_fidelity = problem.objective.uses_fidelity
@@ -318,6 +351,19 @@ class Planner:
                           name, 1000 * (time.perf_counter() - started), bound, exact,
                           view.evaluations, notes, problem.objective,
                           problem.fidelity(assignment), value)
+
+
+def _lower_bound(problem: Problem, caps: list[float]) -> float:
+    """The better of the relaxed bound and the channel bound (the least over the caps,
+    found from the caps with the fewest buckets on, and no further once one falls
+    below the relaxed bound: the better of the two is then the relaxed one)."""
+    relaxed = relaxed_bound(problem, caps)
+    channel = math.inf
+    for cap in sorted(caps, key=lambda c: (c == 0, -c)):
+        channel = min(channel, lower_bound(problem, cap))
+        if channel <= relaxed:
+            return relaxed
+    return channel
 
 
 def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: float,
@@ -385,7 +431,8 @@ def to_plan(result: PlanResult, profile: Profile) -> Plan:
                                            for b in result.baselines}}}
     cluster = result.cluster
     return Plan(profile.fingerprint, cluster.world_size, cluster.nodes, cluster.ranks_per_node,
-                result.cap_mb, entries, predicted, search, info)
+                result.cap_mb, entries, predicted, search, info,
+                host_workers=problem.host_workers)
 
 
 def _rounded(value: float | None) -> float | None:

@@ -5,36 +5,46 @@
     tensor
     ├── keep                          (no compression)
     │   ├── allreduce                 leaf: fp32 allreduce
-    │   └── hierarchical              leaf: reduce-scatter, inter-node allreduce, allgather
+    │   └── hierarchical[-fp16|-bf16] leaves: reduce-scatter, inter-node allreduce,
+    │                                 allgather (intra-node stages in fp32, fp16 or bf16)
     └── compress
         └── <spec>                    one per allowed compressor
             └── device | host         where encode and decode run
-                └── allreduce | allgather | twoshot | hierarchical   leaves
+                └── allreduce | allgather | twoshot | hierarchical[-fp16|-bf16]
+                    | twolevel        leaves
 
 Every leaf carries its :class:`Option`. Leaves that cannot run are kept with a
 ``pruned`` reason and are not offered to the search: a scheme the compressor
-does not support (summable, gatherable, chunkable), ``hierarchical`` without
-both several nodes and several ranks per node, ``host`` on a CPU-only job
-(host and device are the same cores there).
+does not support (summable, gatherable, chunkable: two-level needs what
+two-shot does), the hierarchical and two-level schemes without both several
+nodes and several ranks per node, a 16-bit intra-node stage without the
+profile's fp16/bf16 timings (its casts), ``host`` on a CPU-only job (host and
+device are the same cores there).
 """
 
 from __future__ import annotations
 
 import networkx as nx
 
-from bytecomp.comm.schemes import SCHEMES, supported_schemes
+from bytecomp.comm.schemes import HIERARCHICAL, SCHEMES, UNCOMPRESSED_SCHEMES, supported_schemes
 from bytecomp.compress import from_spec
+from bytecomp.model.strategy import CASTS
 from bytecomp.plan import UNCOMPRESSED, Option
 
 ROOT = "tensor"
+ALL_CASTS = frozenset(CASTS.values())
 
 
 def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_per_node: int,
-                  device_type: str) -> str | None:
-    if scheme == "hierarchical" and (nodes < 2 or ranks_per_node < 2):
+                  device_type: str, casts: frozenset = ALL_CASTS) -> str | None:
+    if scheme in HIERARCHICAL and (nodes < 2 or ranks_per_node < 2):
         return "hierarchical needs several nodes and several ranks per node"
+    if scheme == "twolevel" and (nodes < 2 or ranks_per_node < 2):
+        return "two-level needs several nodes and several ranks per node"
     if nodes * ranks_per_node < 2:
         return "a single rank has nothing to exchange"
+    if scheme in CASTS and CASTS[scheme] not in casts:
+        return f"a {CASTS[scheme]} intra-node stage needs the profile's {CASTS[scheme]} timings"
     if spec is None:
         return None
     if place == "host" and device_type != "cuda":
@@ -46,17 +56,19 @@ def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_p
 
 
 def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
-               device_type: str) -> nx.DiGraph:
-    """The full tree, with ``pruned`` set on the leaves that cannot run."""
+               device_type: str, casts=ALL_CASTS) -> nx.DiGraph:
+    """The full tree, with ``pruned`` set on the leaves that cannot run. ``casts``: the
+    16-bit types (``fp16``, ``bf16``) whose casts the profile timed."""
+    casts = frozenset(casts)
     tree = nx.DiGraph()
     tree.add_node(ROOT)
     tree.add_edge(ROOT, "keep")
-    for scheme in ("allreduce", "hierarchical"):
+    for scheme in UNCOMPRESSED_SCHEMES:
         leaf = f"keep/{scheme}"
         tree.add_edge("keep", leaf)
         tree.nodes[leaf]["option"] = Option(UNCOMPRESSED, "device", scheme)
         tree.nodes[leaf]["pruned"] = _prune_reason(None, "device", scheme, nodes,
-                                                   ranks_per_node, device_type)
+                                                   ranks_per_node, device_type, casts)
     tree.add_edge(ROOT, "compress")
     for spec in specs:
         tree.add_edge("compress", spec)
@@ -67,7 +79,7 @@ def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
                 tree.add_edge(f"{spec}/{place}", leaf)
                 tree.nodes[leaf]["option"] = Option(spec, place, scheme)
                 tree.nodes[leaf]["pruned"] = _prune_reason(spec, place, scheme, nodes,
-                                                           ranks_per_node, device_type)
+                                                           ranks_per_node, device_type, casts)
     return tree
 
 

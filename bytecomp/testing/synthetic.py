@@ -39,12 +39,13 @@ def mlp_shapes(layers: int = 5, width: int = 1024) -> list[tuple[str, tuple]]:
     return shapes
 
 
-def resnet50_shapes() -> list[tuple[str, tuple]]:
-    """ResNet-50's 161 parameter tensors (convolutions, batch norms, classifier)."""
+def resnet_shapes(blocks: tuple[int, ...] = (3, 4, 6, 3)) -> list[tuple[str, tuple]]:
+    """A bottleneck ResNet's parameter tensors (convolutions, batch norms, classifier):
+    161 for ResNet-50's blocks, 314 for ResNet-101's ``(3, 4, 23, 3)``."""
     shapes = [("conv1.weight", (64, 3, 7, 7)), ("bn1.weight", (64,)), ("bn1.bias", (64,))]
     inplanes = 64
-    for stage, (planes, blocks) in enumerate([(64, 3), (128, 4), (256, 6), (512, 3)], 1):
-        for block in range(blocks):
+    for stage, (planes, count) in enumerate(zip((64, 128, 256, 512), blocks), 1):
+        for block in range(count):
             prefix = f"layer{stage}.{block}"
             convs = [(planes, inplanes, 1, 1), (planes, planes, 3, 3), (planes * 4, planes, 1, 1)]
             for i, shape in enumerate(convs, 1):
@@ -57,6 +58,79 @@ def resnet50_shapes() -> list[tuple[str, tuple]]:
                            (f"{prefix}.downsample.1.bias", (planes * 4,))]
             inplanes = planes * 4
     return shapes + [("fc.weight", (1000, 2048)), ("fc.bias", (1000,))]
+
+
+def resnet50_shapes() -> list[tuple[str, tuple]]:
+    """ResNet-50's 161 parameter tensors."""
+    return resnet_shapes((3, 4, 6, 3))
+
+
+def resnet101_shapes() -> list[tuple[str, tuple]]:
+    """ResNet-101's 314 parameter tensors (44.5M parameters)."""
+    return resnet_shapes((3, 4, 23, 3))
+
+
+def vgg16_shapes() -> list[tuple[str, tuple]]:
+    """VGG-16's 32 parameter tensors (13 convolutions, 3 linear layers; 138M parameters)."""
+    shapes: list[tuple[str, tuple]] = []
+    inputs = 3
+    for index, width in enumerate((64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512,
+                                   512)):
+        shapes += [(f"features.{index}.weight", (width, inputs, 3, 3)),
+                   (f"features.{index}.bias", (width,))]
+        inputs = width
+    for index, (rows, cols) in enumerate(((4096, 25088), (4096, 4096), (1000, 4096))):
+        shapes += [(f"classifier.{index}.weight", (rows, cols)),
+                   (f"classifier.{index}.bias", (rows,))]
+    return shapes
+
+
+def bert_shapes(layers: int = 12, width: int = 768, vocab: int = 30522) -> list:
+    """BERT-base's 199 parameter tensors (110M parameters)."""
+    shapes: list[tuple[str, tuple]] = [("embeddings.word", (vocab, width)),
+                                       ("embeddings.position", (512, width)),
+                                       ("embeddings.token_type", (2, width)),
+                                       ("embeddings.norm.weight", (width,)),
+                                       ("embeddings.norm.bias", (width,))]
+    for i in range(layers):
+        p = f"layer.{i}"
+        for name in ("query", "key", "value", "output"):
+            shapes += [(f"{p}.attention.{name}.weight", (width, width)),
+                       (f"{p}.attention.{name}.bias", (width,))]
+        shapes += [(f"{p}.attention.norm.weight", (width,)), (f"{p}.attention.norm.bias", (width,)),
+                   (f"{p}.intermediate.weight", (4 * width, width)),
+                   (f"{p}.intermediate.bias", (4 * width,)),
+                   (f"{p}.output.weight", (width, 4 * width)), (f"{p}.output.bias", (width,)),
+                   (f"{p}.output.norm.weight", (width,)), (f"{p}.output.norm.bias", (width,))]
+    return shapes + [("pooler.weight", (width, width)), ("pooler.bias", (width,))]
+
+
+def gpt2_shapes(layers: int = 12, width: int = 768, vocab: int = 50257) -> list:
+    """GPT-2 small's 148 parameter tensors (124M parameters)."""
+    shapes: list[tuple[str, tuple]] = [("wte", (vocab, width)), ("wpe", (1024, width))]
+    for i in range(layers):
+        p = f"h.{i}"
+        shapes += [(f"{p}.ln_1.weight", (width,)), (f"{p}.ln_1.bias", (width,)),
+                   (f"{p}.attn.c_attn.weight", (width, 3 * width)),
+                   (f"{p}.attn.c_attn.bias", (3 * width,)),
+                   (f"{p}.attn.c_proj.weight", (width, width)), (f"{p}.attn.c_proj.bias", (width,)),
+                   (f"{p}.ln_2.weight", (width,)), (f"{p}.ln_2.bias", (width,)),
+                   (f"{p}.mlp.c_fc.weight", (width, 4 * width)),
+                   (f"{p}.mlp.c_fc.bias", (4 * width,)),
+                   (f"{p}.mlp.c_proj.weight", (4 * width, width)),
+                   (f"{p}.mlp.c_proj.bias", (width,))]
+    return shapes + [("ln_f.weight", (width,)), ("ln_f.bias", (width,))]
+
+
+def lstm_shapes(layers: int = 2, width: int = 1500, vocab: int = 10000) -> list:
+    """A 2-layer LSTM language model (Zaremba et al.'s large PTB model: 10,000 words,
+    1,500 units) with the decoder tied to the embedding: 10 tensors (51M parameters)."""
+    shapes: list[tuple[str, tuple]] = [("embedding.weight", (vocab, width))]
+    for i in range(layers):
+        shapes += [(f"lstm.weight_ih_l{i}", (4 * width, width)),
+                   (f"lstm.weight_hh_l{i}", (4 * width, width)),
+                   (f"lstm.bias_ih_l{i}", (4 * width,)), (f"lstm.bias_hh_l{i}", (4 * width,))]
+    return shapes + [("decoder.bias", (vocab,))]
 
 
 def transformer_shapes(layers: int = 48, width: int = 1024, vocab: int = 32000) -> list:

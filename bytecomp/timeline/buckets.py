@@ -7,7 +7,9 @@ the parameter that crossed it included. The first bucket's limit is 1 MiB
 (``dist._DEFAULT_FIRST_BUCKET_BYTES``) when DDP runs with its default cap, and
 the cap itself when ``bucket_cap_mb`` is given (torch >= 2.9); the others use
 the cap. Buckets keep the order in which they closed; the ones still open at
-the end follow (by their earliest-ready parameter).
+the end follow (by their earliest-ready parameter). A cap of 0 closes every
+bucket at its first parameter: one bucket per tensor, no merging (DDP does the
+same with ``bucket_cap_mb=0``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from collections.abc import Sequence
 MIB = 1 << 20
 DEFAULT_CAP_MB = 25.0
 DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
+PER_TENSOR = 0.0  # bucket_cap_mb 0: one bucket per tensor
+SEARCHED_CAPS_MB = (PER_TENSOR, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)  # beside the profiled cap
+
+
+def cap_label(cap_mb: float) -> str:
+    """A bucket cap as shown to users: ``25``, or ``0 (per tensor)``."""
+    return "0 (per tensor)" if cap_mb == PER_TENSOR else f"{cap_mb:g}"
 
 
 def bucket_limits(bucket_cap_mb: float | None) -> tuple[int, int]:

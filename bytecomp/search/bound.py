@@ -1,0 +1,118 @@
+"""A lower bound on the predicted iteration time of every plan, from a relaxation.
+
+Whatever the plan, the iteration is at least forward + optimizer plus the
+largest of:
+
+* the compute stream's work: the backward pass and every device encode and decode;
+* for each tensor (in ready order), its ready time plus the channel work of that
+  tensor and of every later one (their buckets launch after it is ready, and the
+  channel takes one group at a time);
+* the host workers' work shared by the workers, and the copies one after another
+  (from the first ready time).
+
+Each (tensor, option) is priced by the least share of a group's cost that the
+tensor can carry: the option's cost curves per element, at their cheapest over every
+size a group holding the tensor could have, from the tensor's own up to the largest
+bucket of any candidate cap (merging amortizes latencies; superlinear compression
+costs more in a larger group). The curves are read on a grid of sizes and each
+cell's per-element cost taken at its low end's cost over its high end's size, so
+monotone costs keep it a lower bound. Low-rank compressors are priced as if every
+matrix were square (the smallest factors for its size). The executor's fixed costs,
+interference and the last decode are left out.
+
+Any weights on those constraints (summing to 1) give a bound (weak duality): the
+weighted sum of their right-hand sides, with each tensor taking its cheapest option
+under the weighted costs. :func:`relaxed_bound` takes the best over a grid of
+weights and every tensor as the chain's start.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bytecomp.search.problem import Problem
+
+GRID_STEP = 1.5  # consecutive grid sizes differ by at most this factor
+WEIGHTS = np.linspace(0.0, 1.0, 21)  # on the compute stream; the rest on the channel
+HOST_WEIGHTS = (0.0, 0.05, 0.15, 0.3)  # on the host workers and on the copies, each
+
+
+def _grid(sizes: np.ndarray, largest: float) -> np.ndarray:
+    points = set(int(s) for s in sizes)
+    value = max(1.0, float(sizes.min()))
+    while value < largest:
+        points.add(int(value))
+        value *= GRID_STEP
+    points.add(int(largest))
+    return np.array(sorted(p for p in points if p >= 1), dtype=float)
+
+
+def _curves(problem: Problem, grid: np.ndarray) -> np.ndarray:
+    """(option, quantity, size): channel, device work, host work, copies at each size."""
+    out = np.zeros((len(problem.options), 4, len(grid)))
+    for index, option in enumerate(problem.options):
+        for column, numel in enumerate(grid):
+            cost = problem.costs.cost(option, int(numel))
+            work = cost.encode_ms + cost.decode_ms
+            out[index, :, column] = (cost.channel_ms, 0.0 if cost.host else work,
+                                     work if cost.host else 0.0,
+                                     cost.copy_in_ms + cost.copy_out_ms)
+    return out
+
+
+def tensor_costs(problem: Problem, caps: list[float]) -> np.ndarray:
+    """(tensor, option, quantity): the least cost each tensor carries under each option
+    (channel, device work, host work, copies)."""
+    sizes = np.array([t.numel for t in problem.tensors], dtype=float)
+    largest = max(1, max(sum(problem.tensors[p].numel for p in bucket)
+                         for cap in caps for bucket in problem.buckets(cap)))
+    grid = _grid(sizes, float(largest))
+    curves = _curves(problem, grid)
+    # per element within each cell [grid[i], grid[i+1]]: cost(grid[i]) / grid[i+1]; and at
+    # the largest size exactly; then the cheapest from each size on
+    per_element = np.concatenate([curves[:, :, :-1] / grid[1:], curves[:, :, -1:] / grid[-1]],
+                                 axis=2)
+    cheapest_from = np.minimum.accumulate(per_element[:, :, ::-1], axis=2)[:, :, ::-1]
+    at = np.searchsorted(grid, sizes)  # every size is a grid point
+    rates = cheapest_from[:, :, at]  # (option, quantity, tensor)
+    return np.transpose(rates, (2, 0, 1)) * sizes[:, None, None]
+
+
+def relaxed_bound(problem: Problem, caps: list[float]) -> float:
+    """A lower bound on the iteration time of any assignment at any of ``caps`` (see the
+    module docstring); cached on the problem for its options and caps."""
+    if not problem.tensors:
+        return problem.forward_ms + problem.backward_ms + problem.optimizer_ms
+    key = (len(problem.options), tuple(caps))
+    cache = problem.__dict__.setdefault("_relaxed_bounds", {})
+    if key not in cache:
+        cache[key] = _relaxed_bound(problem, caps)
+    return cache[key]
+
+
+def _relaxed_bound(problem: Problem, caps: list[float]) -> float:
+    costs = tensor_costs(problem, caps)
+    channel, device, host, copies = (costs[:, :, q] for q in range(4))
+    host = host / max(1, problem.host_workers)
+    fixed = problem.forward_ms + problem.optimizer_ms
+    ready = np.array([t.ready_ms for t in problem.tensors])
+    first_ready = float(ready.min())
+    best = fixed + problem.backward_ms
+    for host_weight in HOST_WEIGHTS:
+        for copy_weight in HOST_WEIGHTS:
+            rest = 1.0 - host_weight - copy_weight
+            side = host_weight * host + copy_weight * copies
+            side_rhs = (host_weight + copy_weight) * first_ready
+            for share in WEIGHTS:
+                compute, chain = rest * share, rest * (1.0 - share)
+                before = (compute * device + side).min(axis=1)  # not in the chain
+                within = (compute * device + chain * channel + side).min(axis=1)
+                # chain from tensor t: ready[t] + the channel work of t and every later one
+                prefix = np.concatenate([[0.0], np.cumsum(before)])[:-1]
+                suffix = np.cumsum(within[::-1])[::-1]
+                values = (compute * problem.backward_ms + chain * ready + side_rhs
+                          + prefix + suffix)
+                best = max(best, fixed + float(values.max()))
+    return best if math.isfinite(best) else fixed + problem.backward_ms
