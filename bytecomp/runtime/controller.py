@@ -26,8 +26,10 @@ The rule, with the plan's ``threshold``, ``window``, ``tolerance`` and
   than the current score by more than ``tolerance``): exploring costs steps.
 
 Step times are the executor's own measurements; a level not yet measured is
-scored with the plan's prediction for it, and so is every level with ``timing:
-predicted`` (decisions then depend on the gains alone, the same on every run).
+scored with the plan's prediction for it, scaled as the current level's
+measurement is to its prediction; with ``timing: predicted`` every level is
+scored with the plan's predictions (decisions then depend on the gains alone,
+the same on every run).
 """
 
 from __future__ import annotations
@@ -129,8 +131,19 @@ class Controller:
         return self.level
 
     def _time_of(self, level: int) -> float | None:
-        measured = self.time_ms[level] if self.settings.timing == "measured" else None
-        return measured if measured is not None else self.predicted_ms[level]
+        """A level's step time: measured; not yet measured, the plan's prediction scaled as
+        the current level's measurement is to its own prediction (predictions and this
+        machine's clock may disagree by a constant factor); with ``timing: predicted``,
+        the prediction."""
+        predicted = self.predicted_ms[level]
+        if self.settings.timing != "measured":
+            return predicted
+        if self.time_ms[level] is not None:
+            return self.time_ms[level]
+        here, expected = self.time_ms[self.level], self.predicted_ms[self.level]
+        if predicted and here is not None and expected:
+            return predicted * here / expected
+        return predicted
 
     def _may_pay(self, level: int) -> bool:
         """Whether ``level`` could score better than the current level by more than the
