@@ -378,3 +378,17 @@ def test_simulate_takes_a_level_of_an_adaptive_plan(tmp_path, cli):
         assert shown == pytest.approx(level.predicted_ms, rel=1e-3)
     failed = cli("simulate", folder, plan, "--level", len(levels))
     assert failed.returncode == 2 and f"has no level {len(levels)}" in failed.stderr
+
+
+def test_a_level_that_cannot_pay_is_never_tried():
+    # level 1 is predicted no faster than level 0 (within the tolerance): it could not
+    # win even keeping the whole gradient, so neither the climb nor an exploration goes
+    control = controller(levels=2, predicted=(30.0, 29.5), explore_every=6)
+    assert drive(control, [1.0] * 30) == [0] * 30
+    assert control.mode == "settled" and not control.switches
+    # measured: once a level is known to be slow, it is not explored again
+    measured = controller(levels=2, predicted=(30.0, 20.0), explore_every=6, timing="measured")
+    for step in range(1, 31):
+        level = measured.level
+        measured.observe(step, 1.0, 30.0 if level == 0 else 45.0)
+    assert [(s.source, s.target) for s in measured.switches] == [(0, 1), (1, 0)]

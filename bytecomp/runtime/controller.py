@@ -21,11 +21,15 @@ The rule, with the plan's ``threshold``, ``window``, ``tolerance`` and
   while the gain holds, move up one level; after a level's window, compare its
   *score* (gain / step time: GraVAC's throughput x gain) with the level below:
   unless it is better by more than ``tolerance``, settle on the better of the
-  two. At the top, settle.
+  two. At the top, settle. A level is never tried that could not beat the
+  current one even keeping the whole gradient (1 / its step time no better
+  than the current score by more than ``tolerance``): exploring costs steps.
 
 Step times are the executor's own measurements; a level not yet measured is
-scored with the plan's prediction for it, and so is every level with ``timing:
-predicted`` (decisions then depend on the gains alone, the same on every run).
+scored with the plan's prediction for it, scaled as the current level's
+measurement is to its prediction; with ``timing: predicted`` every level is
+scored with the plan's predictions (decisions then depend on the gains alone,
+the same on every run).
 """
 
 from __future__ import annotations
@@ -87,8 +91,7 @@ class Controller:
         predicted``, or before a measurement, the plan's prediction; gain alone if
         neither)."""
         gain = self.gain[level]
-        measured = self.time_ms[level] if self.settings.timing == "measured" else None
-        time_ms = measured if measured is not None else self.predicted_ms[level]
+        time_ms = self._time_of(level)
         if gain is None:
             return 0.0
         return gain / time_ms if time_ms else gain
@@ -116,13 +119,39 @@ class Controller:
                     self.score(below) * (1 + self.settings.tolerance):
                 best = current if self.score(current) >= self.score(below) else below
                 self._move(step, best, SETTLED, "no better than the level below")
-            elif current < top:
+            elif current < top and self._may_pay(current + 1):
                 self._move(step, current + 1, CLIMB, "gain holds: climbing")
             else:
                 self.mode, self.settled_steps = SETTLED, 0
-        elif self.settled_steps >= self.settings.explore_every and current < top:
-            self._move(step, current + 1, CLIMB, "exploring the next level")
+        elif self.settled_steps >= self.settings.explore_every:
+            if current < top and self._may_pay(current + 1):
+                self._move(step, current + 1, CLIMB, "exploring the next level")
+            else:
+                self.settled_steps = 0
         return self.level
+
+    def _time_of(self, level: int) -> float | None:
+        """A level's step time: measured; not yet measured, the plan's prediction scaled as
+        the current level's measurement is to its own prediction (predictions and this
+        machine's clock may disagree by a constant factor); with ``timing: predicted``,
+        the prediction."""
+        predicted = self.predicted_ms[level]
+        if self.settings.timing != "measured":
+            return predicted
+        if self.time_ms[level] is not None:
+            return self.time_ms[level]
+        here, expected = self.time_ms[self.level], self.predicted_ms[self.level]
+        if predicted and here is not None and expected:
+            return predicted * here / expected
+        return predicted
+
+    def _may_pay(self, level: int) -> bool:
+        """Whether ``level`` could score better than the current level by more than the
+        tolerance even keeping the whole gradient: a level no faster is never tried."""
+        time_ms = self._time_of(level)
+        if not time_ms:
+            return True  # nothing known of its speed: try it
+        return 1.0 / time_ms > self.score(self.level) * (1 + self.settings.tolerance)
 
     def _move(self, step: int, target: int, mode: str, reason: str) -> None:
         """Go to ``target`` in ``mode``; settled steps count from here."""

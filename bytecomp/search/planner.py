@@ -338,11 +338,11 @@ class Planner:
                                  problem.fidelity(assignment) if by_fidelity else None)
         unit = "ms" if problem.objective.name == "time" else "ms effective"
         if kept is not None:
-            why = f", and keeps as much of the gradient or more (fidelity {kept.fidelity:.3f})" \
-                if by_fidelity else ""
+            why = f", which keeps as much of the gradient or more (fidelity " \
+                f"{kept.fidelity:.3f})" if by_fidelity else ""
             notes.append(f"the search's plan ({value:.2f} {unit}) is predicted less than "
                          f"{100 * min_gain:g}% better than the {kept.name} baseline "
-                         f"({kept.value:.2f} {unit}{why}): the plan is that baseline")
+                         f"({kept.value:.2f} {unit}){why}: the plan is that baseline")
             assignment, value, cap = list(kept.assignment), kept.value, kept.cap_mb
             name += f", then the {kept.name} baseline kept (--min-gain)"
         time_ms = view.simulate(assignment, cap).iteration_ms
