@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 import bytecomp
@@ -464,5 +464,7 @@ def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
         groups.append((release, group_id, Group(release, problem.options.index(option), members)))
     ordered = [group for _, _, group in sorted(groups, key=lambda item: item[:2])]
     native = all(problem.options[group.option] == NO_COMPRESSION for group in ordered)
-    return simulate(problem.iteration_model(plan.bucket_cap_mb, native),
-                    problem.sim_groups(ordered, plan.bucket_cap_mb), record)
+    model = problem.iteration_model(plan.bucket_cap_mb, native)
+    if model.host_workers != plan.host_workers:  # the executor's pool is the plan's
+        model = replace(model, host_workers=plan.host_workers)
+    return simulate(model, problem.sim_groups(ordered, plan.bucket_cap_mb), record)
