@@ -156,15 +156,15 @@ def test_the_annealing_budget_is_spent_when_asked():
 @pytest.mark.parametrize("bandwidth", [10.0, 100.0])
 def test_the_relaxed_bound_is_below_every_plan(bandwidth):
     """On 8 x 8 V100 (NCCL), no assignment at any cap, random or searched, is predicted
-    faster than the bound, which is at least the channel bound."""
+    faster than the relaxed bound or the channel bound; the plan reports the better."""
     profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=1, backward_ms=100)
     planner = Planner(profile, large_cluster(bandwidth), None)
     result = planner.search(budget_s=0.1)
     problem = planner.problem.restricted(len(planner.searchable))
     caps = [0.0, 1.0, 5.0, 25.0, 100.0]
-    bound = relaxed_bound(problem, caps)
-    assert bound >= min(lower_bound(problem, cap) for cap in caps) - 1e-9
-    assert bound <= result.time_ms + 1e-9
+    channel = min(lower_bound(problem, cap) for cap in caps)
+    bound = max(relaxed_bound(problem, caps), channel)
+    assert result.lower_bound_ms <= result.time_ms + 1e-9
     rng = random.Random(3)
     for _ in range(200):
         assignment = [rng.randrange(len(problem.options)) for _ in problem.tensors]
@@ -238,14 +238,15 @@ def test_each_search_has_its_own_notes():
     repeats an earlier one's notes nor changes the list that search returned."""
     profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=10.0)
     planner = Planner(profile, None, ["topk:ratio=0.01"])
-    kept = planner.search(min_gain=0.9)
+    # greedy: the annealing stops on a clock, so two searches may end on different plans
+    kept = planner.search(algorithm="greedy", min_gain=0.9)
     assert any("the plan is that baseline" in note for note in kept.notes)
     kept_notes = list(kept.notes)
-    searched = planner.search(min_gain=0)
+    searched = planner.search(algorithm="greedy", min_gain=0)
     assert not any("the plan is that baseline" in note for note in searched.notes)
     assert "baseline kept" not in searched.algorithm
     assert kept.notes == kept_notes and kept.notes is not searched.notes
-    again = planner.search(min_gain=0.9)
+    again = planner.search(algorithm="greedy", min_gain=0.9)
     assert again.notes == kept_notes  # not accumulated
 
 

@@ -320,9 +320,11 @@ class TwoLevelExchange(Exchange):
 
     def communicate(self) -> None:
         compressor, topology = self.compressor, self.topology
+        intra = topology.intra
+        assert intra is not None  # Topology.build gives every rank its node's group
         outgoing = [payload for payload, _ in self.compressed]
         self.sent_bytes += sum(_nbytes(p) for p in outgoing)
-        received = alltoall_payloads(outgoing, topology.intra, compressor.fixed_size)
+        received = alltoall_payloads(outgoing, intra, compressor.fixed_size)
         mean = mean_of_decompressed(compressor, received,
                                     self.compressed[topology.local_rank][1], self.chunks[0])
         if topology.nodes > 1:
@@ -334,7 +336,7 @@ class TwoLevelExchange(Exchange):
         server_state = self.state.setdefault("server", {"salt": SERVER_SALT})
         payload, self.ctx = compressor.compress(mean.reshape(-1), server_state, self.peers)
         self.sent_bytes += _nbytes(payload)
-        self.gathered = allgather_payloads(payload, topology.intra, compressor.fixed_size)
+        self.gathered = allgather_payloads(payload, intra, compressor.fixed_size)
 
     def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
         full = torch.cat([self.compressor.decompress(p, self.ctx) for p in self.gathered])

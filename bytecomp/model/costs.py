@@ -75,8 +75,9 @@ class CommModel:
         self._resolved: dict[tuple[str, str, str], LinearFit] = {}
         self.links = {kind: self._link(kind) for kind in ("intra", "inter")}
         # NCCL's model for a GPU job on configured links; gloo's ring otherwise
-        self.library = "nccl" if profile.device_type == "cuda" and PROFILE_LINK not in (
-            cluster.intra, cluster.inter) else "gloo"
+        # (a measured cluster uses its fits: neither)
+        self.library = "nccl" if not cluster.measured and PROFILE_LINK not in (
+            cluster.intra, cluster.inter) and profile.device_type == "cuda" else "gloo"
         self._spans: dict[str, Span] = {}
 
     def _fit(self, collective: str, group: str, dtype: str) -> LinearFit:

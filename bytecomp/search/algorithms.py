@@ -12,7 +12,8 @@
   or change the bucket cap; worse moves are accepted with a probability that
   falls with the relative loss and the temperature; after a stretch without a
   new best it restarts from the next start (every baseline, then random
-  assignments); it ends with a descent from the best assignment.
+  assignments); it ends with a descent from the best assignment, and while time
+  is left, further rounds start from a perturbation of the best point.
 * :func:`branch_and_bound`: exact for the model. Tensors are fixed largest
   first; the bound of a partial assignment is the simulation of its assigned
   tensors alone, valid because the timeline is monotone (more work never ends
@@ -205,6 +206,25 @@ class Annealer:
         return assignment, point.cap
 
     def run(self, start: Point, deadline: float) -> Point:
+        """Rounds of annealing and descent until ``deadline``: the first from
+        ``start``, each later one from a perturbation of the best point found."""
+        best = current = start
+        while True:
+            found = self.round(current, deadline)
+            if found.value < best.value - EPSILON:
+                best = found
+            if time.perf_counter() >= deadline:
+                return best
+            current = self.perturbed(best)
+
+    def perturbed(self, point: Point) -> Point:
+        """``point`` after a few random moves (a kick out of its local optimum)."""
+        assignment, cap = point.assignment, point.cap
+        for _ in range(max(2, len(assignment) // 20)):
+            assignment, cap = self.neighbour(Point(assignment, cap, point.value))
+        return Point(assignment, cap, self.problem.evaluate(assignment, cap))
+
+    def round(self, start: Point, deadline: float) -> Point:
         problem, rng = self.problem, self.rng
         began = time.perf_counter()
         span = max(1e-9, (deadline - began) * (1 - DESCENT_SHARE))
