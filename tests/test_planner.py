@@ -216,16 +216,17 @@ TOPK_AND_BASELINES = ["topk:ratio=0.01", "fp16", "powersgd:rank=4"]
 
 def test_a_plan_not_faster_than_the_best_baseline_by_min_gain_is_that_baseline(tmp_path):
     profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=10.0)
-    searched = Planner(profile, None, TOPK_AND_BASELINES).search()
+    # greedy: the annealing stops on a clock, so two searches may end on different plans
+    searched = Planner(profile, None, TOPK_AND_BASELINES).search(algorithm="greedy")
     best = min(searched.baselines, key=lambda b: b.time_ms)
     gain = 1 - searched.time_ms / best.time_ms
     assert gain > 0.002  # the search does beat the baseline here, by a little
-    just_above = Planner(profile, None, TOPK_AND_BASELINES).search(min_gain=gain * 1.5)
+    just_above = Planner(profile, None, TOPK_AND_BASELINES).search(algorithm="greedy", min_gain=gain * 1.5)
     assert just_above.time_ms == pytest.approx(best.time_ms)
     assert just_above.assignment == best.assignment and just_above.cap_mb == best.cap_mb
     assert "baseline kept" in just_above.algorithm
     assert any(best.name in note for note in just_above.notes)
-    just_below = Planner(profile, None, TOPK_AND_BASELINES).search(min_gain=gain * 0.5)
+    just_below = Planner(profile, None, TOPK_AND_BASELINES).search(algorithm="greedy", min_gain=gain * 0.5)
     assert just_below.time_ms == pytest.approx(searched.time_ms, rel=0.02)
     plan = to_plan(just_above, profile)
     plan.save(tmp_path / "plan.yaml")
