@@ -107,7 +107,9 @@ def summarize(folder: Path) -> tuple[pd.DataFrame, list[str]]:
         ms / fidelity if fidelity and fidelity == fidelity else float("nan")
         for ms, fidelity in zip(table.predicted_ms, table.predicted_fidelity)]
     table["probe_factor"] = [_probe_factor(folder, name) for name in table.strategy]
-    shutil.copyfile(folder / "bench" / "convergence.png", folder / "time-to-accuracy.png")
+    plot = folder / "bench" / "convergence.png"
+    if plot.exists():  # moved up, once: the run's picture
+        shutil.move(plot, folder / "time-to-accuracy.png")
     return table, evaluate(table, folder.name)
 
 

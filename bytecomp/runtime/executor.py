@@ -76,6 +76,7 @@ class Executor:
         self._use_level(0)
         self.pending: dict[str, torch.Tensor] = {}  # residuals to fold into the next gradients
         self._last_boundary: float | None = None
+        self._reported_ms: float | None = None  # report_step_ms: the last step's duration
         self._inflight: tuple | None = None  # (level, measurement, allreduce) being agreed on
         self.controller_pending: list | None = None  # an agreed measurement not yet used
         self.stats = Stats()
@@ -115,6 +116,25 @@ class Executor:
     def switches(self) -> list[Switch]:
         """An adaptive plan's moves so far: step, from, to, gain, reason."""
         return list(self.controller.switches) if self.controller is not None else []
+
+    def report_step_ms(self, ms: float) -> None:
+        """Tell an adaptive plan's controller how long the step just finished took.
+
+        By default the controller times a step as the wall-clock time between two
+        consecutive steps of this executor. Where that is not the step's time (a loop that
+        trains several models in turn in one process, as ``bytecomp bench --train-steps``
+        does, or one that pauses between steps to evaluate), call this after each
+        ``optimizer.step()`` with the step's own duration; it replaces the wall-clock
+        interval for that step. Static plans ignore it.
+
+        Example::
+
+            started = time.perf_counter()
+            loss_fn(ddp(inputs), target).backward()
+            optimizer.step()
+            executor.report_step_ms(1000 * (time.perf_counter() - started))
+        """
+        self._reported_ms = float(ms)
 
     def _use_level(self, level: int) -> None:
         self.groups = self.ladder[level]
@@ -191,6 +211,8 @@ class Executor:
         assert self.controller is not None and self.control is not None
         now = time.perf_counter()
         elapsed_ms = 1000 * (now - self._last_boundary) if self._last_boundary else 0.0
+        if self._reported_ms is not None:
+            elapsed_ms, self._reported_ms = self._reported_ms, None
         self._last_boundary = now
         if self.states.step == 0:
             return  # nothing compressed yet
