@@ -20,7 +20,8 @@
          collective: allreduce, group: 1}
 
 Tensors with the same ``group`` are concatenated and exchanged once; they
-must share their strategy. Files are read with ``yaml.safe_load`` only, and a
+must share their strategy. Files are read with a safe YAML loader only (no anchors or
+aliases: :func:`bytecomp.files.load_yaml`), and a
 bad one is reported with its path, the field and the reason.
 
 This module is the vocabulary the planner and the executor share (strategies as
@@ -40,7 +41,7 @@ import yaml
 from bytecomp.comm.schemes import SCHEMES, supported_schemes
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
-from bytecomp.files import read_text_file, write_text_atomic
+from bytecomp.files import read_yaml_file, write_text_atomic
 
 FORMAT_VERSION = 1
 ACTIONS = ("none", "compress")
@@ -49,6 +50,8 @@ UNCOMPRESSED = "none"  # the spec of an uncompressed (fp32) strategy
 # Host-offload workers: the executor's pool (``apply_plan(host_workers=...)``) and the
 # planner's model of it, which must agree.
 HOST_WORKERS = 2
+MAX_RANKS = 1 << 20
+MAX_BUCKET_CAP_MB = 1e6
 
 
 @dataclass(frozen=True)
@@ -244,13 +247,14 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
     nodes = reader.field(data, "nodes", int)
     per_node = reader.field(data, "ranks_per_node", int)
     for key, value in (("world_size", world), ("nodes", nodes), ("ranks_per_node", per_node)):
-        if value < 1:
-            reader.fail(key, "must be at least 1")
+        if not 1 <= value <= MAX_RANKS:
+            reader.fail(key, f"must be between 1 and {MAX_RANKS:,}")
     if nodes * per_node != world:
         reader.fail("world_size", f"{world} is not nodes x ranks_per_node = {nodes * per_node}")
     cap = reader.field(data, "bucket_cap_mb", (int, float))
-    if cap <= 0:
-        reader.fail("bucket_cap_mb", "must be positive")
+    if not 0 < cap <= MAX_BUCKET_CAP_MB:  # also false for NaN
+        reader.fail("bucket_cap_mb", f"must be a positive number of MB (at most "
+                                     f"{MAX_BUCKET_CAP_MB:g}), got {cap}")
     raw_entries = reader.field(data, "tensors", list)
     if not raw_entries:
         reader.fail("tensors", "is empty")
@@ -280,11 +284,7 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
 def load_plan(path) -> Plan:
     """Read and validate a plan file."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(read_text_file(path, "plan file"))
-    except yaml.YAMLError as error:
-        raise BytecompError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-    plan = plan_from_dict(data, str(path))
+    plan = plan_from_dict(read_yaml_file(path, "plan file"), str(path))
     plan.path = path
     return plan
 

@@ -13,10 +13,13 @@ import torch
 
 from bytecomp.bench.convergence import ConvergenceConfig
 from bytecomp.bench.runner import BenchConfig, bench_rank
-from bytecomp.files import check_new_directory
+from bytecomp.errors import BytecompError
+from bytecomp.files import check_new_directory, check_outputs_spare_inputs
 from bytecomp.launch import run_job
+from bytecomp.model.clusters import cluster_file, load_cluster
 from bytecomp.plan import load_plan
-from bytecomp.profile.store import load_profile
+from bytecomp.profile.store import load_profile, profile_files
+from bytecomp.search.planner import check_plan_fits
 
 
 def _rank(config: BenchConfig, nodes: int, ranks_per_node: int) -> None:
@@ -25,9 +28,18 @@ def _rank(config: BenchConfig, nodes: int, ranks_per_node: int) -> None:
 
 def run_bench(config: BenchConfig, nproc: int | None = None, timeout_s: float = 600) -> Path:
     """Benchmark on ``nproc`` spawned ranks or on this torchrun (or emulate) job."""
-    load_profile(config.profile)  # bad files fail here, once, before any rank starts
-    load_plan(config.plan)
-    out = check_new_directory(config.out, config.force)
+    profile = load_profile(config.profile)  # bad files fail here, once, before any rank starts
+    plan = load_plan(config.plan)
+    cluster = load_cluster(config.cluster) if config.cluster else None
+    check_plan_fits(plan, profile, cluster)
+    if "iteration_compute" not in profile.meta["times"]:
+        raise BytecompError(f"{profile.label}: profile.yaml has no times.iteration_compute, "
+                            f"which bench compares with; re-run bytecomp profile")
+    inputs = profile_files(config.profile) + [Path(config.plan)]
+    config_file = cluster_file(config.cluster) if config.cluster else None
+    inputs += [config_file] if config_file is not None else []
+    check_outputs_spare_inputs({"--out": config.out}, inputs)
+    out = check_new_directory(config.out, config.force, inputs=inputs)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     run_job(_rank, (config,), nproc, backend, timeout_s)
     return out
