@@ -165,7 +165,7 @@ def test_a_profiles_tensors_are_checked_for_consistency(profile, column, row, va
 
 def test_collectives_rank_counts_must_match_the_world(profile):
     edit_meta(profile, lambda m: m.update(world_size=4, ranks_per_node=4))
-    with pytest.raises(BytecompError, match="column 'ranks', row 1: '2' does not match"):
+    with pytest.raises(BytecompError, match="column 'ranks', row 1: 2 does not match"):
         load_profile(profile)
 
 

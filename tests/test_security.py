@@ -33,7 +33,7 @@ def test_a_crafted_checkpoint_runs_no_code_on_resume(tmp_path):
     checkpoint = tmp_path / "ckpt.pt"
     torch.save({"step": 1, "model": {}, "optimizer": {}, "bytecomp": _Payload(marker)},
                checkpoint)
-    with pytest.raises(BytecompError, match="cannot load checkpoint .* weights only"):
+    with pytest.raises(BytecompError, match=r"cannot load checkpoint .*\(weights only\)"):
         load_checkpoint(str(checkpoint), torch.device("cpu"))
     assert not marker.exists()
 
@@ -75,10 +75,11 @@ def _call_problems(node: ast.Call, where: str) -> list[str]:
     shell = keywords.get("shell")
     if isinstance(shell, ast.Constant) and shell.value is True:
         found.append(f"{where}: shell=True")
-    if name in ("system", "popen") and isinstance(node.func, ast.Attribute):
-        found.append(f"{where}: os.{name}()")
+    owner = node.func.value.id if isinstance(node.func, ast.Attribute) and \
+        isinstance(node.func.value, ast.Name) else ""
+    if (owner, name) in (("os", "system"), ("os", "popen"), ("subprocess", "getoutput")):
+        found.append(f"{where}: {owner}.{name}()")
     if name == "load" and isinstance(node.func, ast.Attribute):
-        owner = node.func.value.id if isinstance(node.func.value, ast.Name) else ""
         weights_only = keywords.get("weights_only")
         if owner == "torch" and not (isinstance(weights_only, ast.Constant)
                                      and weights_only.value is True):
@@ -101,6 +102,7 @@ def test_bytecomp_has_no_pickle_eval_exec_or_shell():
 
 def test_the_scanner_finds_what_it_looks_for(tmp_path):
     bad = tmp_path / "probe.py"
-    bad.write_text("import pickle\nimport subprocess, yaml, torch\neval('1')\n"
-                   "subprocess.run('ls', shell=True)\nyaml.load('a')\ntorch.load('x')\n")
-    assert len(_problems(bad)) == 5
+    bad.write_text("import pickle\nimport os, subprocess, yaml, torch, platform\neval('1')\n"
+                   "subprocess.run('ls', shell=True)\nyaml.load('a')\ntorch.load('x')\n"
+                   "os.system('ls')\nplatform.system()\n")
+    assert len(_problems(bad)) == 6

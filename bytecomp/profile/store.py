@@ -301,7 +301,9 @@ def _check_tensors(path: Path, tensors: pd.DataFrame, meta: dict) -> None:
 
 
 def _check_collectives(path: Path, table: pd.DataFrame, meta: dict) -> None:
-    """Known collectives, groups and dtypes; each group's rank count as the job's shape."""
+    """Known collectives and dtypes; the groups a job of this shape sweeps (the world;
+    inter-node with several nodes; intra-node with several nodes of several ranks),
+    each with its size as rank count."""
     if table.empty:
         _fail(path, "has no rows")
     _row_fail(path, table, ~table["collective"].isin(COLLECTIVE_NAMES), "collective",
@@ -312,10 +314,17 @@ def _check_collectives(path: Path, table: pd.DataFrame, meta: dict) -> None:
              "inter": meta["nodes"]}
     _row_fail(path, table, ~table["group"].isin(list(ranks)), "group",
               "is not one of world, intra, inter")
+    shape = f"{meta['nodes']} nodes x {meta['ranks_per_node']}"
+    swept = {"world"} | ({"inter"} if meta["nodes"] > 1 else set()) | \
+        ({"intra"} if meta["nodes"] > 1 and meta["ranks_per_node"] > 1 else set())
+    _row_fail(path, table, ~table["group"].isin(sorted(swept)), "group",
+              f"is not a group of a job of {shape} ({', '.join(sorted(swept))})")
+    for group in sorted(swept - set(table["group"])):
+        _fail(path, f"has no rows for the {group} group, which a job of {shape} has")
     expected = table["group"].map(ranks)
     _row_fail(path, table, table["ranks"] != expected, "ranks",
               f"does not match the group's size in profile.yaml (world_size "
-              f"{meta['world_size']}, {meta['nodes']} nodes x {meta['ranks_per_node']})")
+              f"{meta['world_size']}, {shape})")
     _row_fail(path, table, table["bytes"] < 1, "bytes", "must be at least 1")
 
 

@@ -11,7 +11,8 @@ from bytecomp.timeline.simulator import SimResult
 LANES = ("compute", "channel", "host", "copy")
 COLORS = {"forward": "#9ecae1", "backward": "#3182bd", "optimizer": "#6baed6",
           "encode": "#e6550d", "decode": "#fd8d3c", "collective": "#31a354",
-          "d2h": "#756bb1", "h2d": "#9e9ac8"}
+          "d2h": "#756bb1", "h2d": "#9e9ac8", "hook": "#bdbdbd"}
+OTHER = "#999999"  # an op without a colour of its own
 
 
 def trace_json(result: SimResult, title: str = "bytecomp") -> str:
@@ -53,15 +54,16 @@ def draw_gantt(result: SimResult, path, title: str = "bytecomp timeline") -> Non
     try:
         for row, lane in enumerate(reversed(used)):
             bars = [(e.start, e.duration) for e in result.events if e.resource == lane]
-            colors = [COLORS.get(e.op, "#999999") for e in result.events if e.resource == lane]
+            colors = [COLORS.get(e.op, OTHER) for e in result.events if e.resource == lane]
             axes.broken_barh(bars, (row - 0.35, 0.7), facecolors=colors, edgecolor="white",
                              linewidth=0.3)
         axes.set_yticks(range(len(used)), list(reversed(used)))
         axes.set_xlabel("ms from the start of the iteration")
         axes.set_xlim(0, result.iteration_ms * 1.01)
         axes.set_title(f"{title}: {result.iteration_ms:.1f} ms per iteration")
-        ops = sorted({e.op for e in result.events}, key=list(COLORS).index)
-        axes.legend(handles=[Patch(color=COLORS[op], label=op) for op in ops],
+        order = {op: index for index, op in enumerate(COLORS)}
+        ops = sorted({e.op for e in result.events}, key=lambda op: (order.get(op, len(order)), op))
+        axes.legend(handles=[Patch(color=COLORS.get(op, OTHER), label=op) for op in ops],
                     loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(used) < 3 else -0.2),
                     ncol=len(ops), frameon=False)
         figure.tight_layout()

@@ -191,7 +191,7 @@ HUGE_INTEGER = "nodes: 1" + "0" * 5000 + "\n"
 
 
 def _yaml_attacks(relative: str, command: list[str]) -> list[Case]:
-    prefix = f"{relative}:"
+    prefix = f"{Path(relative).name}:"
     return [
         Case(f"{prefix}billion-laughs", write_text(relative, BILLION_LAUGHS), command),
         Case(f"{prefix}anchor-and-alias", append_text(relative, "\nx: &anchor 1\ny: *anchor\n"),
