@@ -255,6 +255,16 @@ def test_an_output_through_a_link_is_followed_and_the_link_kept(cli, tmp_path):
     assert load_plan(target).entries
 
 
+def test_simulate_draws_a_plan_with_the_executors_fixed_costs(cli, tmp_path):
+    """Their 'hook' op had no colour: the PNG raised ValueError."""
+    trace, png = tmp_path / "trace.json", tmp_path / "gantt.png"
+    result = cli("simulate", PLANNED / "profile", PLANNED / "plan.yaml", "--trace", trace,
+                 "--png", png)
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG" and b"hook" in trace.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gantt.png", "trace.json"]
+
+
 def test_a_full_disk_writes_neither_the_trace_nor_the_png(cli, tmp_path, monkeypatch):
     import matplotlib.figure
 

@@ -228,14 +228,17 @@ def _load_meta(path: Path) -> dict:
     return meta
 
 
-def _row_fail(path: Path, table: pd.DataFrame, mask, column: str, reason: str) -> None:
-    """Fail on the first row where ``mask`` holds, naming it (rows count from 1)."""
+def _row_fail(path: Path, table: pd.DataFrame, mask, column: str, reason: str,
+              show: bool = True) -> None:
+    """Fail on the first row where ``mask`` holds, naming it (rows count from 1) and,
+    with ``show``, its value."""
     mask = np.asarray(mask, dtype=bool)
     if mask.any():
         row = int(mask.argmax())
         value = table[column].iloc[row]
         value = value.item() if isinstance(value, np.generic) else value
-        _fail(path, f"column '{column}', row {row + 1}: {value!r} {reason}")
+        _fail(path, f"column '{column}', row {row + 1}: " + (f"{value!r} " if show else "")
+              + reason)
 
 
 def _load_table(directory: Path, name: str, required: bool = True) -> pd.DataFrame:
@@ -261,12 +264,12 @@ def _load_table(directory: Path, name: str, required: bool = True) -> pd.DataFra
             _row_fail(path, table, (numbers != np.round(numbers)) | (numbers.abs() > MAX_INTEGER),
                       column, f"is not an integer (at most {MAX_INTEGER:.3g})")
         if column in NON_NEGATIVE:
-            _row_fail(path, table, numbers < 0, column, "must not be negative")
+            _row_fail(path, table, numbers < 0, column, "must not be negative", show=False)
         if column.endswith("_ms"):
             _row_fail(path, table, numbers >= MAX_MS, column, f"is not below {MAX_MS:g} ms")
         if column in FRACTIONS:
             _row_fail(path, table, (numbers < 0) | (numbers > 1), column,
-                      "must be between 0 and 1")
+                      "must be between 0 and 1", show=False)
         table[column] = numbers.astype(kind)
     return table
 
