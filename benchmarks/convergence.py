@@ -1,23 +1,27 @@
-"""Time to accuracy on an emulated cluster: the default plan against fp32 DDP, the
-hooks, every compressor on every tensor, and the plan made for iteration time alone.
+"""Time to accuracy on an emulated cluster: the default plan and the adaptive plan
+against fp32 DDP, the hooks, every compressor on every tensor, the adaptive plan's
+levels as static plans, and the plan made for iteration time alone.
 
 For each task and link rate (2 nodes x 1 rank under ``bytecomp emulate``):
-``bytecomp profile`` (with gradient fidelity), ``bytecomp plan`` (the default
-objective, effective time) and ``bytecomp plan --objective time`` (for contrast),
-``bytecomp bench`` of each plan under the emulation (iteration times of every
-strategy, interleaved), and ``bytecomp bench --train-steps`` of each plan on 2
-local ranks over loopback: every strategy trains from the same weights on the
-same data, validation loss every --eval-every steps. The loss curve does not
-depend on the link (the same gloo collectives give the same sums), so training
-runs at full speed; time to target = steps to the target loss (fp32 DDP's at
-60% of its steps) x the iteration time measured under the emulation. Every
-command is the one a user would type. Targets, evaluated in summary.md:
+``bytecomp profile`` (with gradient fidelity, the convergence probe and the
+ladders of the adaptive families), ``bytecomp plan`` (the default objective,
+effective time; ``--objective time`` for contrast; ``--adaptive FAMILY`` for
+each family), then one ``bytecomp bench`` of all the plans under the emulation: iteration times of every
+strategy interleaved (against the predictions), then every strategy trains from
+the same weights on the same data, interleaved step by step on the shaped
+links, validation loss every --eval-every steps. Time to target = the
+strategy's measured step times summed up to the step where it reaches the target
+loss (fp32 DDP's at 60% of its steps). Every command is the one a user would
+type. Targets, evaluated in summary.md:
 
 * the default plan reaches the target in less wall-clock time than fp32 DDP and
   every baseline, or within 3% of the best of them;
 * the default plan needs at most 1.5x the steps of fp32 DDP and diverges nowhere;
 * the predicted order (effective time = predicted iteration / fidelity) agrees
   with the measured time-to-target order (Spearman rank correlation);
+* each adaptive plan (``--family``: top-k's and PowerSGD's ladders) reaches the
+  target no later than the best static level of its own ladder, and sooner
+  than fp32 DDP;
 * reported, aimed at beyond: at least 4x sooner than fp32 DDP at 100 Mbit/s and
   1.5x at 1 Gbit/s.
 
@@ -29,16 +33,14 @@ Needs root (network namespaces).
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
-import yaml
 from scipy.stats import spearmanr
-
-from bytecomp.bench.runner import plot_curves
 
 BYTECOMP = [sys.executable, "-m", "bytecomp"]
 CHARLM = "transformer:layers=2,width=128,heads=4,seq_len=64,vocab=256"
@@ -46,17 +48,24 @@ COMPRESSORS = ["fp16", "int8", "topk:ratio=0.01", "randomk:ratio=0.01", "dgc:rat
                "efsignsgd", "powersgd:rank=4", "acpsgd:rank=4"]
 
 
-def run(command: list[str], log: Path) -> None:
+def run(command: list[str], log: Path, check: bool = True) -> bool:
+    """Run ``command``, its output into ``log``; a failure ends the benchmark (``check``)
+    or returns False."""
     with open(log, "a") as out:
         out.write("$ " + " ".join(command) + "\n")
         out.flush()
         result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
+    if result.returncode != 0 and check:
         raise SystemExit(f"failed ({result.returncode}): {' '.join(command)}; see {log}")
+    return result.returncode == 0
+
+
+PLAN = "bytecomp plan"
+ADAPTIVE = "bytecomp plan: plan-adaptive-"
 
 
 def one(task: str, bandwidth: str, out: Path, args) -> Path:
-    """Profile (unless reused), plan twice and bench both plans; files under out/<run>/."""
+    """Profile (unless reused), plan three times, bench and train; files under out/<run>/."""
     folder = out / f"{task.split(':')[0]}-2x1-{bandwidth}"
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / "log.txt"
@@ -67,83 +76,59 @@ def one(task: str, bandwidth: str, out: Path, args) -> Path:
         run([*emulate, *BYTECOMP, "profile", "--model", task, "--out", str(profile), "--force",
              "--iterations", str(args.profile_iterations), "--warmup", "2", "--max-mb", "16",
              *[flag for spec in COMPRESSORS for flag in ("--compressor", spec)],
+             *[flag for family in args.family for flag in ("--ladder", family)],
              "--machine", f"emulated 2x1 at {bandwidth} on this project's CI machine"], log)
-    for objective in ("effective", "time"):
-        plan = folder / f"plan-{objective}.yaml"
-        run([*BYTECOMP, "plan", str(profile), "--out", str(plan), "--objective", objective],
-            log)
-        specs = COMPRESSORS if objective == "effective" else _plan_specs(plan)
-        compressors = [flag for spec in specs for flag in ("--compressor", spec)]
-        run([*emulate, *BYTECOMP, "bench", str(profile), "--plan", str(plan),
-             "--out", str(folder / f"bench-{objective}"), "--force",
-             "--iterations", str(args.bench_iterations), *compressors], log)
-        run([*BYTECOMP, "bench", str(profile), "--plan", str(plan), "--nproc", "2",
-             "--out", str(folder / f"train-{objective}"), "--force", "--iterations", "2",
-             "--train-steps", str(args.train_steps), "--eval-every", str(args.eval_every),
-             *compressors], log)
+    plans = {name: folder / f"plan-{name}.yaml" for name in ("effective", "time")}
+    run([*BYTECOMP, "plan", str(profile), "--out", str(plans["effective"])], log)
+    run([*BYTECOMP, "plan", str(profile), "--out", str(plans["time"]), "--objective", "time"],
+        log)
+    for family in args.family:
+        path = folder / f"plan-adaptive-{family}.yaml"
+        if run([*BYTECOMP, "plan", str(profile), "--out", str(path), "--adaptive", family], log,
+               check=False):  # else no setting of the family pays here: no adaptive plan
+            plans[f"adaptive-{family}"] = path
+    run([*emulate, *BYTECOMP, "bench", str(profile),
+         *[flag for path in plans.values() for flag in ("--plan", str(path))],
+         "--out", str(folder / "bench"), "--force", "--iterations", str(args.bench_iterations),
+         *[flag for spec in COMPRESSORS for flag in ("--compressor", spec)],
+         "--train-steps", str(args.train_steps), "--eval-every", str(args.eval_every),
+         "--train-levels"], log)
     print(f"{folder.name}: done in {(time.monotonic() - started) / 60:.1f} min", flush=True)
     return folder
 
 
-def _plan_specs(plan: Path) -> list[str]:
-    specs = yaml.safe_load(plan.read_text()).get("compressors") or []
-    return specs[:1] or ["topk:ratio=0.01"]
-
-
-def _on_the_link(folder: Path, objective: str) -> pd.DataFrame:
-    """The loopback training's steps, timed by the emulated bench of the same plan."""
-    steps = pd.read_csv(folder / f"train-{objective}" / "convergence.csv")
-    timing = pd.read_csv(folder / f"bench-{objective}" / "bench.csv")
-    measured = dict(zip(timing.strategy, timing.measured_ms))
-    steps["iteration_ms"] = [measured[name] for name in steps.strategy]
-    steps["predicted_ms"] = [dict(zip(timing.strategy, timing.predicted_ms))[name]
-                             for name in steps.strategy]
-    steps["time_to_target_s"] = steps.steps_to_target * steps.iteration_ms / 1000
-    fp32 = steps.time_to_target_s.iloc[0]
-    steps["time_vs_fp32"] = fp32 / steps.time_to_target_s
-    return steps
-
-
 def summarize(folder: Path) -> tuple[pd.DataFrame, list[str]]:
-    """One run's strategies (the time plan added as its own row) and its targets."""
-    main = _on_the_link(folder, "effective")
-    contrast = _on_the_link(folder, "time")
-    time_plan = contrast[contrast.strategy == "bytecomp plan"].assign(
-        strategy="plan for iteration time (--objective time)")
-    # same weights, data and target (fp32 DDP's curve is the same in both runs)
-    table = pd.concat([main, time_plan], ignore_index=True)
-    predicted = dict(zip(table.strategy, table.predicted_ms))
+    """One run's strategies with their predictions, and its targets."""
+    table = pd.read_csv(folder / "bench" / "convergence.csv")
+    timing = pd.read_csv(folder / "bench" / "bench.csv")
+    predicted = dict(zip(timing.strategy, timing.predicted_ms))
+    table["predicted_ms"] = [predicted.get(name, float("nan")) for name in table.strategy]
     table["predicted_effective_ms"] = [
-        predicted.get(name, float("nan")) / fidelity if fidelity and fidelity == fidelity
-        else float("nan") for name, fidelity in zip(table.strategy, table.predicted_fidelity)]
-    lines = evaluate(table, folder.name)
-    curves = _curves(folder, "effective")
-    curves["plan for iteration time (--objective time)"] = \
-        _curves(folder, "time")["bytecomp plan"]
-    plot_curves(curves, dict(zip(table.strategy, table.iteration_ms)),
-                float(table.target_loss.iloc[0]), folder / "time-to-accuracy.png")
-    return table, lines
+        ms / fidelity if fidelity and fidelity == fidelity else float("nan")
+        for ms, fidelity in zip(table.predicted_ms, table.predicted_fidelity)]
+    shutil.copyfile(folder / "bench" / "convergence.png", folder / "time-to-accuracy.png")
+    return table, evaluate(table, folder.name)
 
 
-def _curves(folder: Path, objective: str) -> dict[str, list[tuple[int, float]]]:
-    rows = pd.read_csv(folder / f"train-{objective}" / "curves.csv")
-    return {name: list(zip(group.step, group.validation_loss))
-            for name, group in rows.groupby("strategy", sort=False)}
+def _is_baseline(name: str) -> bool:
+    return not name.startswith(PLAN)
 
 
 def evaluate(table: pd.DataFrame, name: str) -> list[str]:
-    plan = table[table.strategy == "bytecomp plan"].iloc[0]
+    plan = table[table.strategy == PLAN].iloc[0]
     fp32 = table[table.strategy == "fp32 DDP"].iloc[0]
-    others = table[~table.strategy.isin(["bytecomp plan"])]
-    reached = others.dropna(subset=["time_to_target_s"])
-    best = reached.time_to_target_s.min() if not reached.empty else float("inf")
+    baselines = table[[_is_baseline(n) for n in table.strategy]].dropna(
+        subset=["time_to_target_s"])
+    best = baselines.time_to_target_s.min() if not baselines.empty else float("inf")
+    best_name = baselines.strategy[baselines.time_to_target_s.idxmin()] \
+        if not baselines.empty else "-"
     lines = [f"**{name}**: target validation loss {plan.target_loss:.4f}"]
     if plan.time_to_target_s != plan.time_to_target_s:
         lines.append("- the default plan did not reach the target: MISSED")
     else:
         ratio = plan.time_to_target_s / best
         lines.append(f"- default plan time to target {plan.time_to_target_s:.1f} s, best "
-                     f"other {best:.1f} s: {ratio:.3f}x ("
+                     f"baseline {best_name} {best:.1f} s: {ratio:.3f}x ("
                      f"{'met' if ratio <= 1.03 else 'MISSED'}, target <= 1.03x)")
         steps = plan.steps_to_target / fp32.steps_to_target
         lines.append(f"- default plan steps to target {plan.steps_to_target:.0f} vs fp32 DDP "
@@ -152,12 +137,39 @@ def evaluate(table: pd.DataFrame, name: str) -> list[str]:
                      f"<= 1.5x, no divergence)")
         lines.append(f"- default plan vs fp32 DDP in time to target: "
                      f"{fp32.time_to_target_s / plan.time_to_target_s:.2f}x")
+    lines += _adaptive_lines(table, fp32)
     ranked = table.dropna(subset=["predicted_effective_ms"])
     measured = ranked.time_to_target_s.fillna(float("inf"))
     if len(ranked) > 2:
         rho = spearmanr(ranked.predicted_effective_ms, measured).statistic
         lines.append(f"- rank correlation (Spearman) of predicted effective time with measured "
                      f"time to target over {len(ranked)} strategies: {rho:.2f}")
+    return lines
+
+
+def _adaptive_lines(table: pd.DataFrame, fp32) -> list[str]:
+    """Each adaptive plan against the static levels of its own ladder and fp32 DDP."""
+    lines = []
+    plans = [name for name in table.strategy if name.startswith(ADAPTIVE) and " level " not in name]
+    for name in plans:
+        row = table[table.strategy == name].iloc[0]
+        family = name[len(ADAPTIVE):]
+        if row.time_to_target_s != row.time_to_target_s:
+            lines.append(f"- the adaptive {family} plan did not reach the target: MISSED")
+            continue
+        levels = table[table.strategy.str.startswith(f"{name} level ")].dropna(
+            subset=["time_to_target_s"])
+        if not levels.empty:
+            best = levels.loc[levels.time_to_target_s.idxmin()]
+            ratio = row.time_to_target_s / best.time_to_target_s
+            lines.append(f"- adaptive {family} plan time to target {row.time_to_target_s:.1f} s, "
+                         f"best static level {best.strategy.split(' level ')[1]} "
+                         f"{best.time_to_target_s:.1f} s: {ratio:.3f}x "
+                         f"({'met' if ratio <= 1.0 else 'MISSED'}, target <= 1x)")
+        speedup = fp32.time_to_target_s / row.time_to_target_s
+        lines.append(f"- adaptive {family} plan vs fp32 DDP in time to target: {speedup:.2f}x "
+                     f"({'met' if speedup > 1 else 'MISSED'}, target > 1x); steps "
+                     f"{row.steps_to_target / fp32.steps_to_target:.2f}x")
     return lines
 
 
@@ -185,6 +197,8 @@ def main() -> None:
     parser.add_argument("--bench-iterations", type=int, default=10)
     parser.add_argument("--train-steps", type=int, default=600)
     parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--family", nargs="+", default=["topk", "powersgd"],
+                        help="adaptive plans' compressor families (their ladders are profiled)")
     parser.add_argument("--reuse-profiles", action="store_true")
     parser.add_argument("--summarize", action="store_true",
                         help="only summarize the runs already under --out")

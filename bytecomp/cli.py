@@ -41,6 +41,12 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Gradient-compression strategy optimizer for PyTorch DDP: profile, plan, apply."""
 
 
+# The default --min-gain (percent) by objective: the margin a searched plan must win by
+# over fp32 DDP and the baselines. Effective time carries two errors, the iteration's
+# (mixed plans measured up to 21% slower than predicted on the emulated 100 Mbit/s link)
+# and the steps factor's (the probe's factors were 6-11% above the steps measured).
+MIN_GAIN = {"time": 5.0, "effective": 10.0}
+
 SCHEME_ABBREVIATIONS = {"allreduce": "AR", "allgather": "AG", "twoshot": "2S",
                         "hierarchical": "H"}
 
@@ -101,6 +107,13 @@ def profile(
     fidelity_iterations: int = typer.Option(10, min=0, help="Training steps whose local "
                                             "gradients measure each compressor's gain (0: "
                                             "no fidelity table)."),
+    probe_steps: int = typer.Option(100, min=0, help="Steps of the convergence probe: fp32 and "
+                                    "every compressor on every tensor train this long from the "
+                                    "same weights, for each compressor's measured steps factor "
+                                    "(0: no probe; needs a workload with real data)."),
+    ladder: list[str] = typer.Option(None, help="Also time every setting of this compressor "
+                                     "family's adaptive ladder (repeatable: topk, randomk, dgc, "
+                                     "exdyna, powersgd, acpsgd), for plan --adaptive."),
 ):
     """Measure a real DDP job: compute, ready times, buckets, collectives, compressors,
     and each compressor's gradient fidelity on every tensor."""
@@ -116,7 +129,8 @@ def profile(
                            iterations=iterations, warmup=warmup, specs=compressor or [],
                            quick=quick, force=force, device=device, timeout_s=timeout,
                            max_mb=max_mb, machine=machine,
-                           fidelity_iterations=fidelity_iterations)
+                           fidelity_iterations=fidelity_iterations, ladders=ladder or [],
+                           probe_steps=probe_steps)
     run_profile(config, nproc)
 
 
@@ -155,11 +169,11 @@ def plan(
     budget: float = typer.Option(1.5, help="Seconds of local search, over all caps."),
     strict: bool = typer.Option(False, help="Only the --compressor specs (by default the "
                                 "fp16 and PowerSGD baselines' methods are candidates too)."),
-    min_gain: float = typer.Option(5.0, help="Percent: unless the searched plan is predicted "
+    min_gain: float = typer.Option(None, help="Percent: unless the searched plan is predicted "
                                    "this much better (on the objective) than fp32 DDP, the plan "
                                    "is fp32 DDP; else unless it is this much better than the best "
                                    "baseline, the plan is that baseline (0: always the searched "
-                                   "plan)."),
+                                   "plan; default 10 for effective time, 5 for time)."),
     objective: str = typer.Option(None, help="effective (iteration time / fidelity, the "
                                   "default where the profile measured fidelity) or time "
                                   "(iteration time alone, the default without)."),
@@ -169,7 +183,21 @@ def plan(
                                          "plan's fidelity: params (each tensor by its share "
                                          "of the parameters; Adam and the like) or norm (by "
                                          "its share of the gradient's squared norm; SGD)."),
+    probe: bool = typer.Option(True, help="Calibrate the gains with the profile's convergence "
+                               "probe (each compressor's measured steps factor), where it has "
+                               "one."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show fit quality and pruning."),
+    adaptive: str = typer.Option(None, help="Plan a ladder of levels over this compressor "
+                                 "family's settings in the profile (topk, randomk, dgc, exdyna, "
+                                 "powersgd, acpsgd), for the executor to move along while "
+                                 "training by the measured gain."),
+    gain_threshold: float = typer.Option(0.75, help="With --adaptive: the smoothed gain a "
+                                         "level must keep (GraVAC's threshold)."),
+    window: int = typer.Option(10, help="With --adaptive: steps of smoothing, and at a level "
+                               "before each decision."),
+    timing: str = typer.Option("measured", help="With --adaptive: score levels by step times "
+                               "the executor measures, or by this plan's predictions "
+                               "(predicted: the same decisions on every run)."),
 ):
     """Search the per-tensor strategy that trains soonest: shortest predicted iteration per
     unit of gradient fidelity (or iteration time alone); write plan.yaml."""
@@ -182,18 +210,55 @@ def plan(
         _require_positive("--bucket-cap-mb", cap)
     if not 0 <= budget < math.inf:
         raise BytecompError(f"--budget must be a non-negative number of seconds, got {budget:g}")
-    if not 0 <= min_gain < 100:
+    if min_gain is not None and not 0 <= min_gain < 100:
         raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
     check_output_file(out, "--out")
     check_outputs_spare_inputs({"--out": out}, _inputs(profile, None, cluster))
     loaded = load_profile(profile)
+    if adaptive is not None:
+        _plan_adaptive(loaded, _load_cluster(cluster), adaptive, gain_threshold, window, timing,
+                       bucket_cap_mb or None, algorithm, budget,
+                       (5.0 if min_gain is None else min_gain) / 100, out)
+        return
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
-                      min_fidelity, fidelity_weights)
+                      min_fidelity, fidelity_weights, probe)
+    if min_gain is None:
+        min_gain = MIN_GAIN[planner.problem.objective.name]
     result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100)
     written = to_plan(result, loaded).save(out)
     if verbose:
         _print_fits(planner)
     _print_plan(result, written)
+
+
+def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int, timing: str,
+                   caps, algorithm: str, budget: float, min_gain: float, out: str) -> None:
+    from bytecomp.plan import TIMINGS, Adaptive
+    from bytecomp.search.ladder import level_rows, plan_ladder, to_ladder_plan
+
+    if not 0 <= threshold <= 1:
+        raise BytecompError(f"--gain-threshold must be between 0 and 1, got {threshold:g}")
+    if window < 1:
+        raise BytecompError(f"--window must be at least 1, got {window}")
+    if timing not in TIMINGS:
+        raise BytecompError(f"--timing must be {' or '.join(TIMINGS)}, got {timing!r}")
+    settings = Adaptive(family, threshold, window, timing=timing)
+    result = plan_ladder(profile, cluster, settings, caps, algorithm, budget, min_gain)
+    written = to_ladder_plan(result, profile).save(out)
+    level = result.levels[0]
+    table = Table(title=f"adaptive plan: {family} ladder on {level.cluster.name} "
+                        f"({level.cluster.nodes} x {level.cluster.ranks_per_node} ranks), "
+                        f"bucket cap {level.cap_mb:g} MB; the executor moves up while the "
+                        f"measured gain stays >= {threshold:g}")
+    for column in ("level", "setting", "iteration ms", "profiled fidelity", "vs fp32 DDP"):
+        table.add_column(column, justify="left" if column == "setting" else "right")
+    for number, setting, time_ms, fidelity, speedup in level_rows(result):
+        table.add_row(str(number), setting, f"{time_ms:.2f}",
+                      "-" if fidelity is None else f"{fidelity:.3f}", f"{speedup:.2f}x")
+    console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print(f"wrote {written}")
 
 
 def _print_fits(planner) -> None:
@@ -265,6 +330,7 @@ def simulate(
     cluster: str = typer.Option(None, help="Cluster config (default: the profiled cluster)."),
     trace: str = typer.Option(None, help="Write a Chrome trace (open it in Perfetto)."),
     png: str = typer.Option(None, help="Write a Gantt chart PNG."),
+    level: int = typer.Option(None, help="An adaptive plan's level to simulate (default 0)."),
 ):
     """Simulate one iteration of a plan: time breakdown, trace and Gantt chart."""
     from bytecomp.plan import load_plan
@@ -282,6 +348,12 @@ def simulate(
     the_plan = load_plan(plan_file)
     chosen = _load_cluster(cluster)
     check_plan_fits(the_plan, loaded, chosen)
+    if level is not None or the_plan.levels:
+        count = len(the_plan.levels or [])
+        if not 0 <= (level or 0) < count:
+            raise BytecompError(f"{plan_file} has no level {level} (" + (
+                f"levels 0 to {count - 1})" if count else "it is not an adaptive plan)"))
+        the_plan = the_plan.level(level or 0)
     planner = Planner(loaded, chosen, the_plan.compressors or None, strict=True)
     result = simulate_plan(planner, the_plan)
     breakdown = result.breakdown()
@@ -313,7 +385,9 @@ def simulate(
 @app.command()
 def bench(
     profile: str = typer.Argument(..., help="Profile directory the plan was made from."),
-    plan_file: str = typer.Option(..., "--plan", help="The plan to measure."),
+    plan_file: list[str] = typer.Option(..., "--plan", help="The plan to measure (repeatable: "
+                                        "the first is 'bytecomp plan', the others are named "
+                                        "by their files)."),
     out: str = typer.Option("bench", help="Output directory (bench.csv, bench.md; with "
                             "--train-steps also curves.csv, convergence.csv, convergence.png)."),
     compressor: list[str] = typer.Option(None, help="Compressor for an 'on every tensor' "
@@ -334,6 +408,8 @@ def bench(
     to_loss: float = typer.Option(None, help="Target validation loss (default: fp32 DDP's "
                                   "loss at 60% of --train-steps)."),
     lr: float = typer.Option(1e-3, help="Adam's learning rate for --train-steps."),
+    train_levels: bool = typer.Option(False, help="With --train-steps: also train every level "
+                                      "of an adaptive plan as a static plan of its own."),
 ):
     """Measure the plan and the baselines for real, beside the model's predictions; with
     --train-steps, also their time to a target validation loss."""
@@ -346,8 +422,8 @@ def bench(
         raise BytecompError(f"--to-loss must be a finite number, got {to_loss:g}")
     convergence = ConvergenceConfig(train_steps, min(eval_every, train_steps), to_loss, lr) \
         if train_steps else None
-    run_bench(BenchConfig(profile, plan_file, out, compressor or [], cluster, iterations, warmup,
-                          force, convergence), nproc)
+    run_bench(BenchConfig(profile, plan_file[0], out, plan_file[1:], compressor or [], cluster,
+                          iterations, warmup, force, convergence, train_levels), nproc)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -359,7 +435,7 @@ def emulate(
                                   "(tc syntax: 100mbit, 1gbit, 10gbit)."),
     latency: str = typer.Option("0", help="Added one-way latency (needs the netem qdisc)."),
     burst: str = typer.Option(None, help="Token-bucket depth of every link (tc syntax: 32kb; "
-                              "default: one millisecond at the rate, at least 32kb). A deep "
+                              "default: one millisecond at the rate, at least 16kb). A deep "
                               "bucket lets small messages after a pause go for free."),
     check: bool = typer.Option(False, "--check", help="Measure a 2-node allreduce of 16 MiB "
                                "and compare the achieved bandwidth with the configured one."),

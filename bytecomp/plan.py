@@ -24,6 +24,23 @@ must share their strategy. Files are read with a safe YAML loader only (no ancho
 aliases: :func:`bytecomp.files.load_yaml`), and a
 bad one is reported with its path, the field and the reason.
 
+An *adaptive* plan (``bytecomp plan --adaptive FAMILY``) holds, instead of
+``tensors``, a ladder of ``levels`` from mild to aggressive, each a complete
+set of entries, and the settings of the controller that moves between them
+while training (:mod:`bytecomp.runtime.controller`)::
+
+    adaptive: {family: topk, threshold: 0.75, window: 10, tolerance: 0.03,
+               explore_every: 200}
+    levels:
+      - {setting: none, predicted_ms: 41.0, fidelity: 1.0, tensors: [...]}
+      - {setting: topk:ratio=0.1, predicted_ms: 33.2, fidelity: 0.93, tensors: [...]}
+      - ...
+
+Every level names the same tensors and shares the plan's bucket cap (DDP's
+buckets are fixed when it is built). The compressed entries of every level
+have error feedback (the controller measures the gain on the compensated
+gradient, as GraVAC), except fp16 and bf16, whose gain is taken as 1.
+
 This module is the vocabulary the planner and the executor share (strategies as
 :class:`Option`, the model fingerprint, the host pool size), so that a
 training job that imports :mod:`bytecomp.runtime` loads no planner code.
@@ -52,6 +69,7 @@ UNCOMPRESSED = "none"  # the spec of an uncompressed (fp32) strategy
 HOST_WORKERS = 2
 MAX_RANKS = 1 << 20
 MAX_BUCKET_CAP_MB = 1e6
+MAX_PREDICTED_MS = 1e9  # a level's predicted step time
 
 
 @dataclass(frozen=True)
@@ -114,9 +132,56 @@ class PlanEntry:
                 "place": self.place, "collective": self.collective, "group": self.group}
 
 
+ADAPTIVE_DEFAULTS = {"threshold": 0.75, "window": 10, "tolerance": 0.03, "explore_every": 200,
+                     "timing": "measured"}
+TIMINGS = ("measured", "predicted")
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """How the executor moves along an adaptive plan's levels (see
+    :mod:`bytecomp.runtime.controller`): the compressor ``family`` of the ladder, the
+    gain ``threshold`` a level must keep, the smoothing ``window`` (EWMA span, and
+    the steps spent at a level before deciding), the ``tolerance`` within which two
+    neighbours' throughput x gain count as equal (settle on the better), and how
+    many steps a settled controller waits before trying the next level again.
+    ``timing`` says where the step times it scores levels with come from: its own
+    measurements (``measured``), or the plan's predictions (``predicted``: the same
+    decisions on every run, e.g. when training away from the cluster planned for)."""
+
+    family: str
+    threshold: float = 0.75
+    window: int = 10
+    tolerance: float = 0.03
+    explore_every: int = 200
+    timing: str = "measured"
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, "threshold": self.threshold, "window": self.window,
+                "tolerance": self.tolerance, "explore_every": self.explore_every,
+                "timing": self.timing}
+
+
+@dataclass
+class Level:
+    """One level of an adaptive plan: the ladder's ``setting`` (a compressor spec of
+    the family, or ``none`` / ``fp16`` for the mildest), its entries and what the
+    planner predicted for it."""
+
+    setting: str
+    entries: list[PlanEntry]
+    predicted_ms: float | None = None
+    fidelity: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"setting": self.setting, "predicted_ms": self.predicted_ms,
+                "fidelity": self.fidelity, "tensors": [e.to_dict() for e in self.entries]}
+
+
 @dataclass
 class Plan:
-    """A validated plan: what apply_plan executes."""
+    """A validated plan: what apply_plan executes. An adaptive plan has ``levels``
+    (``entries`` are then those of level 0) and ``adaptive`` settings."""
 
     model_fingerprint: str
     world_size: int
@@ -128,10 +193,24 @@ class Plan:
     search: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # provenance: versions, profile, cluster, created
     path: Path | None = None
+    levels: list[Level] | None = None
+    adaptive: Adaptive | None = None
 
     @property
     def compressors(self) -> list[str]:
-        return sorted({e.compressor for e in self.entries if e.compressor is not None})
+        entries = [e for level in self.levels for e in level.entries] if self.levels \
+            else self.entries
+        return sorted({e.compressor for e in entries if e.compressor is not None})
+
+    def level(self, index: int) -> Plan:
+        """Level ``index`` of an adaptive plan as a static plan of its own."""
+        if not self.levels:
+            raise BytecompError("not an adaptive plan: it has no levels")
+        level = self.levels[index]
+        return Plan(self.model_fingerprint, self.world_size, self.nodes, self.ranks_per_node,
+                    self.bucket_cap_mb, level.entries,
+                    {"plan": level.predicted_ms} if level.predicted_ms is not None else {},
+                    dict(self.search), dict(self.info), self.path)
 
     def by_name(self) -> dict[str, PlanEntry]:
         return {entry.name: entry for entry in self.entries}
@@ -143,7 +222,7 @@ class Plan:
         return groups
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "format_version": FORMAT_VERSION,
             **self.info,
             "model_fingerprint": self.model_fingerprint,
@@ -154,14 +233,25 @@ class Plan:
             "compressors": self.compressors,
             "predicted_ms": self.predicted_ms,
             "search": self.search,
-            "tensors": [entry.to_dict() for entry in self.entries],
         }
+        if self.levels:
+            assert self.adaptive is not None
+            out["adaptive"] = self.adaptive.to_dict()
+            out["levels"] = [level.to_dict() for level in self.levels]
+        else:
+            out["tensors"] = [entry.to_dict() for entry in self.entries]
+        return out
 
     def digest(self) -> str:
         """sha256 of what decides execution (not provenance or predictions)."""
-        essential = {"fingerprint": self.model_fingerprint, "world": self.world_size,
-                     "nodes": self.nodes, "per_node": self.ranks_per_node,
-                     "cap": self.bucket_cap_mb, "tensors": [e.to_dict() for e in self.entries]}
+        essential: dict = {"fingerprint": self.model_fingerprint, "world": self.world_size,
+                           "nodes": self.nodes, "per_node": self.ranks_per_node,
+                           "cap": self.bucket_cap_mb,
+                           "tensors": [e.to_dict() for e in self.entries]}
+        if self.levels:
+            assert self.adaptive is not None
+            essential["adaptive"] = self.adaptive.to_dict()
+            essential["levels"] = [[e.to_dict() for e in level.entries] for level in self.levels]
         return hashlib.sha256(json.dumps(essential, sort_keys=True).encode()).hexdigest()
 
     def save(self, path) -> Path:
@@ -198,10 +288,10 @@ def _kind_names(kinds) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
-def _entry(reader: _Reader, index: int, data) -> PlanEntry:
-    where = f"tensors[{index}]."
+def _entry(reader: _Reader, index: int, data, within: str = "tensors") -> PlanEntry:
+    where = f"{within}[{index}]."
     if not isinstance(data, dict):
-        reader.fail(f"tensors[{index}]", "must be a mapping")
+        reader.fail(f"{within}[{index}]", "must be a mapping")
     name = reader.field(data, "name", str, where)
     action = reader.field(data, "action", str, where)
     if action not in ACTIONS:
@@ -255,19 +345,16 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
     if not 0 < cap <= MAX_BUCKET_CAP_MB:  # also false for NaN
         reader.fail("bucket_cap_mb", f"must be a positive number of MB (at most "
                                      f"{MAX_BUCKET_CAP_MB:g}), got {cap}")
-    raw_entries = reader.field(data, "tensors", list)
-    if not raw_entries:
-        reader.fail("tensors", "is empty")
-    entries = [_entry(reader, i, entry) for i, entry in enumerate(raw_entries)]
-    seen: dict[str, int] = {}
-    strategies: dict[int, tuple] = {}
-    for index, entry in enumerate(entries):
-        if entry.name in seen:
-            reader.fail(f"tensors[{index}].name", f"{entry.name!r} also at tensors[{seen[entry.name]}]")
-        seen[entry.name] = index
-        strategy = (entry.action, entry.compressor, entry.place, entry.collective)
-        if strategies.setdefault(entry.group, strategy) != strategy:
-            reader.fail(f"tensors[{index}].group", f"group {entry.group} mixes strategies")
+    levels, adaptive = None, None
+    if "levels" in data:
+        if "tensors" in data:
+            reader.fail("tensors", "an adaptive plan holds its entries under levels, not here")
+        levels, adaptive = _ladder(reader, data)
+        entries = levels[0].entries
+    else:
+        if "adaptive" in data:
+            reader.fail("adaptive", "an adaptive plan needs its levels")
+        entries = _entries(reader, reader.field(data, "tensors", list), "tensors")
     info_keys = ("bytecomp_version", "created", "profile", "cluster", "objective", "fidelity")
     info = {key: data[key] for key in info_keys if key in data}
     for key in ("objective", "fidelity"):
@@ -278,7 +365,91 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
     if not isinstance(predicted, dict) or not isinstance(search, dict):
         reader.fail("predicted_ms", "must be a mapping")
     return Plan(model_fingerprint, world, nodes, per_node, float(cap), entries, predicted, search,
-                info)
+                info, levels=levels, adaptive=adaptive)
+
+
+def _entries(reader: _Reader, raw_entries: list, where: str) -> list[PlanEntry]:
+    """Validated entries of ``where`` (the top-level tensors, or a level's)."""
+    if not raw_entries:
+        reader.fail(where, "is empty")
+    entries = [_entry(reader, i, entry, where) for i, entry in enumerate(raw_entries)]
+    seen: dict[str, int] = {}
+    strategies: dict[int, tuple] = {}
+    for index, entry in enumerate(entries):
+        if entry.name in seen:
+            reader.fail(f"{where}[{index}].name",
+                        f"{entry.name!r} also at {where}[{seen[entry.name]}]")
+        seen[entry.name] = index
+        strategy = (entry.action, entry.compressor, entry.place, entry.collective)
+        if strategies.setdefault(entry.group, strategy) != strategy:
+            reader.fail(f"{where}[{index}].group", f"group {entry.group} mixes strategies")
+    return entries
+
+
+def _adaptive(reader: _Reader, data) -> Adaptive:
+    if not isinstance(data, dict):
+        reader.fail("adaptive", "must be a mapping")
+    family = reader.field(data, "family", str, "adaptive.")
+    values = {key: data.get(key, default) for key, default in ADAPTIVE_DEFAULTS.items()}
+    for key in ("window", "explore_every"):
+        if isinstance(values[key], bool) or not isinstance(values[key], int) or values[key] < 1:
+            reader.fail(f"adaptive.{key}", f"must be a positive integer, got {values[key]!r}")
+    for key, low, high in (("threshold", 0.0, 1.0), ("tolerance", 0.0, 1.0)):
+        value = values[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not low <= value <= high or value != value:
+            reader.fail(f"adaptive.{key}", f"must be a number from {low:g} to {high:g}, "
+                                           f"got {value!r}")
+    if values["timing"] not in TIMINGS:
+        reader.fail("adaptive.timing", f"{values['timing']!r} is not one of {', '.join(TIMINGS)}")
+    unknown = sorted(set(data) - {"family", *ADAPTIVE_DEFAULTS})
+    if unknown:
+        reader.fail(f"adaptive.{unknown[0]}", f"unknown setting; the settings are family, "
+                                              f"{', '.join(ADAPTIVE_DEFAULTS)}")
+    return Adaptive(family, float(values["threshold"]), int(values["window"]),
+                    float(values["tolerance"]), int(values["explore_every"]),
+                    str(values["timing"]))
+
+
+def _metered(entry: PlanEntry) -> bool:
+    """Whether the controller can measure this entry's gain (error feedback), or need
+    not (uncompressed, or a 16-bit cast)."""
+    if entry.compressor is None:
+        return True
+    compressor = from_spec(entry.compressor)
+    return compressor.error_feedback or compressor.name in ("fp16", "bf16")
+
+
+def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
+    adaptive = _adaptive(reader, data.get("adaptive"))
+    raw_levels = reader.field(data, "levels", list)
+    if len(raw_levels) < 2:
+        reader.fail("levels", "an adaptive plan needs at least two levels")
+    levels: list[Level] = []
+    for number, raw in enumerate(raw_levels):
+        where = f"levels[{number}]"
+        if not isinstance(raw, dict):
+            reader.fail(where, "must be a mapping")
+        setting = reader.field(raw, "setting", str, f"{where}.")
+        entries = _entries(reader, reader.field(raw, "tensors", list, f"{where}."),
+                           f"{where}.tensors")
+        for index, entry in enumerate(entries):
+            if not _metered(entry):
+                reader.fail(f"{where}.tensors[{index}].compressor",
+                            f"{entry.compressor} has no error feedback: the controller "
+                            f"measures the gain on the compensated gradient (drop ef=false)")
+        predicted, fidelity = raw.get("predicted_ms"), raw.get("fidelity")
+        for key, value, high in (("predicted_ms", predicted, MAX_PREDICTED_MS),
+                                 ("fidelity", fidelity, 1.0)):
+            if value is not None and (isinstance(value, bool) or
+                                      not isinstance(value, (int, float)) or
+                                      not 0 <= value <= high):  # also false for NaN
+                reader.fail(f"{where}.{key}", f"must be a number from 0 to {high:g} or null, "
+                                              f"got {value!r}")
+        if levels and {e.name for e in entries} != {e.name for e in levels[0].entries}:
+            reader.fail(f"{where}.tensors", "must name the same tensors as levels[0]")
+        levels.append(Level(setting, entries, predicted, fidelity))
+    return levels, adaptive
 
 
 def load_plan(path) -> Plan:
@@ -328,3 +499,24 @@ def plan_for_model(model, choose, world_size: int, nodes: int = 1,
     plan = Plan(fingerprint(model), world_size, nodes, world_size // nodes, float(bucket_cap_mb),
                 ordered, predicted_ms or {}, {"algorithm": "plan_for_model"})
     return plan_from_dict(plan.to_dict(), "<plan_for_model>")  # validated like a file
+
+
+def ladder_for_model(model, chooses: list, world_size: int, adaptive: Adaptive, nodes: int = 1,
+                     bucket_cap_mb: float = 25.0, predicted_ms: list | None = None,
+                     ready_order: list[str] | None = None) -> Plan:
+    """An adaptive plan whose level ``i`` gives each parameter ``chooses[i](name, param)``,
+    grouped as :func:`plan_for_model` groups (used by tests and benches).
+
+    >>> plan = ladder_for_model(model, [lambda n, p: Option(), lambda n, p: Option(
+    ...     "topk:ratio=0.01", "device", "allgather")], 2, Adaptive("topk"))
+    """
+    levels: list[Level] = []
+    for number, choose in enumerate(chooses):
+        level = plan_for_model(model, choose, world_size, nodes, bucket_cap_mb,
+                               ready_order=ready_order)
+        levels.append(Level(", ".join(level.compressors) or UNCOMPRESSED, level.entries,
+                            predicted_ms[number] if predicted_ms else None))
+    plan = Plan(fingerprint(model), world_size, nodes,
+                world_size // nodes, float(bucket_cap_mb), levels[0].entries, {},
+                {"algorithm": "ladder_for_model"}, levels=levels, adaptive=adaptive)
+    return plan_from_dict(plan.to_dict(), "<ladder_for_model>")

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pandas as pd
 import pytest
 import torch
 
-from bytecomp.bench.convergence import ConvergenceConfig, loss_at, steps_to, target_loss
+from bytecomp.profile.convergence import (
+    ConvergenceConfig,
+    loss_at,
+    steps_to,
+    target_loss,
+    time_at,
+)
 from bytecomp.profile.workloads import load_workload
 
 MLP = "mlp:inputs=16,width=32,depth=2"
@@ -22,6 +30,8 @@ def test_curve_arithmetic():
     config = ConvergenceConfig(train_steps=30, eval_every=10)
     assert target_loss([curve], config) == pytest.approx(loss_at(curve, 18))
     assert target_loss([curve], ConvergenceConfig(30, 10, to_loss=2.5)) == 2.5
+    assert time_at([10.0, 20.0, 30.0], 2.5) == pytest.approx(0.045)
+    assert time_at([10.0, 20.0], 2) == pytest.approx(0.03)
 
 
 def test_only_workloads_with_real_data_validate():
@@ -32,25 +42,52 @@ def test_only_workloads_with_real_data_validate():
 
 def test_time_to_accuracy_on_mlp(tmp_path, cli):
     profile, plan, out = tmp_path / "profile", tmp_path / "plan.yaml", tmp_path / "bench"
+    adaptive = tmp_path / "adaptive.yaml"
     done = cli("profile", "--model", MLP, "--nproc", "2", "--quick", "--out", profile,
                "--compressor", "topk:ratio=0.05", "--compressor", "fp16",
-               "--compressor", "powersgd:rank=2")
+               "--compressor", "powersgd:rank=2", "--ladder", "dgc")
     assert done.returncode == 0, done.stderr
     assert (profile / "fidelity.csv").exists()
+    probe = pd.read_csv(profile / "probe.csv").set_index("spec")
+    assert {"fp16", "topk:ratio=0.05", "powersgd:rank=2", "dgc:ratio=0.1"} <= set(probe.index)
+    assert 0.9 <= probe.steps_factor["fp16"] <= 1.1  # fp16 trains as fp32 does
+    assert (probe.steps == 20).all()  # --quick
     done = cli("plan", profile, "--out", plan)
     assert done.returncode == 0, done.stderr
-    done = cli("bench", profile, "--plan", plan, "--nproc", "2", "--out", out, "--iterations",
-               "3", "--warmup", "2", "--train-steps", "30", "--eval-every", "10")
+    # a slow link, so that compressing pays: the ladder's levels differ
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("name: slow\nnodes: 2\nranks_per_node: 1\nlinks:\n  inter:\n"
+                    "    bandwidth_gbps: 0.001\n    latency_us: 50\n")
+    done = cli("plan", profile, "--out", adaptive, "--adaptive", "dgc", "--window", "2",
+               "--timing", "predicted", "--cluster", slow)
+    assert done.returncode == 0, done.stderr
+    assert "adaptive plan: dgc ladder" in done.stdout
+    done = cli("bench", profile, "--plan", plan, "--plan", adaptive, "--nproc", "2", "--out",
+               out, "--iterations", "3", "--warmup", "2", "--train-steps", "30",
+               "--eval-every", "10", "--compressor", "topk:ratio=0.05",
+               "--compressor", "fp16", "--train-levels")
     assert done.returncode == 0, done.stderr
     convergence = pd.read_csv(out / "convergence.csv")
     names = list(convergence.strategy)
     assert names[0] == "fp32 DDP" and "bytecomp plan" in names
     assert {"topk:ratio=0.05 on every tensor", "fp16 on every tensor"} <= set(names)
     assert "compute only (no communication)" not in names
+    assert "bytecomp plan: adaptive" in names
+    assert any(name.startswith("bytecomp plan: adaptive level 1 (dgc:ratio=") for name in names)
+    timing = pd.read_csv(out / "bench.csv")
+    assert any(name.startswith("bytecomp plan: adaptive level 0") for name in timing.strategy)
     fp32 = convergence.iloc[0]
     assert 0 < fp32.steps_to_target <= 18 + 1e-9  # its own loss at 60% of 30 steps
-    assert fp32.time_to_target_s == pytest.approx(fp32.steps_to_target * fp32.iteration_ms
-                                                  / 1000)
+    steps = pd.read_csv(out / "steps.csv")
+    fp32_steps = list(steps[steps.strategy == "fp32 DDP"].ms)
+    assert len(fp32_steps) == 30 and min(fp32_steps) > 0
+    assert fp32.time_to_target_raw_s == pytest.approx(time_at(fp32_steps,
+                                                              fp32.steps_to_target))
+    # the typical time: the median step x steps (no stall of the machine counted)
+    assert fp32.time_to_target_s == pytest.approx(
+        statistics.median(fp32_steps) * fp32.steps_to_target / 1000)
+    levels = pd.read_csv(out / "levels.csv")
+    assert set(levels.strategy) == {"bytecomp plan: adaptive"} and len(levels) == 30
     curves = pd.read_csv(out / "curves.csv")
     first = curves[curves.strategy == "fp32 DDP"]
     assert list(first.step) == [0, 10, 20, 30]
@@ -71,3 +108,15 @@ def test_digits_is_real_data_with_a_fixed_split():
     assert sum(len(batch[1]) for batch in held_out) == 360  # every fifth of 1,797 images
     assert all(torch.equal(a[0], b[0]) for a, b in zip(held_out, workload.validation(32, 8)))
     assert workload.loss(workload.model(inputs), labels).isfinite()
+
+
+def test_typical_step_times_are_medians_per_level():
+    from bytecomp.profile.convergence import Training
+
+    training = Training({"a": [(0, 1.0)], "b": [(0, 1.0)]},
+                        {"a": [3.0, 30.0, 3.2, 2.9, float("nan")],
+                         "b": [10.0, 12.0, 50.0, 11.0, 20.0]},
+                        {"b": [(1, 0, 1.0), (2, 0, 1.0), (3, 1, 0.9), (4, 1, 0.9), (5, 1, 0.9)]})
+    assert training.typical_ms("a")[:4] == [3.1] * 4  # the 30 ms stall is not a's
+    assert training.typical_ms("a")[4] != training.typical_ms("a")[4]  # stopped: NaN
+    assert training.typical_ms("b") == [11.0, 11.0, 20.0, 20.0, 20.0]

@@ -44,8 +44,8 @@ def test_rates_and_latencies_parse():
     assert parse_rate("2.5gbit") == 2.5e9
     assert parse_latency("100us") == pytest.approx(1e-4)
     assert parse_latency("2ms") == pytest.approx(2e-3)
-    # one millisecond at the rate, never below 32 KiB
-    assert tbf_burst_bytes(1e9) == 125_000 and tbf_burst_bytes(1e8) == 32 * 1024
+    # one millisecond at the rate, never below 16 KiB
+    assert tbf_burst_bytes(1e9) == 125_000 and tbf_burst_bytes(1e8) == 16 * 1024
     assert parse_size("32kb") == parse_size("32k") == 32 * 1024 and parse_size("1mb") == 1 << 20
     assert parse_size("65536") == 65536
     for bad in ("lots", "1kb", "-5k"):

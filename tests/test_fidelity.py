@@ -157,11 +157,13 @@ def test_a_profile_without_fidelity_plans_by_time_and_refuses_the_objective(tmp_
 # -- the objective -----------------------------------------------------------------------
 
 
-def brute_force_effective(planner: Planner, caps, min_fidelity: float, weights: str) -> float:
-    """Effective time by enumeration, fidelity composed from the profile's tables."""
+def brute_force_effective(planner: Planner, caps, min_fidelity: float, weights: str,
+                          gains: dict | None = None) -> float:
+    """Effective time by enumeration, fidelity composed from the profile's tables (or the
+    given ``gains`` by tensor and spec)."""
     problem = planner.problem
     table = planner.profile.fidelity
-    gains = {(r.tensor, r.spec): r.gain for r in table.itertuples()}
+    gains = gains or {(r.tensor, r.spec): r.gain for r in table.itertuples()}
     if weights == "norm":
         shares = {r.tensor: r.norm_share for r in table.itertuples()}
     else:
@@ -264,3 +266,107 @@ def test_parameter_weights_count_every_layer_where_norm_weights_see_the_largest(
         math.sqrt(0.25 + 0.75 * 0.01))
     with pytest.raises(BytecompError, match="unknown fidelity weights"):
         FidelityModel(profile, "loss")
+
+
+# -- calibration by the convergence probe ------------------------------------------------
+
+
+def test_the_steps_factor_reads_the_curves():
+    from bytecomp.profile.probe import MAX_FACTOR, steps_factor
+
+    fp32 = [(0, 3.0), (10, 2.0), (20, 1.5), (30, 1.2), (40, 1.0)]
+    assert steps_factor(fp32, fp32, 20) == pytest.approx(1.0)
+    slower = [(0, 3.0), (10, 2.5), (20, 2.0), (30, 1.75), (40, 1.5)]  # fp32's pace at 1/2
+    assert steps_factor(slower, fp32, 20) == pytest.approx(2.0)
+    better = [(0, 3.0), (10, 1.9), (20, 1.4), (30, 1.1), (40, 0.9)]
+    assert steps_factor(better, fp32, 20) <= 1.0
+    stuck = [(0, 3.0), (10, 3.0), (20, 3.1), (30, float("inf")), (40, float("inf"))]
+    assert steps_factor(stuck, fp32, 20) == MAX_FACTOR
+
+
+@pytest.mark.parametrize("weights", ["params", "norm"])
+def test_calibrated_gains_compose_to_one_over_the_steps_factor(weights):
+    """... where the probe says worse than the gains; where it says better (top-k's 1.1
+    against gains composing to about 0.7), the gains stay: the worse of the two counts."""
+    from bytecomp.model.fidelity import FidelityModel, compose
+
+    specs = ["int8", "powersgd:rank=4", "topk:ratio=0.01", "fp16", "dgc:ratio=0.01"]
+    factors = {"int8": 1.05, "powersgd:rank=4": 1.2, "topk:ratio=0.01": 3.0, "fp16": 0.97,
+               "dgc:ratio=0.01": 1.1}
+    profile = synthetic_profile(mlp_shapes(3, 256), world_size=2, specs=specs, fidelity=True,
+                                probe=factors)
+    raw = FidelityModel(profile, weights, calibrate=False)
+    model = FidelityModel(profile, weights)
+    names = list(profile.tensors["name"])
+    shares = [model.shares[n] for n in names]
+    for spec, factor in factors.items():
+        spec = from_spec(spec).spec
+        uniform = compose(shares, [model.gain(n, spec) for n in names])
+        measured = compose(shares, [raw.gain(n, spec) for n in names])
+        assert uniform == pytest.approx(min(1 / max(factor, 1.0), measured), rel=1e-6), spec
+        before = [raw.gain(n, spec) for n in names]
+        after = [model.gain(n, spec) for n in names]
+        # the tensors keep their order: one that loses more still loses more
+        assert sorted(range(len(names)), key=before.__getitem__) == \
+            sorted(range(len(names)), key=after.__getitem__) or len(set(before)) < len(before)
+    assert model.gain(names[0], "dgc:ratio=0.01") == raw.gain(names[0], "dgc:ratio=0.01")
+    assert model.gain(names[0], "int8") < raw.gain(names[0], "int8")
+    uncalibrated = synthetic_profile(mlp_shapes(3, 256), world_size=2, specs=specs,
+                                     fidelity=True)
+    assert FidelityModel(uncalibrated, weights).gains == raw.gains
+
+
+def test_the_calibrated_optimum_equals_brute_force():
+    from bytecomp.model.fidelity import FidelityModel
+
+    specs = ["powersgd:rank=4", "int8"]
+    for bandwidth, min_fidelity in ((0.1, 0.0), (1.0, 0.75)):
+        profile = synthetic_profile(mlp_shapes(2, 512), world_size=4, device="cpu", specs=specs,
+                                    bandwidth_gbps=bandwidth, fidelity=True,
+                                    probe={"powersgd:rank=4": 1.2, "int8": 1.1})
+        planner = Planner(profile, None, specs, strict=True, objective="effective",
+                          min_fidelity=min_fidelity)
+        result = planner.search([1.0, 25.0])
+        assert result.exact
+        gains = FidelityModel(profile).gains
+        expected = brute_force_effective(planner, [1.0, 25.0], min_fidelity, "params", gains)
+        assert result.value == pytest.approx(expected, rel=1e-9)
+        assert any("calibrated by the profile's convergence probe" in n for n in result.notes)
+
+
+def test_the_default_margin_is_wider_for_effective_time(cli, monkeypatch, tmp_path):
+    """Effective time carries the steps factor's error on top of the iteration's: its
+    default --min-gain is 10%, time's 5%."""
+    from bytecomp.search import planner as planner_module
+
+    seen = []
+    search = planner_module.Planner.search
+
+    def recording(self, caps=None, algorithm="auto", budget_s=None, min_gain=0.0):
+        seen.append((self.problem.objective.name, min_gain))
+        return search(self, caps, algorithm, budget_s, min_gain)
+
+    monkeypatch.setattr(planner_module.Planner, "search", recording)
+    profile = ROOT / "profiles" / "transformer"
+    for args, expected in (([], ("effective", 0.10)), (["--objective", "time"], ("time", 0.05)),
+                           (["--min-gain", "7"], ("effective", 0.07))):
+        done = cli("plan", profile, "--out", tmp_path / "plan.yaml", *args)
+        assert done.returncode == 0, done.stderr
+        assert seen[-1][0] == expected[0] and seen[-1][1] == pytest.approx(expected[1])
+
+
+def test_within_the_margin_the_plan_that_keeps_more_of_the_gradient_wins():
+    """By effective time, a baseline the search does not beat by --min-gain and that keeps
+    more of the gradient is the plan; fp32 DDP first among equals."""
+    from bytecomp.search.planner import Baseline, _baseline_to_keep
+
+    fast = Baseline("powersgd", [1, 1], 25.0, 5.0, 0.84, 6.1)
+    safe = Baseline("int8", [2, 2], 25.0, 6.3, 1.0, 6.3)
+    fp32 = Baseline("fp32 DDP", [0, 0], 25.0, 15.0, 1.0, 15.0)
+    searchable = {0, 1, 2}
+    assert _baseline_to_keep([fp32, fast, safe], searchable, 6.0, 0.10, 0.84) is safe
+    assert _baseline_to_keep([fp32, fast, safe], searchable, 5.0, 0.10, 0.84) is None
+    assert _baseline_to_keep([fp32, fast, safe], searchable, 6.0, 0.10, 1.0) is safe
+    assert _baseline_to_keep([fp32, fast, safe], searchable, 14.0, 0.10, 0.9) is fp32
+    # by time alone: fp32 DDP if close, else the fastest close baseline
+    assert _baseline_to_keep([fp32, fast, safe], searchable, 6.0, 0.10) is fast

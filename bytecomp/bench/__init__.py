@@ -11,13 +11,13 @@ from pathlib import Path
 
 import torch
 
-from bytecomp.bench.convergence import ConvergenceConfig
 from bytecomp.bench.runner import BenchConfig, bench_rank
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, check_outputs_spare_inputs
 from bytecomp.launch import run_job
 from bytecomp.model.clusters import cluster_file, load_cluster
 from bytecomp.plan import load_plan
+from bytecomp.profile.convergence import ConvergenceConfig
 from bytecomp.profile.store import load_profile, profile_files
 from bytecomp.search.planner import check_plan_fits
 
@@ -29,13 +29,13 @@ def _rank(config: BenchConfig, nodes: int, ranks_per_node: int) -> None:
 def run_bench(config: BenchConfig, nproc: int | None = None, timeout_s: float = 600) -> Path:
     """Benchmark on ``nproc`` spawned ranks or on this torchrun (or emulate) job."""
     profile = load_profile(config.profile)  # bad files fail here, once, before any rank starts
-    plan = load_plan(config.plan)
     cluster = load_cluster(config.cluster) if config.cluster else None
-    check_plan_fits(plan, profile, cluster)
+    for path in [config.plan, *config.other_plans]:
+        check_plan_fits(load_plan(path), profile, cluster)
     if "iteration_compute" not in profile.meta["times"]:
         raise BytecompError(f"{profile.label}: profile.yaml has no times.iteration_compute, "
                             f"which bench compares with; re-run bytecomp profile")
-    inputs = profile_files(config.profile) + [Path(config.plan)]
+    inputs = profile_files(config.profile) + [Path(p) for p in [config.plan, *config.other_plans]]
     config_file = cluster_file(config.cluster) if config.cluster else None
     inputs += [config_file] if config_file is not None else []
     check_outputs_spare_inputs({"--out": config.out}, inputs)

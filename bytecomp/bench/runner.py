@@ -10,7 +10,10 @@ initial weights:
 * PyTorch's ``powerSGD_hook`` (the profile's PowerSGD rank, error feedback and
   warm start, compressing from the second iteration);
 * one compressor on every tensor (bytecomp's executor);
-* the bytecomp plan (bytecomp's executor);
+* the bytecomp plan (bytecomp's executor), and any further plans (named
+  ``bytecomp plan: <file name>``); an adaptive plan's levels are timed one by
+  one as static plans (``... level 2 (topk:ratio=0.025)``), since the plan
+  itself moves between them;
 * compute only: DDP with communication off (``no_sync``), the reference for
   how fast this machine computes now.
 
@@ -35,6 +38,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -46,18 +50,20 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
-from bytecomp.bench.convergence import (
-    ConvergenceConfig,
-    steps_to,
-    target_loss,
-    train_curves,
-    training_optimizer,
-)
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import directory_atomic
 from bytecomp.model.clusters import load_cluster
-from bytecomp.plan import load_plan, plan_for_model
+from bytecomp.plan import Plan, load_plan, plan_for_model
+from bytecomp.profile.convergence import (
+    ConvergenceConfig,
+    Training,
+    steps_to,
+    target_loss,
+    time_at,
+    train_curves,
+    training_optimizer,
+)
 from bytecomp.profile.store import Profile, load_profile
 from bytecomp.profile.training import to_device
 from bytecomp.profile.workloads import load_workload
@@ -74,12 +80,14 @@ class BenchConfig:
     profile: str
     plan: str
     out: str = "bench"
+    other_plans: list[str] = field(default_factory=list)  # more plans, named by their files
     compressors: list[str] = field(default_factory=list)  # each one on every tensor
     cluster: str | None = None
     iterations: int = 10
     warmup: int = 3
     force: bool = False
     convergence: ConvergenceConfig | None = None  # also train to a validation loss
+    train_levels: bool = False  # also train each level of an adaptive plan, statically
 
 
 @dataclass
@@ -90,6 +98,30 @@ class Strategy:
     optimizer: torch.optim.Optimizer
     executor: Executor | None = None
     compute_only: bool = False
+
+
+@dataclass
+class BenchedPlan:
+    """A plan under bench: its strategy name and the plan (an adaptive plan's levels are
+    timed as static plans of their own)."""
+
+    name: str
+    plan: Plan
+
+    def levels(self) -> list[tuple[str, Plan]]:
+        """(strategy name, static plan) of each level of an adaptive plan."""
+        if not self.plan.levels:
+            return []
+        return [(f"{self.name} level {number} ({level.setting})", self.plan.level(number))
+                for number, level in enumerate(self.plan.levels)]
+
+
+def benched_plans(config: BenchConfig) -> list[BenchedPlan]:
+    """The plans to bench: ``bytecomp plan`` first, then ``bytecomp plan: <file stem>``."""
+    plans = [BenchedPlan("bytecomp plan", load_plan(config.plan))]
+    for path in config.other_plans:
+        plans.append(BenchedPlan(f"bytecomp plan: {Path(path).stem}", load_plan(path)))
+    return plans
 
 
 COMPUTE_ONLY = "compute only (no communication)"
@@ -110,22 +142,31 @@ def every_key(spec: str) -> str:
     return f"every:{spec}"
 
 
-def _predictions(profile, plan, cluster, specs: list[str]) -> tuple[dict[str, float], int | None]:
+def _predictions(profile, plans: list[BenchedPlan], cluster, specs: list[str]
+                 ) -> tuple[dict[str, float], int | None]:
     planner = Planner(profile, cluster, specs, strict=True, objective="time")
     baselines = {b.name: b.time_ms for b in planner.baselines()}
     powersgd_spec = planner.baseline_specs["powersgd"]
     rank = from_spec(powersgd_spec).values["rank"] if powersgd_spec else None
-    plan_ms = simulate_plan(Planner(profile, cluster, plan.compressors or None, strict=True,
-                                    objective="time"), plan, record=False).iteration_ms
-    return {
+
+    def simulated(plan: Plan) -> float:
+        return simulate_plan(Planner(profile, cluster, plan.compressors or None, strict=True,
+                                     objective="time"), plan, record=False).iteration_ms
+
+    predicted = {
         "compute": profile.time_ms("iteration_compute"),
         "fp32 DDP": baselines["fp32 DDP"],
         "fp16 hook": baselines.get("fp16 hook", float("nan")),
         "PowerSGD hook": baselines.get(f"PowerSGD hook (rank {rank})", float("nan")),
         **{every_key(spec): baselines[f"{spec} on every tensor "
                                       f"({native_option(spec).collective})"] for spec in specs},
-        "plan": plan_ms,
-    }, rank
+    }
+    for benched in plans:  # an adaptive plan is predicted at its first level
+        predicted[benched.name] = simulated(benched.plan.level(0) if benched.plan.levels
+                                            else benched.plan)
+        for name, level in benched.levels():
+            predicted[name] = simulated(level)
+    return predicted, rank
 
 
 def scaled_compute(profile: Profile, factor: float) -> Profile:
@@ -140,7 +181,7 @@ def scaled_compute(profile: Profile, factor: float) -> Profile:
     compressors = profile.compressors.assign(encode_ms=profile.compressors["encode_ms"] * factor,
                                              decode_ms=profile.compressors["decode_ms"] * factor)
     return Profile(meta, tensors, profile.collectives, compressors, profile.copies, profile.path,
-                   profile.fidelity)
+                   profile.fidelity, profile.probe)
 
 
 def timing_optimizer(parameters) -> torch.optim.Optimizer:
@@ -148,11 +189,13 @@ def timing_optimizer(parameters) -> torch.optim.Optimizer:
     return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9)
 
 
-def build_strategies(workload, device, profile, plan, specs: list[str], rank, world, nodes,
-                     make_optimizer=timing_optimizer, compute_only: bool = True) -> list[Strategy]:
+def build_strategies(workload, device, profile, plans: list[BenchedPlan], specs: list[str],
+                     rank, world, nodes, make_optimizer=timing_optimizer,
+                     timing: bool = True, levels: bool | None = None) -> list[Strategy]:
     """One DDP copy of the workload's model per strategy, all with its initial weights:
-    fp32 DDP, the fp16 and PowerSGD hooks, each of ``specs`` on every tensor, the plan
-    and (with ``compute_only``) DDP with communication off."""
+    fp32 DDP, the fp16 and PowerSGD hooks, each of ``specs`` on every tensor, the
+    plans, adaptive plans' levels one by one (``levels``, by default when
+    ``timing``) and, for ``timing``, DDP with communication off."""
     cap = profile.bucket_cap_mb
     order = list(profile.tensors["name"])
     device_ids = [device.index] if device.type == "cuda" else None
@@ -183,10 +226,15 @@ def build_strategies(workload, device, profile, plan, specs: list[str], rank, wo
         ddp, optimizer = fresh(cap)
         strategies.append(Strategy(f"{spec} on every tensor", every_key(spec), ddp, optimizer,
                                    bytecomp.apply_plan(ddp, every)))
-    ddp, optimizer = fresh(plan.bucket_cap_mb)
-    strategies.append(Strategy("bytecomp plan", "plan", ddp, optimizer,
-                               bytecomp.apply_plan(ddp, plan)))
-    if compute_only:
+    for benched in plans:
+        ddp, optimizer = fresh(benched.plan.bucket_cap_mb)
+        strategies.append(Strategy(benched.name, benched.name, ddp, optimizer,
+                                   bytecomp.apply_plan(ddp, benched.plan)))
+        for name, level in benched.levels() if (timing if levels is None else levels) else []:
+            ddp, optimizer = fresh(level.bucket_cap_mb)
+            strategies.append(Strategy(name, name, ddp, optimizer,
+                                       bytecomp.apply_plan(ddp, level)))
+    if timing:
         ddp, optimizer = fresh(cap)
         strategies.append(Strategy(COMPUTE_ONLY, "compute", ddp, optimizer, compute_only=True))
     return strategies
@@ -224,7 +272,8 @@ def _measure(strategies, workload, batch, device, config, progress) -> list[list
 def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
     """Run on every rank; rank 0 writes the results and returns them."""
     profile = load_profile(config.profile)
-    plan = load_plan(config.plan)
+    plans = benched_plans(config)
+    plan = plans[0].plan
     cluster = load_cluster(config.cluster) if config.cluster else None
     world = dist.get_world_size()
     shape = (cluster.nodes, cluster.ranks_per_node) if cluster else \
@@ -235,12 +284,12 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
                             f"{shape[0] * shape[1]} ({'--cluster' if cluster else 'the profile'});"
                             f" pass --cluster with this job's shape")
     specs = _every_compressors(config, plan, profile)
-    predicted, rank = _predictions(profile, plan, cluster, specs)
+    predicted, rank = _predictions(profile, plans, cluster, specs)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
     workload = load_workload(profile.meta["model"]["spec"])
     batch = to_device(workload.make_batch(int(profile.meta["batch_size"])), device)
-    strategies = build_strategies(workload, device, profile, plan, specs, rank, world, shape[0])
+    strategies = build_strategies(workload, device, profile, plans, specs, rank, world, shape[0])
     reporter = Reporter(enabled=dist.get_rank() == 0)
     with reporter.session():
         progress = reporter.phase(f"{len(strategies)} strategies, interleaved",
@@ -251,17 +300,17 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
         if strategy.executor is not None:
             stats[strategy.name] = strategy.executor.stats.summary()
             strategy.executor.close()
-    curves = None
+    training = None
     if config.convergence is not None:
-        curves = _converge(config.convergence, workload, device, profile, plan, specs, rank,
-                           world, shape[0], reporter)
+        training = _converge(config.convergence, workload, device, profile, plans, specs, rank,
+                             world, shape[0], reporter, config.train_levels)
     if dist.get_rank() != 0:
         return None
     rows = []
     medians = [statistics.median(samples) for samples in times]
     fp32 = medians[0]
     drift = medians[-1] / predicted["compute"]
-    recalibrated, _ = _predictions(scaled_compute(profile, drift), plan, cluster, specs)
+    recalibrated, _ = _predictions(scaled_compute(profile, drift), plans, cluster, specs)
     for strategy, samples, median in zip(strategies, times, medians):
         rows.append({
             "strategy": strategy.name, "measured_ms": median,
@@ -277,40 +326,43 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
         })
     results = pd.DataFrame(rows)
     convergence = None
-    if curves is not None and config.convergence is not None:
-        convergence = time_to_accuracy(curves, results, config.convergence,
-                                       _fidelities(profile, plan, cluster, specs))
-    _write(results, config, profile, world, shape, curves, convergence)
+    if training is not None and config.convergence is not None:
+        convergence = time_to_accuracy(training, config.convergence,
+                                       _fidelities(profile, plans, cluster, specs))
+    _write(results, config, profile, world, shape, training, convergence)
     reporter.print(_table(results, profile, shape, config))
     if convergence is not None and config.convergence is not None:
         reporter.print(convergence_table(convergence, config.convergence))
     return results
 
 
-def _converge(settings: ConvergenceConfig, workload, device, profile, plan, specs, rank, world,
-              nodes, reporter) -> dict[str, list[tuple[int, float]]]:
-    """Train every strategy but compute-only from the initial weights; their curves."""
+def _converge(settings: ConvergenceConfig, workload, device, profile, plans, specs, rank, world,
+              nodes, reporter, train_levels: bool = False) -> Training:
+    """Train every strategy but compute-only from the initial weights: curves, step times,
+    and the levels of adaptive plans."""
     validation = workload.validation(int(profile.meta["batch_size"]),
                                      settings.validation_batches)
     if validation is None:
         raise BytecompError(f"{workload.name} has no validation data (its inputs are "
                             f"generated): training to accuracy needs a workload with real data "
                             f"(transformer, lstm, or a factory's own)")
-    strategies = build_strategies(workload, device, profile, plan, specs, rank, world, nodes,
-                                  training_optimizer(settings.lr), compute_only=False)
+    strategies = build_strategies(workload, device, profile, plans, specs, rank, world, nodes,
+                                  training_optimizer(settings.lr), timing=False,
+                                  levels=train_levels)
     with reporter.session():
         progress = reporter.phase(f"training {len(strategies)} strategies",
                                   settings.train_steps)
-        curves = train_curves(strategies, workload, int(profile.meta["batch_size"]), device,
-                              settings, validation, progress)
+        training = train_curves(strategies, workload, int(profile.meta["batch_size"]), device,
+                                settings, validation, progress)
     for strategy in strategies:
         if strategy.executor is not None:
             strategy.executor.close()
-    return {strategy.name: curve for strategy, curve in zip(strategies, curves)}
+    return training
 
 
-def _fidelities(profile, plan, cluster, specs) -> dict[str, float | None]:
-    """Each strategy's predicted fidelity, where the profile measured it."""
+def _fidelities(profile, plans: list[BenchedPlan], cluster, specs) -> dict[str, float | None]:
+    """Each strategy's predicted fidelity, where the profile measured it (an adaptive
+    plan has one per level: none for the plan itself)."""
     if not profile.has_fidelity:
         return {}
     planner = Planner(profile, cluster, specs, strict=True, objective="time")
@@ -319,26 +371,30 @@ def _fidelities(profile, plan, cluster, specs) -> dict[str, float | None]:
         name = baseline.name.split(" (")[0] if " on every tensor" in baseline.name \
             else baseline.name
         out[name] = baseline.fidelity
-    fidelity = plan.info.get("fidelity", {}).get("plan")
-    if fidelity is not None:
-        out["bytecomp plan"] = float(fidelity)
+    for benched in plans:
+        fidelity = benched.plan.info.get("fidelity", {}).get("plan")
+        if fidelity is not None:
+            out[benched.name] = float(fidelity)
     return out
 
 
-def time_to_accuracy(curves: dict[str, list[tuple[int, float]]], timing: pd.DataFrame,
-                     settings: ConvergenceConfig,
+def time_to_accuracy(training: Training, settings: ConvergenceConfig,
                      fidelities: dict[str, float | None]) -> pd.DataFrame:
-    """Per strategy: steps and wall-clock time to the target validation loss (steps x
-    the measured iteration time), final loss, divergence, predicted fidelity."""
-    target = target_loss(list(curves.values()), settings)
-    measured = dict(zip(timing.strategy, timing.measured_ms))
+    """Per strategy: steps and wall-clock time to the target validation loss (its typical
+    step times summed up to there, and its raw ones), its median step time, final
+    loss, divergence, predicted fidelity."""
+    target = target_loss(list(training.curves.values()), settings)
     rows = []
-    for name, curve in curves.items():
+    for name, curve in training.curves.items():
         steps = steps_to(curve, target)
-        steps = math.nan if steps is None else steps  # NaN: never reached
+        step_ms = [t for t in training.step_ms[name] if t == t]
         rows.append({
-            "strategy": name, "iteration_ms": measured[name], "target_loss": target,
-            "steps_to_target": steps, "time_to_target_s": steps * measured[name] / 1000.0,
+            "strategy": name, "iteration_ms": statistics.median(step_ms) if step_ms
+            else math.nan, "target_loss": target,
+            "steps_to_target": math.nan if steps is None else steps,  # NaN: never reached
+            "time_to_target_s": math.nan if steps is None
+            else time_at(training.typical_ms(name), steps),
+            "time_to_target_raw_s": math.nan if steps is None else time_at(step_ms, steps),
             "final_loss": curve[-1][1], "diverged": not math.isfinite(curve[-1][1]),
             "predicted_fidelity": fidelities.get(name),
         })
@@ -388,16 +444,14 @@ def _table(results: pd.DataFrame, profile, shape, config) -> Table:
 
 
 def _write(results: pd.DataFrame, config: BenchConfig, profile, world: int, shape,
-           curves=None, convergence: pd.DataFrame | None = None) -> None:
+           training: Training | None = None, convergence: pd.DataFrame | None = None) -> None:
     with directory_atomic(config.out, config.force) as folder:
         results.to_csv(folder / "bench.csv", index=False)
-        if curves is not None and convergence is not None:
-            pd.DataFrame([{"strategy": name, "step": step, "validation_loss": loss}
-                          for name, curve in curves.items() for step, loss in curve]
-                         ).to_csv(folder / "curves.csv", index=False)
+        if training is not None and convergence is not None:
+            write_training(training, folder)
             convergence.to_csv(folder / "convergence.csv", index=False)
-            plot_curves(curves, dict(zip(convergence.strategy, convergence.iteration_ms)),
-                        float(convergence.target_loss.iloc[0]), folder / "convergence.png")
+            plot_curves(training, float(convergence.target_loss.iloc[0]),
+                        folder / "convergence.png")
         lines = ["| strategy | measured ms (p10-p90) | predicted ms | error | recalibrated ms | "
                  "error | speedup vs fp32 |", "|---|---|---|---|---|---|---|"]
         for row in results.itertuples():
@@ -406,30 +460,64 @@ def _write(results: pd.DataFrame, config: BenchConfig, profile, world: int, shap
                          f"{row.recalibrated_ms:.2f} | {100 * row.recalibrated_error:+.1f}% | "
                          f"{row.speedup_vs_fp32:.2f}x |")
         header = (f"{profile.meta['model']['spec']}, {shape[0]} x {shape[1]} ranks "
-                  f"({world} in the job), profile {config.profile}, plan {config.plan}\n\n")
+                  f"({world} in the job), profile {config.profile}, plan "
+                  f"{', '.join([config.plan, *config.other_plans])}\n\n")
         (folder / "bench.md").write_text(header + "\n".join(lines) + "\n")
 
 
-def plot_curves(curves: dict[str, list[tuple[int, float]]], iteration: dict[str, float],
-                target: float, path) -> None:
-    """Validation loss against wall-clock time (steps x measured ``iteration`` ms)."""
+def write_training(training: Training, folder: Path) -> None:
+    """``curves.csv`` (strategy, step, validation loss), ``steps.csv`` (strategy, step,
+    ms) and, for adaptive plans, ``levels.csv`` (strategy, step, level, gain)."""
+    pd.DataFrame([{"strategy": name, "step": step, "validation_loss": loss}
+                  for name, curve in training.curves.items() for step, loss in curve]
+                 ).to_csv(folder / "curves.csv", index=False)
+    pd.DataFrame([{"strategy": name, "step": step + 1, "ms": ms}
+                  for name, row in training.step_ms.items() for step, ms in enumerate(row)]
+                 ).to_csv(folder / "steps.csv", index=False)
+    if training.levels:
+        pd.DataFrame([{"strategy": name, "step": step, "level": level, "gain": gain}
+                      for name, rows in training.levels.items() for step, level, gain in rows]
+                     ).to_csv(folder / "levels.csv", index=False)
+
+
+def plot_curves(training: Training, target: float, path) -> None:
+    """Validation loss against wall-clock time (each strategy's measured step times,
+    summed); beneath, an adaptive plan's level and gain against the step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(9, 5.5))
-    for name, curve in curves.items():
+    rows = 2 if training.levels else 1
+    figure, axes = plt.subplots(rows, 1, figsize=(9, 5.5 * rows), squeeze=False)
+    loss_axes = axes[0][0]
+    for name, curve in training.curves.items():
         finite = [(s, loss) for s, loss in curve if math.isfinite(loss)]
         if not finite:
             continue
-        seconds = [s * iteration[name] / 1000.0 for s, _ in finite]
-        axes.plot(seconds, [loss for _, loss in finite], label=name,
-                  linewidth=2.5 if name == "bytecomp plan" else 1.2)
-    axes.axhline(target, color="grey", linestyle=":", label="target")
-    axes.set_xlabel("wall-clock time (s): steps x measured iteration time")
-    axes.set_ylabel("validation loss")
-    axes.legend(fontsize=7)
+        step_ms = training.typical_ms(name)
+        seconds = [time_at(step_ms, s) for s, _ in finite]
+        loss_axes.plot(seconds, [loss for _, loss in finite], label=name,
+                       linewidth=2.5 if name.startswith("bytecomp plan") else 1.2)
+    loss_axes.axhline(target, color="grey", linestyle=":", label="target")
+    loss_axes.set_xlabel("wall-clock time (s): each level's median step time x steps")
+    loss_axes.set_ylabel("validation loss")
+    loss_axes.legend(fontsize=7)
+    if training.levels:
+        level_axes = axes[1][0]
+        gain_axes = level_axes.twinx()
+        for name, levels in training.levels.items():
+            steps = [step for step, _, _ in levels]
+            level_axes.step(steps, [level for _, level, _ in levels], where="post",
+                            label=f"{name}: level")
+            gain_axes.plot(steps, [gain for _, _, gain in levels], linestyle=":",
+                           label=f"{name}: smoothed gain")
+        level_axes.set_xlabel("step")
+        level_axes.set_ylabel("level (0 mildest)")
+        gain_axes.set_ylabel("smoothed gain")
+        gain_axes.set_ylim(0, 1.05)
+        level_axes.legend(loc="upper left", fontsize=7)
+        gain_axes.legend(loc="upper right", fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -202,7 +202,9 @@ class TwoShotExchange(Exchange):
     def encode(self) -> None:
         size = self.peers.size
         self.chunks = _padded(self.x, size).view(size, -1)
-        chunk_states = self.state.setdefault("chunks", [{"salt": j} for j in range(size)])
+        meter = {"meter": True} if self.state.get("meter") else {}
+        chunk_states = self.state.setdefault("chunks", [{"salt": j, **meter}
+                                                        for j in range(size)])
         self.compressed = [self.compressor.compress(self.chunks[j], chunk_states[j], self.peers)
                            for j in range(size)]
 
@@ -259,6 +261,47 @@ class HierarchicalExchange(Exchange):
 
     def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.out if out is None else out.copy_(self.out.reshape(out.shape))
+
+
+def take_residuals(state: dict, scheme: str, numel: int, topology: Topology
+                   ) -> torch.Tensor | None:
+    """Remove the error-feedback residuals of a tensor's exchange from ``state`` and
+    return them as one flat tensor of ``numel`` elements in this rank's own units:
+    added to this rank's next gradient, they reach the average as they would have
+    through the residuals (None: there were none).
+
+    ``allreduce``/``allgather`` keep one residual of the whole tensor; ``twoshot``
+    one per chunk and, for the chunk this rank re-compresses, a "server" residual of
+    the average (so it counts ``world`` times); ``hierarchical`` one of this rank's
+    chunk of the node's average (so it counts ``ranks_per_node`` times)."""
+    if scheme in ("allreduce", "allgather"):
+        return state.pop("residual", None)
+    if scheme == "twoshot":
+        size = topology.size
+        pieces = [(j, chunk.pop("residual", None), 1)
+                  for j, chunk in enumerate(state.get("chunks") or [])]
+        pieces.append((topology.rank, (state.get("server") or {}).pop("residual", None), size))
+        return _placed(pieces, -(-numel // size), size, numel)
+    residual = state.pop("residual", None)  # hierarchical: this rank's chunk
+    k = topology.ranks_per_node
+    width = residual.numel() if residual is not None else 0
+    return _placed([(topology.local_rank, residual, k)], width, k, numel)
+
+
+def _placed(pieces: list[tuple[int, torch.Tensor | None, int]], width: int, chunks: int,
+            numel: int) -> torch.Tensor | None:
+    """``(chunk index, residual, scale)`` pieces laid out in a flat tensor of ``chunks``
+    chunks of ``width``, cut to ``numel``."""
+    present = [piece for piece in pieces if piece[1] is not None]
+    if not present:
+        return None
+    like = present[0][1]
+    assert like is not None
+    out = torch.zeros(width * chunks, dtype=like.dtype, device=like.device)
+    for index, residual, scale in present:
+        assert residual is not None
+        out[index * width:(index + 1) * width] += residual * scale
+    return out[:numel]
 
 
 def make_exchange(x: torch.Tensor, compressor: Compressor, state: dict, topology: Topology,

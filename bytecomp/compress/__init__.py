@@ -10,14 +10,18 @@ from bytecomp.compress.base import SOLO, Compressor, Meta, Param, Payload, Peers
 from bytecomp.compress.feedback import ErrorFeedback
 from bytecomp.compress.registry import (
     COMPRESSORS,
+    LADDERS,
     canonical,
     default_specs,
     from_spec,
+    ladder_place,
+    ladder_specs,
     parameters_of,
 )
 
 __all__ = [
     "COMPRESSORS",
+    "LADDERS",
     "SOLO",
     "Compressor",
     "ErrorFeedback",
@@ -28,6 +32,8 @@ __all__ = [
     "canonical",
     "default_specs",
     "from_spec",
+    "ladder_place",
+    "ladder_specs",
     "parameters_of",
     "payload_nbytes",
 ]

@@ -10,11 +10,26 @@ this rank's own payload does not carry becomes the next residual::
 so over steps, everything sent plus the residual equals the sum of the
 inputs (telescoping). For multi-round compressors (PowerSGD, ExDyna) the
 residual is taken at the last round, from this rank's own contribution to it.
+
+Where the state asks for it (``state["meter"]``, set by the executor for
+adaptive plans), each step also leaves the squared norms of the compensated
+gradient and of the new residual in ``state["sq_norm"]`` and
+``state["sq_error"]`` (0-d float64 tensors on the gradient's device): the
+compression gain ``sqrt(1 - sq_error / sq_norm)`` without another pass.
 """
 
 from __future__ import annotations
 
+import torch
+
 from bytecomp.compress.base import SOLO, Compressor, Peers
+
+
+def _keep_residual(state: dict, compensated: torch.Tensor, approx: torch.Tensor) -> None:
+    state["residual"] = residual = compensated - approx
+    if state.get("meter"):
+        state["sq_norm"] = torch.sum(compensated * compensated, dtype=torch.float64)
+        state["sq_error"] = torch.sum(residual * residual, dtype=torch.float64)
 
 
 class ErrorFeedback(Compressor):
@@ -55,7 +70,7 @@ class ErrorFeedback(Compressor):
             compensated = x.clone()
         payload, ctx = self.inner.compress(compensated, self._inner_state(state), peers)
         if self.inner.rounds == 1:
-            state["residual"] = compensated - self.inner.decompress(payload, ctx)
+            _keep_residual(state, compensated, self.inner.decompress(payload, ctx))
         return payload, (ctx, compensated, 1)
 
     def advance(self, result, ctx, state, peers: Peers = SOLO):
@@ -63,7 +78,7 @@ class ErrorFeedback(Compressor):
         payload, inner_ctx = self.inner.advance(result, inner_ctx, self._inner_state(state), peers)
         round_number += 1
         if round_number == self.inner.rounds:
-            state["residual"] = compensated - self.inner.decompress(payload, inner_ctx)
+            _keep_residual(state, compensated, self.inner.decompress(payload, inner_ctx))
         return payload, (inner_ctx, compensated, round_number)
 
     def decompress(self, payload, ctx):

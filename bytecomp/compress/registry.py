@@ -96,6 +96,36 @@ def canonical(spec: str | Compressor) -> str:
     return from_spec(spec).spec
 
 
+# Families an adaptive plan can move along: the parameter that sets how hard they
+# compress, and its settings from mild to aggressive. Sparsifiers follow GraVAC: a
+# compression factor from 0.1 halving down to 1e-4 (values as their specs print them).
+_FACTORS = tuple(float(f"{0.1 / 2 ** k:.6g}") for k in range(10))
+LADDERS: dict[str, tuple[str, tuple]] = {
+    "topk": ("ratio", _FACTORS), "randomk": ("ratio", _FACTORS), "dgc": ("ratio", _FACTORS),
+    "exdyna": ("density", _FACTORS), "powersgd": ("rank", (16, 8, 4, 2, 1)),
+    "acpsgd": ("rank", (16, 8, 4, 2, 1)),
+}
+
+
+def ladder_specs(family: str) -> list[str]:
+    """The default ladder of ``family``, mild to aggressive: ``topk`` ->
+    ``["topk:ratio=0.1", "topk:ratio=0.05", ..., "topk:ratio=0.000195313"]``."""
+    if family not in LADDERS:
+        raise SpecError(f"no adaptive ladder for {family!r}; families with one: "
+                        f"{', '.join(LADDERS)}")
+    key, values = LADDERS[family]
+    return [canonical(f"{family}:{key}={format_value(value)}") for value in values]
+
+
+def ladder_place(spec: str) -> tuple[str, float] | None:
+    """``(family, mildness)`` of a spec whose compressor has a ladder (a larger
+    mildness compresses less), or None."""
+    compressor = from_spec(spec)
+    if compressor.name not in LADDERS:
+        return None
+    return compressor.name, float(compressor.values[LADDERS[compressor.name][0]])
+
+
 def default_specs() -> list[str]:
     """Every compressor at its default parameters."""
     return [canonical(name) for name in COMPRESSORS]

@@ -80,7 +80,7 @@ def run_emulated(command: list[str], nodes: int, ranks_per_node: int, bandwidth:
                  burst: str | None = None) -> int:
     """Run ``command`` as every rank of an emulated cluster; return the exit code.
     ``burst`` is the links' token-bucket depth (``32kb``; default: one millisecond at
-    the rate, at least 32 KiB)."""
+    the rate, at least 16 KiB)."""
     if not command:
         raise BytecompError("give the command to run after --, e.g. "
                             "bytecomp emulate --nodes 2 -- python train.py")

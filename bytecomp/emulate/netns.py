@@ -55,17 +55,19 @@ def parse_latency(text: str) -> float:
 
 
 def tbf_burst_bytes(rate_bps: float) -> int:
-    """The token bucket's depth: one millisecond at the line rate, at least 32 KiB.
+    """The token bucket's depth: one millisecond at the line rate, at least 16 KiB.
 
     A real link has no bucket: a message takes size / rate however long the link
     was idle. A token bucket lets a sender that was idle send its depth at once,
     so a deep bucket makes small messages after a pause nearly free: with 256 KiB
-    at 100 Mbit/s, a 160 KB allreduce after 30 ms idle took 0.7 ms instead of 12.8.
-    tbf segments GSO packets larger than the bucket and keeps the rate with a
-    high-resolution timer, so a shallow bucket still carries most of the rate
-    (``benchmarks/emulated_link.py`` here: 95.5% of 1 Gbit/s with 122 KiB, where
-    64 KiB gave 70%; 87.6% of 100 Mbit/s with 32 KiB, 92.3% with 256 KiB)."""
-    return int(max(32 * 1024, rate_bps / 8 / 1000))
+    at 100 Mbit/s, a 160 KB allreduce after 30 ms idle took 0.7-4.2 ms instead of
+    12.8. tbf segments GSO packets larger than the bucket and keeps the rate with
+    a high-resolution timer, so a shallow bucket still carries most of the rate
+    (``benchmarks/emulated_link.py`` here: 88.6% of 100 Mbit/s with 16 KiB, the
+    160 KB allreduce after a pause 13.2 ms; 95.6% of 1 Gbit/s with 122 KiB, where
+    32 KiB gave 64-70%).
+    """
+    return int(max(16 * 1024, rate_bps / 8 / 1000))
 
 
 def parse_size(text: str) -> int:

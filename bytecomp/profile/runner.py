@@ -16,12 +16,14 @@ from rich.table import Table
 
 import bytecomp
 from bytecomp.comm.topology import Topology
-from bytecomp.compress import default_specs, from_spec
+from bytecomp.compress import default_specs, from_spec, ladder_specs
 from bytecomp.errors import BytecompError
 from bytecomp.plan import fingerprint
 from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profile.fidelity import measure_fidelity
 from bytecomp.profile.overheads import measure_executor_costs, model_charges
+from bytecomp.profile.probe import COLUMNS as PROBE_COLUMNS
+from bytecomp.profile.probe import run_probe
 from bytecomp.profile.store import FORMAT_VERSION, Profile, save_profile
 from bytecomp.profile.sweeps import (
     SweepSettings,
@@ -34,6 +36,8 @@ from bytecomp.profile.sweeps import (
 from bytecomp.profile.training import TrainingSettings, measure_training
 from bytecomp.profile.workloads import data_source, describe, load_workload, parameter_count
 from bytecomp.ui import Reporter
+
+PROBE_EVALUATIONS = 10  # validation losses over a convergence probe
 
 MIN_SWEEP_MB = 0.01
 
@@ -56,19 +60,25 @@ class ProfileConfig:
     max_mb: float = 64.0
     machine: str = ""
     fidelity_iterations: int = 10  # training steps whose gradients measure fidelity (0: none)
+    probe_steps: int = 100  # convergence probe: steps of each compressor on every tensor (0: none)
+    ladders: list[str] = field(default_factory=list)  # families whose ladders are timed too
 
     def __post_init__(self) -> None:
         self._validate()
-        self.specs = [from_spec(s).spec for s in self.specs] or default_specs()
+        specs = [from_spec(s).spec for s in self.specs] or default_specs()
+        specs += [spec for family in self.ladders for spec in ladder_specs(family)]
+        self.specs = list(dict.fromkeys(specs))
         if self.quick:
             self.iterations, self.warmup = min(self.iterations, 5), min(self.warmup, 2)
             self.fidelity_iterations = min(self.fidelity_iterations, 3)
+            self.probe_steps = min(self.probe_steps, 20)
 
     def _validate(self) -> None:
         """Reject bad settings here, before any rank is spawned."""
         counts: tuple[tuple[str, int | None, int], ...] = (
             ("--batch-size", self.batch_size, 1), ("--iterations", self.iterations, 1),
-            ("--warmup", self.warmup, 0), ("--fidelity-iterations", self.fidelity_iterations, 0))
+            ("--warmup", self.warmup, 0), ("--fidelity-iterations", self.fidelity_iterations, 0),
+            ("--probe-steps", self.probe_steps, 0))
         for option, count, least in counts:
             if count is not None and (isinstance(count, bool) or count < least):
                 raise BytecompError(f"{option} must be at least {least}, got {count}")
@@ -172,6 +182,12 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                                         fidelity_specs, training.warmup,
                                         config.fidelity_iterations,
                                         reporter.phase("gradient fidelity", steps))
+        probe = []
+        if config.probe_steps and fidelity_specs and workload.validation(batch_size, 1):
+            probe = run_probe(workload, device, batch_size, config.bucket_cap_mb, fidelity_specs,
+                              config.probe_steps,
+                              max(1, config.probe_steps // PROBE_EVALUATIONS), topology.size, nodes,
+                              reporter.phase("convergence probe", config.probe_steps))
     if rank != 0:
         return None
     meta = {
@@ -196,6 +212,9 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "quick": config.quick,
         "fidelity": {"iterations": config.fidelity_iterations, "warmup": training.warmup,
                      "optimizer": "SGD lr=1e-3 momentum=0.9", "data": data_source(workload)},
+        "probe": {"steps": config.probe_steps if probe else 0,
+                  "eval_every": max(1, config.probe_steps // PROBE_EVALUATIONS),
+                  "optimizer": "Adam lr=1e-3", "data": data_source(workload)},
         "times": times,
         "interference": interference,
         "executor": {**executor.to_meta(), "charged_ms": charges},
@@ -206,7 +225,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
     }
     profile = Profile(meta, tensors, pd.DataFrame(collectives), pd.DataFrame(compressors),
                       pd.DataFrame(copies, columns=["direction", "bytes", "time_ms"]),
-                      fidelity=pd.DataFrame(fidelity, columns=FIDELITY_COLUMNS))
+                      fidelity=pd.DataFrame(fidelity, columns=FIDELITY_COLUMNS),
+                      probe=pd.DataFrame(probe, columns=PROBE_COLUMNS))
     path = save_profile(profile, config.out, config.force)
     reporter.print(_summary(profile, path))
     return path

@@ -39,6 +39,7 @@ MAX_COUNT = 1 << 20  # ranks, nodes, batch
 MAX_BUCKET_CAP_MB = 1e6
 READY_SLACK = 0.01  # ready times and backward time are medians rounded to 0.1 us
 EXECUTOR_PATHS = ("direct", "fifo", "host")  # bytecomp.model.overheads.PATHS
+MAX_STEPS_FACTOR = 10.0  # bytecomp.profile.probe.MAX_FACTOR
 
 TABLES = {
     "tensors": {"name": str, "shape": str, "numel": int, "dtype": str, "bytes": int,
@@ -50,10 +51,11 @@ TABLES = {
     "copies": {"direction": str, "bytes": int, "time_ms": float},
     "fidelity": {"tensor": str, "spec": str, "gain": float, "gain_p10": float,
                  "gain_p90": float, "norm_share": float},
+    "probe": {"spec": str, "steps_factor": float, "steps": int},
 }
-OPTIONAL_TABLES = ("copies", "fidelity")  # profiles without them still load
+OPTIONAL_TABLES = ("copies", "fidelity", "probe")  # profiles without them still load
 NON_NEGATIVE = {"numel", "bytes", "ready_ms", "ranks", "time_ms", "p10_ms", "p90_ms",
-                "encode_ms", "decode_ms", "payload_bytes"}
+                "encode_ms", "decode_ms", "payload_bytes", "steps_factor", "steps"}
 FRACTIONS = {"gain", "gain_p10", "gain_p90", "norm_share"}  # between 0 and 1
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "format_version": int, "model": dict, "device": dict, "backend": str, "world_size": int,
@@ -73,11 +75,17 @@ class Profile:
     copies: pd.DataFrame = field(default_factory=lambda: empty_table("copies"))
     path: Path | None = None
     fidelity: pd.DataFrame = field(default_factory=lambda: empty_table("fidelity"))
+    probe: pd.DataFrame = field(default_factory=lambda: empty_table("probe"))
 
     @property
     def has_fidelity(self) -> bool:
         """Whether the profile measured gradient fidelity (profiles before it did not)."""
         return not self.fidelity.empty
+
+    @property
+    def steps_factors(self) -> dict[str, float]:
+        """The convergence probe's steps factor by spec (empty: no probe)."""
+        return {str(row.spec): float(row.steps_factor) for row in self.probe.itertuples()}
 
     @property
     def world_size(self) -> int:
@@ -180,6 +188,18 @@ def _check_executor(path: Path, entry) -> None:
                             f"number of ms")
 
 
+def _check_probe_meta(path: Path, entry) -> None:
+    """Optional: the convergence probe's settings (its steps are named in plan's notes)."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict):
+        _fail(path, "field 'probe' must be a mapping")
+    steps = entry.get("steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_COUNT:
+        _fail(path, f"field 'probe.steps' must be an integer from 0 to {MAX_COUNT:,}, "
+                    f"got {steps!r}")
+
+
 def _check_times(path: Path, times: dict) -> None:
     """Every phase: a mapping of statistics in ms (median_ms at least); the phases the
     planner and simulator use must be there."""
@@ -224,6 +244,7 @@ def _load_meta(path: Path) -> dict:
         _fail(path, "field 'device.type' must be cpu or cuda")
     _check_interference(path, meta.get("interference"))
     _check_executor(path, meta.get("executor"))
+    _check_probe_meta(path, meta.get("probe"))
     _check_times(path, meta["times"])
     return meta
 
@@ -364,7 +385,18 @@ def load_profile(directory) -> Profile:
     unknown = set(fidelity["tensor"]) - set(tensors["name"])
     if unknown:
         _fail(directory / "fidelity.csv", f"tensor {sorted(unknown)[0]!r} is not in tensors.csv")
-    return Profile(meta, tensors, collectives, compressors, copies, directory, fidelity)
+    probe = _load_table(directory, "probe", required=False)
+    _check_probe(directory / "probe.csv", probe)
+    return Profile(meta, tensors, collectives, compressors, copies, directory, fidelity, probe)
+
+
+def _check_probe(path: Path, probe: pd.DataFrame) -> None:
+    """One row per compressor spec, its steps factor at most the probe's cap (bytecomp
+    .profile.probe.MAX_FACTOR: "it does not learn")."""
+    _check_specs(path, probe, "spec")
+    _row_fail(path, probe, probe["spec"].duplicated(), "spec", "appears twice")
+    _row_fail(path, probe, probe["steps_factor"] > MAX_STEPS_FACTOR, "steps_factor",
+              f"is above {MAX_STEPS_FACTOR:g}")
 
 
 def profile_files(directory) -> list[Path]:

@@ -10,10 +10,21 @@ group holding one of its gradients has written its average back into the
 bucket. Compressor state and error-feedback residuals are kept per group,
 keyed by the names of its tensors, and survive ``state_dict``
 (:mod:`bytecomp.runtime.state`).
+
+An adaptive plan's levels each have their groups (and states, keyed by level).
+At the first bucket of every step the executor composes the gain that the
+last step's compression kept, agrees on it and on the step's duration with the
+other ranks (one small allreduce), and lets the controller
+(:mod:`bytecomp.runtime.controller`) pick this step's level. On a move, each
+tensor's error-feedback residuals of the level it leaves are folded into its
+next gradient (never dropped): for a compressor of the same family that is
+what its own residual would have done.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from functools import partial
 from pathlib import Path
@@ -21,15 +32,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from bytecomp.comm.schemes import take_residuals
 from bytecomp.comm.topology import Topology
 from bytecomp.comm.worker import CommWorker
 from bytecomp.errors import BytecompError
 from bytecomp.plan import HOST_WORKERS, Plan, load_plan
 from bytecomp.runtime.checks import agree, check_bucket_cap, local_problem
+from bytecomp.runtime.controller import Controller, Switch
 from bytecomp.runtime.groups import GroupSpec, build_groups
 from bytecomp.runtime.paths import DevicePath, HostPath
 from bytecomp.runtime.state import GroupStates, Stats
 from bytecomp.runtime.steps import Step, WaitingBucket
+
+log = logging.getLogger("bytecomp.runtime")
 
 
 class Executor:
@@ -50,15 +65,26 @@ class Executor:
         self.device = next(iter(self.params.values())).device if self.params else \
             torch.device("cpu")
         agree(plan, local_problem(plan, model, self.params, fallback))
-        self.groups = build_groups(plan, self.params, fallback)
-        self.group_of = {name: g for g in self.groups for name in g.names}
+        if plan.levels:
+            self.ladder = [build_groups(plan.level(i), self.params, fallback, f"L{i}:")
+                           for i in range(len(plan.levels))]
+            assert plan.adaptive is not None
+            self.controller: Controller | None = Controller(
+                plan.adaptive, len(plan.levels), [level.predicted_ms for level in plan.levels])
+        else:
+            self.ladder, self.controller = [build_groups(plan, self.params, fallback)], None
+        self._use_level(0)
+        self.pending: dict[str, torch.Tensor] = {}  # residuals to fold into the next gradients
+        self._last_boundary: float | None = None
+        self._inflight: tuple | None = None  # (level, measurement, allreduce) being agreed on
+        self.controller_pending: list | None = None  # an agreed measurement not yet used
         self.stats = Stats()
-        self.states = GroupStates(plan, self.device)
+        self.states = GroupStates(plan, self.device, meter=self.controller is not None)
         self.worker = CommWorker()
         topology = Topology.build(plan.nodes, plan.ranks_per_node)
         self.device_path = DevicePath(topology, self.worker, self.stats, self.device)
         self.host_path: HostPath | None = None
-        if any(g.place == "host" for g in self.groups):
+        if any(g.place == "host" for groups in self.ladder for g in groups):
             if dist.get_backend() != "gloo":  # host payloads travel on gloo groups
                 topology = Topology.build(plan.nodes, plan.ranks_per_node, backend="gloo")
             self.host_path = HostPath(topology, host_workers, self.worker, self.stats,
@@ -66,7 +92,10 @@ class Executor:
         self._fp32_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
         self._current = Step()
         check_bucket_cap(ddp, plan)
-        self.native = native and self._plain_allreduce()
+        # the controller's agreement travels on a group of its own, on the host
+        self.control = dist.new_group(list(range(dist.get_world_size())), backend="gloo") \
+            if self.controller is not None else None
+        self.native = native and self.controller is None and self._plain_allreduce()
         if self.native:  # DDP's own allreduce is this plan: no hook, no Python per bucket
             ddp.register_forward_pre_hook(self._count_native_step)
         else:
@@ -76,6 +105,20 @@ class Executor:
     def step(self) -> int:
         """Steps run (and restored from a checkpoint) through the hook."""
         return self.states.step
+
+    @property
+    def level(self) -> int:
+        """The adaptive plan's current level (0 for a static plan)."""
+        return self.controller.level if self.controller is not None else 0
+
+    @property
+    def switches(self) -> list[Switch]:
+        """An adaptive plan's moves so far: step, from, to, gain, reason."""
+        return list(self.controller.switches) if self.controller is not None else []
+
+    def _use_level(self, level: int) -> None:
+        self.groups = self.ladder[level]
+        self.group_of = {name: g for g in self.groups for name in g.names}
 
     def _plain_allreduce(self) -> bool:
         """Whether the plan is fp32 allreduce of every gradient over the whole job."""
@@ -91,8 +134,15 @@ class Executor:
     def _hook(self: Executor, bucket):  # no annotations: DDP rejects postponed ones
         started = time.perf_counter()
         step = self._current
+        if self.controller is not None and not step.arrived:  # the first bucket of a step
+            self._boundary()
         members = [(self.group_of[self.name_of[id(p)]], self.name_of[id(p)], grad)
                    for p, grad in zip(bucket.parameters(), bucket.gradients())]
+        if self.pending:
+            for _, name, grad in members:
+                carried = self.pending.pop(name, None)
+                if carried is not None:
+                    grad.add_(carried.to(grad.device, grad.dtype).view_as(grad))
         touched = list(dict.fromkeys(group.index for group, _, _ in members))
         waiting = WaitingBucket(self._new_future(), bucket.buffer(), len(touched))
         with step.lock:
@@ -128,6 +178,83 @@ class Executor:
                                 f"{missing[0].names[0]!r} (unused parameters need "
                                 f"find_unused_parameters=True in DDP)")
 
+    # -- adaptive plans -----------------------------------------------------------------------
+    def _boundary(self) -> None:
+        """Between two steps: share this rank's measurement of the step just done (an
+        allreduce issued now and completed by the next boundary), and let the controller
+        choose this step's level from the agreed measurement of the step before it.
+
+        Waiting for the agreement here would hold every rank's backward pass until the
+        slowest rank got there; a step of delay costs nothing, and every rank still
+        decides alike. A measurement taken at another level than the current one (the
+        step before a move) is not observed."""
+        assert self.controller is not None and self.control is not None
+        now = time.perf_counter()
+        elapsed_ms = 1000 * (now - self._last_boundary) if self._last_boundary else 0.0
+        self._last_boundary = now
+        if self.states.step == 0:
+            return  # nothing compressed yet
+        agreed = self._agreed()
+        measured = torch.tensor([self._local_squared_gain(), elapsed_ms, float(elapsed_ms > 0)],
+                                dtype=torch.float64)
+        self._inflight = (self.controller.level, measured,
+                          dist.all_reduce(measured, group=self.control, async_op=True))
+        if agreed is None or agreed[0] != self.controller.level:
+            return
+        before = self.controller.level
+        after = self.controller.observe(self.states.step, agreed[1], agreed[2])
+        if after != before:
+            self._switch(before, after)
+
+    def _agreed(self) -> tuple[int, float, float | None] | None:
+        """The last measurement every rank shared, once: (level, gain, step ms or None)."""
+        if self._inflight is not None:
+            level, measured, work = self._inflight
+            work.wait()
+            world = dist.get_world_size()
+            self.controller_pending = [level, math.sqrt(max(0.0, float(measured[0]) / world)),
+                                       float(measured[1]) / world
+                                       if float(measured[2]) == world else None]
+            self._inflight = None
+        pending, self.controller_pending = self.controller_pending, None
+        return None if pending is None else (int(pending[0]), float(pending[1]),
+                                             None if pending[2] is None else float(pending[2]))
+
+    def _local_squared_gain(self) -> float:
+        """This rank's last step: the groups' squared gains weighted by their parameters
+        (a group that measured nothing, uncompressed or 16-bit, counts 1)."""
+        total = sum(group.numel for group in self.groups) or 1
+        squared = 0.0
+        for group in self.groups:
+            measured = self.states.take_gain(group.key)
+            share = group.numel / total
+            if measured is None or measured[0] <= 0:
+                squared += share
+            else:
+                squared += share * max(0.0, 1.0 - measured[1] / measured[0])
+        return squared
+
+    def _switch(self, source: int, target: int) -> None:
+        """Leave level ``source`` for ``target``: its residuals wait for the next gradients."""
+        for group in self.ladder[source]:
+            state = self.states.by_group.get(group.key)
+            residual = take_residuals(state, group.scheme, group.numel,
+                                      self.device_path.topology) if state else None
+            if residual is None:
+                continue
+            offset = 0
+            for name, shape in zip(group.names, group.shapes):
+                size = math.prod(shape)
+                piece = residual[offset:offset + size].reshape(shape)
+                self.pending[name] = piece + self.pending[name] if name in self.pending else piece
+                offset += size
+        self._use_level(target)
+        self.stats.add(switches=1)
+        assert self.controller is not None
+        move = self.controller.switches[-1]
+        log.info("bytecomp: step %d: level %d -> %d (gain %.3f: %s)", move.step, move.source,
+                 move.target, move.gain, move.reason)
+
     def _launch(self, group: GroupSpec, views: list[torch.Tensor], done) -> None:
         """Run ``group``'s exchange; ``done(error=None)`` when its result is written back."""
         state = self.states.of(group.key, group.shapes)
@@ -140,14 +267,34 @@ class Executor:
         """Every rank's residuals and compressor state per group, the step and the plan's
         digest. Collective: call it on every rank (residuals differ between ranks, so
         each rank's are gathered; rank 0 can then save the whole job's state alone)."""
-        return self.states.state_dict()
+        saved = self.states.state_dict()
+        if self.controller is not None:
+            if self._inflight is not None:  # agreed on, and kept for the next step
+                self.controller_pending = list(self._agreed() or ()) or None
+            saved["controller"] = {**self.controller.state_dict(),
+                                   "pending": self.controller_pending}
+        return saved
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (from a run with the same plan); each rank takes its own."""
         self.states.load_state_dict(state)
+        if self.controller is not None:
+            if not isinstance(state.get("controller"), dict):
+                raise BytecompError("this executor state has no controller (saved with a "
+                                    "static plan?)")
+            self.controller.load_state_dict(state["controller"])
+            pending = state["controller"].get("pending")
+            if pending is not None and (not isinstance(pending, list) or len(pending) != 3):
+                raise BytecompError("the executor state's controller is damaged (pending)")
+            self.controller_pending = pending
+            self._inflight = None
+            self._use_level(self.controller.level)
 
     def close(self) -> None:
         """Stop the background threads (after the last step)."""
+        if self._inflight is not None:
+            self._inflight[2].wait()
+            self._inflight = None
         self.worker.close()
         if self.host_path is not None:
             self.host_path.close()

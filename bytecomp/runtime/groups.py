@@ -22,16 +22,18 @@ class GroupSpec:
     scheme: str
     shapes: list[tuple]
     numel: int
+    prefix: str = ""  # an adaptive plan's level ("L2:"), so levels keep apart states
 
     @property
     def key(self) -> str:
-        return "|".join(self.names)
+        return self.prefix + "|".join(self.names)
 
 
 def build_groups(plan: Plan, params: dict[str, torch.nn.Parameter],
-                 fallback: str | None) -> list[GroupSpec]:
+                 fallback: str | None, prefix: str = "") -> list[GroupSpec]:
     """The plan's groups in group order (one compressor object per spec); with
-    ``fallback="fp32"``, one fp32 allreduce group for each parameter the plan lacks."""
+    ``fallback="fp32"``, one fp32 allreduce group for each parameter the plan lacks.
+    ``prefix`` starts every group's state key."""
     groups: list[GroupSpec] = []
     compressors: dict[str, Compressor] = {}
 
@@ -39,7 +41,7 @@ def build_groups(plan: Plan, params: dict[str, torch.nn.Parameter],
         compressor = compressors.setdefault(spec, from_spec(spec))
         groups.append(GroupSpec(len(groups), names, compressor, place, scheme,
                                 [tuple(params[n].shape) for n in names],
-                                sum(params[n].numel() for n in names)))
+                                sum(params[n].numel() for n in names), prefix))
 
     for _, entries in sorted(plan.groups().items()):
         option = entries[0].option

@@ -27,6 +27,7 @@ class Stats:
     communicate_s: float = 0.0
     decode_s: float = 0.0
     hook_s: float = 0.0  # on DDP's thread, inside the hook (encodes of device groups included)
+    switches: int = 0  # an adaptive plan's moves between levels
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **amounts: float) -> None:
@@ -45,6 +46,7 @@ class Stats:
             "communicate_ms_per_step": 1000 * self.communicate_s / steps,
             "decode_ms_per_step": 1000 * self.decode_s / steps,
             "hook_ms_per_step": 1000 * self.hook_s / steps,
+            "switches": self.switches,
         }
 
 
@@ -52,9 +54,10 @@ class GroupStates:
     """Compressor state and residuals per group, keyed by the names of its tensors (so
     DDP's bucket rebuild does not disturb them), and the step count."""
 
-    def __init__(self, plan: Plan, device: torch.device) -> None:
+    def __init__(self, plan: Plan, device: torch.device, meter: bool = False) -> None:
         self.plan = plan
         self.device = device
+        self.meter = meter  # compressors leave the squared norms of their gain in the state
         self.by_group: dict[str, dict] = {}
         self.step = 0
 
@@ -63,7 +66,23 @@ class GroupStates:
         state = self.by_group.get(key)
         if state is None:
             state = self.by_group[key] = {"salt": zlib.crc32(key.encode()), "shapes": shapes}
+            if self.meter:
+                state["meter"] = True
         return state
+
+    def take_gain(self, key: str) -> tuple[float, float] | None:
+        """``(squared norm, squared error)`` of the group's last compression, summed over
+        its chunks, removed from its state (None: nothing measured)."""
+        state = self.by_group.get(key)
+        if state is None:
+            return None
+        parts = [state, *(state.get("chunks") or [])]
+        measured = [(part.pop("sq_norm"), part.pop("sq_error")) for part in parts
+                    if "sq_norm" in part]
+        if not measured:
+            return None
+        return (float(sum(float(n) for n, _ in measured)),
+                float(sum(float(e) for _, e in measured)))
 
     def state_dict(self) -> dict:
         """Every rank's states gathered (collective: call it on every rank)."""

@@ -130,7 +130,7 @@ class Planner:
     def __init__(self, profile: Profile, cluster: Cluster | None = None,
                  specs: list[str] | None = None, strict: bool = False,
                  objective: str | None = None, min_fidelity: float | None = None,
-                 fidelity_weights: str = "params") -> None:
+                 fidelity_weights: str = "params", calibrate: bool = True) -> None:
         self.profile = profile
         self.cluster = cluster or profiled_cluster(profile)
         self.compute = ComputeModel(profile)
@@ -170,10 +170,10 @@ class Planner:
                                intra_interference=measured.get("intra_fraction"),
                                bucket_hook_ms=executor.bucket_ms)
         self.searchable = list(range(searchable))
-        self._set_objective(objective, min_fidelity, fidelity_weights)
+        self._set_objective(objective, min_fidelity, fidelity_weights, calibrate)
 
     def _set_objective(self, name: str | None, min_fidelity: float | None,
-                       weights: str) -> None:
+                       weights: str, calibrate: bool = True) -> None:
         """Effective time by default where the profile measured fidelity, else time."""
         if name is not None and name not in OBJECTIVES:
             raise BytecompError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
@@ -185,7 +185,14 @@ class Planner:
                               "by iteration time alone")
             return
         name = name or "effective"
-        fidelity = FidelityModel(self.profile, weights)  # one line without the table
+        fidelity = FidelityModel(self.profile, weights, calibrate)  # one line without the table
+        used = {o.spec for o in self.problem.options if o.compressed}
+        factors = {spec: f for spec, f in fidelity.factors.items() if spec in used}
+        if factors:
+            steps = int(self.profile.meta.get("probe", {}).get("steps", 0))
+            self.notes.append(
+                f"gains calibrated by the profile's convergence probe ({steps} steps): steps "
+                f"factor " + ", ".join(f"{spec} {f:.2f}" for spec, f in sorted(factors.items())))
         if name == "effective":
             for option in self.problem.options:
                 if option.compressed:
@@ -294,12 +301,16 @@ class Planner:
                  "auto": "greedy + local search", "exact": "greedy + local search"}
         name = "exact (branch and bound)" if exact else names[algorithm]
         notes = self.notes + self.baseline_notes()
-        kept = _baseline_to_keep(baselines, searchable, value, min_gain)
+        by_fidelity = problem.objective.uses_fidelity
+        kept = _baseline_to_keep(baselines, searchable, value, min_gain,
+                                 problem.fidelity(assignment) if by_fidelity else None)
         unit = "ms" if problem.objective.name == "time" else "ms effective"
         if kept is not None:
+            why = f", which keeps as much of the gradient or more (fidelity " \
+                f"{kept.fidelity:.3f})" if by_fidelity else ""
             notes.append(f"the search's plan ({value:.2f} {unit}) is predicted less than "
                          f"{100 * min_gain:g}% better than the {kept.name} baseline "
-                         f"({kept.value:.2f} {unit}): the plan is that baseline")
+                         f"({kept.value:.2f} {unit}){why}: the plan is that baseline")
             assignment, value, cap = list(kept.assignment), kept.value, kept.cap_mb
             name += f", then the {kept.name} baseline kept (--min-gain)"
         time_ms = view.simulate(assignment, cap).iteration_ms
@@ -311,16 +322,29 @@ class Planner:
 
 
 def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: float,
-                      min_gain: float) -> Baseline | None:
-    """The baseline to keep when the search beats it by less than ``min_gain``: fp32 DDP
-    first (compressing at all must pay more than the model's error), then the fastest
-    baseline that a plan can express."""
+                      min_gain: float, fidelity: float | None = None) -> Baseline | None:
+    """The baseline to keep when the search beats it by less than ``min_gain``: a gain
+    smaller than the model's error is not worth compressing, or a more complex plan.
+
+    By time (``fidelity`` None): fp32 DDP first, then the fastest baseline that a plan
+    can express. By effective time: among the baselines the search does not beat by
+    the margin, the one that keeps the most of the gradient (fp32 DDP first among
+    equals, then the fastest), if it keeps at least as much as the search's plan
+    (``fidelity``): within the model's error, the plan that compresses less is the
+    safer bet on time to accuracy."""
     usable = [b for b in baselines if set(b.assignment) <= searchable]
     if not usable or min_gain <= 0:
         return None
+    close = [b for b in usable if value > b.value * (1 - min_gain)]
+    if fidelity is not None:
+        if not close:
+            return None
+        safest = max(close, key=lambda b: (round(b.fidelity or 0.0, 9), b.name == "fp32 DDP",
+                                           -b.value))
+        return safest if (safest.fidelity or 0.0) >= fidelity - 1e-9 else None
     for baseline in (next((b for b in usable if b.name == "fp32 DDP"), None),
                      min(usable, key=lambda b: b.value)):
-        if baseline is not None and value > baseline.value * (1 - min_gain):
+        if baseline is not None and baseline in close:
             return baseline
     return None
 

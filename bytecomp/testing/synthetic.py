@@ -83,10 +83,11 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
                       device: str = "cuda", name: str = "synthetic",
                       bucket_cap_mb: float = 25.0, interference: float = 0.0,
                       intra_interference: float | None = None,
-                      fidelity: bool = False) -> Profile:
+                      fidelity: bool = False, probe: dict[str, float] | None = None) -> Profile:
     """A profile of a model with these parameter ``shapes`` (forward order); with
     ``fidelity``, a fidelity table from :func:`synthetic_gain` and norm shares that
-    grow with the square root of a tensor's size."""
+    grow with the square root of a tensor's size; with ``probe``, these steps factors
+    by spec as its convergence probe's."""
     numels = [math.prod(shape) for _, shape in shapes]
     total = sum(numels)
     backward_ms = backward_ms if backward_ms is not None else 5.0 + total / 2e6
@@ -159,9 +160,14 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
                 gains.append({"tensor": tensor, "spec": spec, "gain": value,
                               "gain_p10": value, "gain_p90": value,
                               "norm_share": weight / sum(weights)})
+    probed = [{"spec": from_spec(spec).spec, "steps_factor": factor, "steps": 100}
+              for spec, factor in (probe or {}).items()]
+    if probe:
+        meta["probe"] = {"steps": 100}
     return Profile(meta, pd.DataFrame(rows), pd.DataFrame(collectives), pd.DataFrame(compressors),
                    pd.DataFrame(copies),
-                   fidelity=pd.DataFrame(gains, columns=list(TABLES["fidelity"])))
+                   fidelity=pd.DataFrame(gains, columns=list(TABLES["fidelity"])),
+                   probe=pd.DataFrame(probed, columns=list(TABLES["probe"])))
 
 
 # Typical gains (the shape of what bytecomp profile measures): casts keep nearly all,

@@ -3,19 +3,24 @@
 Every strategy (fp32 DDP, the fp16 and PowerSGD hooks, each compressor on every
 tensor, the plan) trains from the same initial weights on the same batches (the
 batch of step s on rank r is drawn after seeding with (seed, r, s), whatever the
-strategy), strategies interleaved step by step. Every ``eval_every`` steps the
-validation loss on fixed held-out batches is recorded. The target is
-``to_loss``, or else fp32 DDP's validation loss at ``target_fraction`` of its
-steps. Steps to target come from the loss curve; time to target is steps x the
-strategy's iteration time measured by the interleaved timing bench (under
-``bytecomp emulate``, on the shaped links). The loss curve does not depend on the
-link, so training runs at full speed.
+strategy), strategies interleaved step by step, each step timed (after a
+barrier; the slowest rank's time). Every ``eval_every`` steps the validation loss
+on fixed held-out batches is recorded (not timed). The target is ``to_loss``, or
+else fp32 DDP's validation loss at ``target_fraction`` of its steps. Steps to
+target come from the loss curve; time to target is the sum of the strategy's
+step times up to there, each step taken as the median of the strategy's steps
+at the same level (a static strategy's median step x steps): wall-clock time on
+the links the job runs on (under ``bytecomp emulate``, the shaped ones), at
+whatever level an adaptive plan was, without the machine's stalls (the raw sum
+is reported beside it).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -63,12 +68,47 @@ def validation_loss(ddp, workload, batches) -> float:
     return total / len(batches)
 
 
+@dataclass
+class Training:
+    """What training gave, by strategy: the validation curve, every step's time (ms, the
+    slowest rank's; NaN once stopped) and, for an adaptive plan, its level and smoothed
+    gain after every step."""
+
+    curves: dict[str, list[tuple[int, float]]]
+    step_ms: dict[str, list[float]]
+    levels: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
+
+    def typical_ms(self, name: str) -> list[float]:
+        """Each step's time taken as the median of the strategy's steps at the same
+        level (a static strategy: its median step): the machine's stalls (a 3 ms step
+        that took 30 once) are not the strategy's. NaN once stopped."""
+        times = self.step_ms[name]
+        levels = [level for _, level, _ in self.levels.get(name, [])] or [0]
+        levels += [levels[-1]] * (len(times) - len(levels))
+        by_level: dict[int, list[float]] = {}
+        for ms, level in zip(times, levels):
+            if ms == ms:
+                by_level.setdefault(level, []).append(ms)
+        medians = {level: statistics.median(values) for level, values in by_level.items()}
+        return [medians[level] if ms == ms else math.nan for ms, level in zip(times, levels)]
+
+
+def _clock(device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def train_curves(strategies, workload, batch_size: int, device, config: ConvergenceConfig,
-                 validation, progress=None) -> list[list[tuple[int, float]]]:
-    """Each strategy's (step, validation loss) at step 0 and every ``eval_every`` steps; a
-    strategy whose loss stops being finite is stopped and its curve ends in ``inf``."""
+                 validation, progress=None) -> Training:
+    """Each strategy's (step, validation loss) at step 0 and every ``eval_every`` steps,
+    its step times and its levels; a strategy whose loss stops being finite is stopped
+    and its curve ends in ``inf``."""
     batches = [to_device(b, device) for b in validation]
     curves = [[(0, validation_loss(s.ddp, workload, batches))] for s in strategies]
+    times = torch.full((len(strategies), config.train_steps), math.nan, dtype=torch.float64)
+    levels: dict[str, list[tuple[int, int, float]]] = {
+        s.name: [] for s in strategies if s.executor is not None and s.executor.controller}
     alive = [True] * len(strategies)
     for step in range(1, config.train_steps + 1):
         inputs, target = _batch(workload, batch_size, device, config.seed, step)
@@ -76,11 +116,19 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
         for index, strategy in enumerate(strategies):
             if not alive[index]:
                 continue
+            dist.barrier()
+            started = _clock(device)
             loss = workload.loss(strategy.ddp(*inputs), target)
             loss.backward()
             strategy.optimizer.step()
             strategy.optimizer.zero_grad()
+            times[index, step - 1] = 1000 * (_clock(device) - started)
             finite[index] = float(math.isfinite(loss.item()))
+            if strategy.name in levels:
+                control = strategy.executor.controller
+                gain = control.gain[control.level]
+                levels[strategy.name].append((step, control.level,
+                                              math.nan if gain is None else gain))
         # every rank must agree on stopping (the executors' collectives must pair up): one
         # small allreduce per step for all strategies
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
@@ -97,7 +145,18 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
                     curves[index].append((step, value))
         if progress:
             progress()
-    return curves
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # NaN where stopped, on every rank alike
+    return Training({s.name: curve for s, curve in zip(strategies, curves)},
+                    {s.name: row for s, row in zip(strategies, times.tolist())}, levels)
+
+
+def time_at(step_ms: list[float], steps: float) -> float:
+    """Seconds to run ``steps`` steps (fractional: that part of the next step)."""
+    whole = int(steps)
+    seconds = sum(step_ms[:whole]) / 1000.0
+    if steps > whole and whole < len(step_ms):
+        seconds += (steps - whole) * step_ms[whole] / 1000.0
+    return seconds
 
 
 def loss_at(curve: list[tuple[int, float]], step: float) -> float:

@@ -1,0 +1,111 @@
+"""The convergence probe: how many more steps each compressor costs, measured.
+
+A compressor's gain (:mod:`bytecomp.profile.fidelity`) says how much of one
+step's gradient it keeps; it does not say how many steps training then needs.
+Measured on a character-level transformer and a digits convnet (README, time
+to accuracy), PowerSGD kept 0.71 of the gradient and needed 1.2x fp32's steps
+on one, and kept 0.89 and needed 1.4-1.6x on the other; int8 kept 0.9997 and
+needed 1.05x. So the profile also trains: fp32 DDP and every compressor on
+every tensor, from the same initial weights on the same batches (Adam, the
+optimizer ``bytecomp bench --train-steps`` uses), ``steps`` steps each,
+interleaved, with the validation loss every ``eval_every`` steps.
+
+A compressor's *steps factor* is read off the two curves: at each evaluation
+in the second half of the probe, the steps it took over the steps fp32 DDP
+took to reach the same validation loss (linear between evaluations); the
+median of those. 1 means no slower than fp32; a compressor that has not
+learnt what fp32 had after its first evaluation gets ``MAX_FACTOR``. It needs
+a workload with real data (validation batches); workloads with generated
+inputs have no probe.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from bytecomp.profile.convergence import (
+    ConvergenceConfig,
+    steps_to,
+    train_curves,
+    training_optimizer,
+)
+
+COLUMNS = ["spec", "steps_factor", "steps"]
+MAX_FACTOR = 10.0  # "it does not learn": beyond any step budget worth planning for
+
+
+@dataclass
+class Trainee:
+    """One strategy under probe: a DDP model, its optimizer and executor (None: DDP's own
+    allreduce)."""
+
+    name: str
+    ddp: DistributedDataParallel
+    optimizer: torch.optim.Optimizer
+    executor: Any = None  # a bytecomp.runtime.Executor (not imported here: see run_probe)
+
+
+def steps_factor(curve: list[tuple[int, float]], reference: list[tuple[int, float]],
+                 from_step: float) -> float:
+    """Median over ``curve``'s evaluations at ``from_step`` and later of its step over the
+    step at which ``reference`` reached the same loss."""
+    ratios = []
+    last = reference[-1][0]
+    for step, loss in curve:
+        if step < from_step or step <= 0:
+            continue
+        if not loss < float("inf"):
+            ratios.append(MAX_FACTOR)
+            continue
+        reached = steps_to(reference, loss)
+        if reached is None:  # better than the reference ever got: at least as fast
+            ratios.append(min(1.0, step / last))
+        else:
+            ratios.append(MAX_FACTOR if reached <= 0 else min(MAX_FACTOR, step / reached))
+    return statistics.median(ratios) if ratios else MAX_FACTOR
+
+
+def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: float,
+              specs: list[str], steps: int, eval_every: int, world: int, nodes: int,
+              progress=None) -> list[dict]:
+    """Train fp32 DDP and each of ``specs`` on every tensor (every rank); one row per spec
+    (empty without validation data)."""
+    import copy
+
+    from bytecomp.compress import from_spec
+    from bytecomp.plan import Option, plan_for_model
+    from bytecomp.runtime import apply_plan
+
+    validation = workload.validation(batch_size)
+    if validation is None or not specs:
+        return []
+    make_optimizer = training_optimizer(1e-3)
+    device_ids = [device.index] if device.type == "cuda" else None
+
+    def trainee(name: str, plan=None) -> Trainee:
+        model = copy.deepcopy(workload.model).to(device)
+        ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
+        executor = apply_plan(ddp, plan) if plan is not None else None
+        return Trainee(name, ddp, make_optimizer(model.parameters()), executor)
+
+    trainees = [trainee("fp32")]
+    for spec in specs:
+        final = from_spec(spec).collectives_of_rounds()[-1]
+        option = Option(spec, "device", "allreduce" if final == "allreduce" else "allgather")
+        plan = plan_for_model(workload.model, lambda n, p, option=option: option, world, nodes,
+                              bucket_cap_mb)
+        trainees.append(trainee(spec, plan))
+    config = ConvergenceConfig(steps, min(eval_every, steps))
+    training = train_curves(trainees, workload, batch_size, device, config, validation, progress)
+    for each in trainees:
+        if each.executor is not None:
+            each.executor.close()
+    reference = training.curves["fp32"]
+    return [{"spec": spec, "steps": steps,
+             "steps_factor": round(steps_factor(training.curves[spec], reference, steps / 2), 4)}
+            for spec in specs]

@@ -1,0 +1,193 @@
+"""The adaptive controller: GraVAC's rule on an adaptive plan's planned levels.
+
+Each step the executor measures the *gain* of what it compressed (per group,
+``sqrt(1 - ||C(x) - x||^2 / ||x||^2)`` on the compensated gradient ``x``: two
+norms, since with error feedback ``C(x) - x`` is minus the new residual),
+composes the groups' gains weighted by their parameters (uncompressed and
+16-bit groups count 1), averages the squared gain over the ranks together with
+the step's duration (one tiny allreduce), and hands both to
+:meth:`Controller.observe`. Every rank therefore sees the same numbers and
+takes the same decisions at the same step boundary.
+
+The rule, with the plan's ``threshold``, ``window``, ``tolerance`` and
+``explore_every`` (:class:`bytecomp.plan.Adaptive`):
+
+* the gain and the step time of the current level are smoothed (EWMA of span
+  ``window``, restarted on each visit); a decision is taken every ``window``
+  steps at a level;
+* a level whose smoothed gain is below the threshold is left for the milder
+  one below, where the controller settles (and keeps checking);
+* climbing (from level 0, and again every ``explore_every`` settled steps):
+  while the gain holds, move up one level; after a level's window, compare its
+  *score* (gain / step time: GraVAC's throughput x gain) with the level below:
+  unless it is better by more than ``tolerance``, settle on the better of the
+  two. At the top, settle. A level is never tried that could not beat the
+  current one even keeping the whole gradient (1 / its step time no better
+  than the current score by more than ``tolerance``): exploring costs steps.
+
+Step times are the executor's own measurements; a level not yet measured is
+scored with the plan's prediction for it, scaled as the current level's
+measurement is to its prediction; with ``timing: predicted`` every level is
+scored with the plan's predictions (decisions then depend on the gains alone,
+the same on every run).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from bytecomp.errors import BytecompError
+from bytecomp.plan import Adaptive
+
+CLIMB, SETTLED = "climb", "settled"
+
+
+@dataclass
+class Switch:
+    """One move between levels: at the start of ``step``, from ``source`` to ``target``,
+    on the smoothed ``gain`` of the level left."""
+
+    step: int
+    source: int
+    target: int
+    gain: float
+    reason: str
+
+    def to_list(self) -> list:
+        return [self.step, self.source, self.target, self.gain, self.reason]
+
+
+@dataclass
+class Controller:
+    """Decides each step's level; its state is plain numbers (checkpointable)."""
+
+    settings: Adaptive
+    levels: int
+    predicted_ms: list[float | None]
+    level: int = 0
+    mode: str = CLIMB
+    steps_here: int = 0
+    settled_steps: int = 0
+    gain: list[float | None] = field(default_factory=list)
+    time_ms: list[float | None] = field(default_factory=list)
+    switches: list[Switch] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.predicted_ms) != self.levels:
+            raise BytecompError("the controller needs one prediction per level")
+        self.gain = self.gain or [None] * self.levels
+        self.time_ms = self.time_ms or [None] * self.levels
+
+    @property
+    def alpha(self) -> float:
+        return 2.0 / (self.settings.window + 1)
+
+    def _smooth(self, values: list[float | None], value: float) -> None:
+        old = values[self.level]
+        values[self.level] = value if old is None else old + self.alpha * (value - old)
+
+    def score(self, level: int) -> float:
+        """Gain per millisecond of step: the step time measured (with ``timing:
+        predicted``, or before a measurement, the plan's prediction; gain alone if
+        neither)."""
+        gain = self.gain[level]
+        time_ms = self._time_of(level)
+        if gain is None:
+            return 0.0
+        return gain / time_ms if time_ms else gain
+
+    def observe(self, step: int, gain: float, time_ms: float | None) -> int:
+        """The step just finished at the current level had ``gain`` (over all ranks) and
+        took ``time_ms`` (None: not measured). Returns the level for step ``step``."""
+        self._smooth(self.gain, gain)
+        if time_ms is not None and time_ms > 0:
+            self._smooth(self.time_ms, time_ms)
+        self.steps_here += 1
+        if self.mode == SETTLED:
+            self.settled_steps += 1
+        if self.steps_here < self.settings.window:
+            return self.level
+        self.steps_here = 0
+        current = self.level
+        smoothed = self.gain[current] or 0.0
+        top = self.levels - 1
+        if smoothed < self.settings.threshold and current > 0:
+            self._move(step, current - 1, SETTLED, "gain below the threshold")
+        elif self.mode == CLIMB:
+            below = current - 1
+            if current > 0 and self.score(current) <= \
+                    self.score(below) * (1 + self.settings.tolerance):
+                best = current if self.score(current) >= self.score(below) else below
+                self._move(step, best, SETTLED, "no better than the level below")
+            elif current < top and self._may_pay(current + 1):
+                self._move(step, current + 1, CLIMB, "gain holds: climbing")
+            else:
+                self.mode, self.settled_steps = SETTLED, 0
+        elif self.settled_steps >= self.settings.explore_every:
+            if current < top and self._may_pay(current + 1):
+                self._move(step, current + 1, CLIMB, "exploring the next level")
+            else:
+                self.settled_steps = 0
+        return self.level
+
+    def _time_of(self, level: int) -> float | None:
+        """A level's step time: measured; not yet measured, the plan's prediction scaled as
+        the current level's measurement is to its own prediction (predictions and this
+        machine's clock may disagree by a constant factor); with ``timing: predicted``,
+        the prediction."""
+        predicted = self.predicted_ms[level]
+        if self.settings.timing != "measured":
+            return predicted
+        if self.time_ms[level] is not None:
+            return self.time_ms[level]
+        here, expected = self.time_ms[self.level], self.predicted_ms[self.level]
+        if predicted and here is not None and expected:
+            return predicted * here / expected
+        return predicted
+
+    def _may_pay(self, level: int) -> bool:
+        """Whether ``level`` could score better than the current level by more than the
+        tolerance even keeping the whole gradient: a level no faster is never tried."""
+        time_ms = self._time_of(level)
+        if not time_ms:
+            return True  # nothing known of its speed: try it
+        return 1.0 / time_ms > self.score(self.level) * (1 + self.settings.tolerance)
+
+    def _move(self, step: int, target: int, mode: str, reason: str) -> None:
+        """Go to ``target`` in ``mode``; settled steps count from here."""
+        self.mode, self.settled_steps = mode, 0
+        if target == self.level:
+            return
+        self.switches.append(Switch(step, self.level, target, self.gain[self.level] or 0.0,
+                                    reason))
+        self.level = target
+        self.gain[target] = None  # a new visit: smoothing restarts (times are kept)
+
+    def state_dict(self) -> dict:
+        return {"level": self.level, "mode": self.mode, "steps_here": self.steps_here,
+                "settled_steps": self.settled_steps, "gain": list(self.gain),
+                "time_ms": list(self.time_ms),
+                "switches": [s.to_list() for s in self.switches]}
+
+    def load_state_dict(self, saved: dict) -> None:
+        try:
+            level, mode = int(saved["level"]), str(saved["mode"])
+            gain = [None if g is None else float(g) for g in saved["gain"]]
+            time_ms = [None if t is None else float(t) for t in saved["time_ms"]]
+            switches = [Switch(int(s[0]), int(s[1]), int(s[2]), float(s[3]), str(s[4]))
+                        for s in saved["switches"]]
+            steps_here, settled_steps = int(saved["steps_here"]), int(saved["settled_steps"])
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise BytecompError(f"the executor state's controller is damaged ({error})") from None
+        if not 0 <= level < self.levels or mode not in (CLIMB, SETTLED) or \
+                len(gain) != self.levels or len(time_ms) != self.levels:
+            raise BytecompError("the executor state's controller does not fit this plan's "
+                                "levels")
+        numbers = [v for v in gain + time_ms if v is not None] + [s.gain for s in switches]
+        if steps_here < 0 or settled_steps < 0 or \
+                not all(math.isfinite(v) and v >= 0 for v in numbers):  # NaN steers no level
+            raise BytecompError("the executor state's controller is damaged (a negative or "
+                                "non-finite number)")
+        self.level, self.mode, self.gain, self.time_ms = level, mode, gain, time_ms
+        self.steps_here, self.settled_steps, self.switches = steps_here, settled_steps, switches

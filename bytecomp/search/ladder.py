@@ -1,0 +1,144 @@
+"""Adaptive plans: a ladder of per-tensor plans, one per setting of a compressor family.
+
+``bytecomp plan --adaptive topk`` takes the settings of the family that the
+profile timed (``bytecomp profile --ladder topk`` times GraVAC's ladder: ratio
+0.1 halving down to 1e-4), from mild to aggressive. Level 0 is the mildest
+plan without the family: fp16 where that is predicted at least ``min_gain``
+faster than fp32 DDP, fp32 DDP otherwise. Each further level is the fastest plan
+that compresses with that one setting (or not at all: Espresso's rule), searched
+with the profile's timings at that setting; its fidelity is the profile's gain
+at that setting. The iteration-time objective ranks plans within a level: the
+gain is the controller's business while training, measured on the real
+gradients of the day. Every level shares one bucket cap (DDP's buckets are
+fixed when it is built): the cap the middle level's search prefers. A level
+that plans the same as the one below is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from bytecomp.compress import canonical, from_spec, ladder_place, ladder_specs
+from bytecomp.errors import BytecompError
+from bytecomp.model.clusters import Cluster
+from bytecomp.plan import NO_COMPRESSION, Adaptive, Level, Plan
+from bytecomp.profile.store import Profile
+from bytecomp.search.planner import Planner, PlanResult, to_plan
+
+
+@dataclass
+class LadderResult:
+    """The levels' search results (level 0 first), their settings, and notes."""
+
+    levels: list[PlanResult]
+    settings: list[str]
+    adaptive: Adaptive
+    notes: list[str]
+
+
+def profiled_settings(profile: Profile, family: str) -> tuple[list[str], list[str]]:
+    """The family's settings the profile timed, mild to aggressive, and those of its
+    default ladder it lacks."""
+    ladder_specs(family)  # one line for a family without a ladder
+    specs = {canonical(s) for s in profile.compressors["spec"]}
+    places = {s: place for s in specs if (place := ladder_place(s)) and place[0] == family
+              and from_spec(s).error_feedback}
+    timed = sorted(places, key=lambda s: -places[s][1])
+    missing = [s for s in ladder_specs(family) if s not in specs]
+    return timed, missing
+
+
+def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
+                caps: list[float] | None = None, algorithm: str = "auto",
+                budget_s: float | None = None, min_gain: float = 0.05) -> LadderResult:
+    """Search every level of ``adaptive.family``'s ladder (see the module docstring)."""
+    settings, missing = profiled_settings(profile, adaptive.family)
+    if not settings:
+        raise BytecompError(f"{profile.label}: the profile has no timings for any "
+                            f"{adaptive.family} setting with error feedback; profile with "
+                            f"--ladder {adaptive.family}")
+    notes = []
+    if missing:
+        notes.append(f"no timings for {len(missing)} setting(s) of the default "
+                     f"{adaptive.family} ladder ({', '.join(missing)}): those levels are "
+                     f"left out (bytecomp profile --ladder {adaptive.family} times them)")
+
+    def search(specs: list[str] | None, cap_choices: list[float] | None,
+               gain: float) -> PlanResult:
+        planner = Planner(profile, cluster, specs, strict=True, objective="time")
+        return planner.search(cap_choices, algorithm, budget_s, gain)
+
+    middle = settings[len(settings) // 2]
+    cap = search([middle], caps, 0.0).cap_mb
+    fp16 = next((s for s in sorted({canonical(s) for s in profile.compressors["spec"]})
+                 if from_spec(s).name == "fp16"), None)
+    first = Planner(profile, cluster, [fp16 or settings[0]], strict=True, objective="time")
+    fp32 = _fp32_at(first, cap)
+    results = [fp32]
+    if fp16:
+        candidate = first.search([cap], algorithm, budget_s, 0.0)
+        if candidate.time_ms < fp32.time_ms * (1 - min_gain):
+            results = [candidate]
+    kept = [_setting_of(results[0])]
+    for setting in settings:
+        result = search([setting], [cap], 0.0)
+        if _assignment(result) == _assignment(results[-1]):
+            notes.append(f"{setting} plans the same as {kept[-1]}: left out")
+            continue
+        results.append(result)
+        kept.append(setting)
+    if len(results) < 2:
+        raise BytecompError(f"{profile.label}: no {adaptive.family} setting is predicted to "
+                            f"pay for compressing any tensor on this cluster: a static plan "
+                            f"(bytecomp plan without --adaptive) is the answer")
+    return LadderResult(results, kept, adaptive, notes)
+
+
+def _fp32_at(planner: Planner, cap: float) -> PlanResult:
+    """fp32 DDP at bucket cap ``cap`` as a search result."""
+    problem = planner.problem
+    assignment = problem.uniform(problem.index_of(NO_COMPRESSION))
+    time_ms = problem.simulate(assignment, cap).iteration_ms
+    return PlanResult(problem, planner.cluster, planner.specs, assignment, cap, time_ms,
+                      planner.baselines(), "fp32 DDP", 0.0, time_ms, True, 0, [],
+                      problem.objective, problem.fidelity(assignment), time_ms)
+
+
+def _assignment(result: PlanResult) -> list:
+    return [result.problem.options[o] for o in result.assignment]
+
+
+def _setting_of(result: PlanResult) -> str:
+    specs = sorted({o.spec for o in _assignment(result)} - {"none"})
+    return ", ".join(specs) or "none"
+
+
+def to_ladder_plan(result: LadderResult, profile: Profile) -> Plan:
+    """The plan file's content: level 0's plan with every level and the controller."""
+    plans = [to_plan(level, profile) for level in result.levels]
+    first = plans[0]
+    levels = [Level(setting, plan.entries, round(level.time_ms, 4),
+                    None if level.fidelity is None else round(level.fidelity, 6))
+              for setting, plan, level in zip(result.settings, plans, result.levels)]
+    fp32 = next(b.time_ms for b in result.levels[0].baselines if b.name == "fp32 DDP")
+    predicted = {"plan": levels[0].predicted_ms,
+                 "levels": [level.predicted_ms for level in levels],
+                 "baselines": {"fp32 DDP": round(fp32, 4)}}
+    search = {"algorithm": "ladder: " + first.search.get("algorithm", ""),
+              "time_ms": round(sum(level.search_ms for level in result.levels), 2),
+              "levels": len(levels)}
+    info = dict(first.info)
+    info["objective"] = {"name": "adaptive", "threshold": result.adaptive.threshold}
+    info.pop("fidelity", None)
+    return Plan(first.model_fingerprint, first.world_size, first.nodes, first.ranks_per_node,
+                first.bucket_cap_mb, levels[0].entries, predicted, search, info,
+                levels=levels, adaptive=result.adaptive)
+
+
+def level_rows(result: LadderResult) -> list[tuple[int, str, float, float | None, float]]:
+    """(level, setting, iteration ms, fidelity, speedup over fp32 DDP) per level."""
+    fp32 = next(b.time_ms for b in result.levels[0].baselines if b.name == "fp32 DDP")
+    return [(number, setting, level.time_ms, level.fidelity,
+             fp32 / level.time_ms if level.time_ms > 0 else math.inf)
+            for number, (setting, level) in enumerate(zip(result.settings, result.levels))]

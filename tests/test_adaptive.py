@@ -1,0 +1,394 @@
+"""Adaptive plans: the controller's rule, the executor moving between levels on real gloo
+ranks (the same decisions everywhere, residuals conserved, resume bit for bit), and
+the plan file's ladders."""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+from torch.nn.parallel import DistributedDataParallel
+
+import bytecomp
+from bytecomp.comm.schemes import take_residuals
+from bytecomp.errors import BytecompError
+from bytecomp.plan import Adaptive, Option, ladder_for_model, load_plan, plan_from_dict
+from bytecomp.runtime.controller import Controller
+
+from ranks import run_ranks
+
+# -- the rule, on given gains ------------------------------------------------------------------
+
+
+def controller(levels=3, predicted=(30.0, 20.0, 10.0), **settings) -> Controller:
+    values = {"family": "topk", "window": 3, "tolerance": 0.03, "explore_every": 12,
+              "timing": "predicted", **settings}
+    return Controller(Adaptive(**values), levels, list(predicted)[:levels])
+
+
+def drive(control: Controller, gains, first_step: int = 1) -> list[int]:
+    """The level chosen after each observed gain (a function of the level: ``gains(level)``)."""
+    levels = []
+    for step in range(first_step, first_step + len(gains)):
+        gain = gains[step - first_step]
+        levels.append(control.observe(step, gain(control.level) if callable(gain) else gain,
+                                      None))
+    return levels
+
+
+def test_the_controller_climbs_while_the_gain_holds_and_settles_at_the_top():
+    control = controller()
+    levels = drive(control, [1.0] * 12)
+    assert levels[2] == 1 and levels[5] == 2 and levels[-1] == 2  # a decision every 3 steps
+    assert control.mode == "settled"
+    assert [(s.source, s.target) for s in control.switches] == [(0, 1), (1, 2)]
+
+
+def test_the_controller_steps_back_when_the_gain_falls_below_the_threshold():
+    control = controller()
+    drive(control, [1.0] * 9)
+    assert control.level == 2
+    levels = drive(control, [0.5] * 9, first_step=10)  # every level now keeps half
+    assert levels[-1] == 0 and 1 in levels
+    assert all(s.reason == "gain below the threshold" for s in control.switches[2:])
+
+
+def test_a_settled_controller_tries_the_next_level_again_when_the_gain_rises():
+    control = controller()
+    dense = [lambda level: 1.0 if level == 0 else 0.4] * 30
+    drive(control, dense)
+    assert control.level == 0  # it tried level 1, which lost too much, and came back
+    sparse = [1.0] * 40
+    levels = drive(control, sparse, first_step=31)
+    assert levels[-1] == 2, levels
+
+
+def test_the_controller_settles_where_throughput_x_gain_stops_improving():
+    # level 2 keeps less and is barely faster: 0.8 / 19 is no better than 1.0 / 20
+    control = controller(predicted=(30.0, 20.0, 19.0))
+    drive(control, [lambda level: 0.8 if level == 2 else 1.0] * 12)
+    assert control.level == 1 and control.mode == "settled"
+    assert control.switches[-1].reason == "no better than the level below"
+
+
+def test_the_controller_state_round_trips():
+    control = controller()
+    drive(control, [1.0] * 7)
+    restored = controller()
+    restored.load_state_dict(copy.deepcopy(control.state_dict()))
+    assert restored.state_dict() == control.state_dict()
+    assert drive(restored, [0.5] * 6, 8) == drive(control, [0.5] * 6, 8)
+    with pytest.raises(BytecompError, match="does not fit"):
+        controller(levels=2, predicted=(1.0, 2.0)).load_state_dict(control.state_dict())
+
+
+# -- the executor, on real ranks ---------------------------------------------------------------
+
+SIZE = 4096
+
+
+class Crafted(torch.nn.Module):
+    """Parameters whose gradients are exactly the input: ``w`` gets it all, ``v`` its
+    first 64 elements (so a plan has two tensors)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(SIZE))
+        self.v = torch.nn.Parameter(torch.zeros(64))
+
+    def forward(self, gradient):
+        return (self.w * gradient).sum() + (self.v * gradient[:64]).sum()
+
+
+def gradient(rank: int, step: int, sparse: bool) -> torch.Tensor:
+    """Dense Gaussian, or sparse: 0.2% of the elements (top-k of 1% keeps all of them)."""
+    generator = torch.Generator().manual_seed(1000 * rank + step)
+    values = torch.randn(SIZE, generator=generator)
+    if sparse:
+        mask = torch.zeros(SIZE)
+        mask[torch.randperm(SIZE, generator=generator)[: SIZE // 500]] = 1
+        values = values * mask * 10
+    return values
+
+
+def topk_ladder(model, world, scheme="allgather", nodes=1, **settings):
+    values = {"window": 3, "tolerance": 0.03, "explore_every": 12, "timing": "predicted",
+              **settings}
+    chooses = [lambda n, p: Option()] + [
+        lambda n, p, ratio=ratio: Option(f"topk:ratio={ratio}", "device", scheme)
+        for ratio in (0.1, 0.01)]
+    return ladder_for_model(model, chooses, world, Adaptive("topk", **values), nodes,
+                            bucket_cap_mb=0.01, predicted_ms=[30.0, 20.0, 10.0])
+
+
+def run_phases(rank, world, phases, settings):
+    """Train ``Crafted`` through ``phases`` ([(steps, sparse)]); the level of every step
+    and the switches."""
+    model = Crafted()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+    executor = bytecomp.apply_plan(ddp, topk_ladder(model, world, **settings))
+    levels, step = [], 0
+    for steps, sparse in phases:
+        for _ in range(steps):
+            ddp(gradient(rank, step, sparse)).backward()
+            levels.append(executor.level)
+            model.zero_grad()
+            step += 1
+    switches = [s.to_list() for s in executor.switches]
+    assert executor.stats.switches == len(switches)
+    executor.close()
+    return levels, switches
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_takes_the_same_decisions_on_its_own_gradients(world):
+    # measured step times: each rank's own clock, agreed over the ranks
+    runs = run_ranks(run_phases, world, [(15, True), (25, False)], {"timing": "measured"})
+    assert all(run == runs[0] for run in runs), "ranks disagree on the levels"
+    assert runs[0][1], "no switch happened: the test shows nothing"
+
+
+def test_the_executor_follows_the_compressibility_of_the_gradients():
+    levels, switches = run_ranks(run_phases, 2, [(15, True), (30, False), (45, True)], {})[0]
+    assert levels[14] == 2, levels  # sparse: climbed to top-k 1%
+    assert min(levels[15:45]) == 0 and levels[44] < 2, levels  # dense: back down
+    assert levels[-1] == 2, levels  # sparse again: up, after an exploration
+    assert any(target < source for _, source, target, _, _ in switches)
+
+
+def conservation(rank, world, scheme, nodes, threshold):
+    """Sum over steps of the applied averages (x world) plus every rank's residuals,
+    against the sum of every rank's gradients."""
+    model = Crafted()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+    executor = bytecomp.apply_plan(ddp, topk_ladder(model, world, scheme, nodes,
+                                                    threshold=threshold))
+    applied = torch.zeros(SIZE, dtype=torch.float64)
+    given = torch.zeros(SIZE, dtype=torch.float64)
+    for step in range(14):
+        local = gradient(rank, step, sparse=False)
+        given += local
+        ddp(local).backward()
+        applied += model.w.grad.double()
+        model.zero_grad()
+    left = torch.zeros(SIZE, dtype=torch.float64)
+    for group in executor.groups:
+        state = executor.states.by_group.get(group.key, {})
+        residual = take_residuals(state, group.scheme, group.numel,
+                                  executor.device_path.topology)
+        if residual is not None and "w" in group.names:
+            offset = sum(math.prod(s) for s in group.shapes[:group.names.index("w")])
+            left += residual[offset:offset + SIZE].double()
+    assert not executor.pending
+    for tensor in (given, left):
+        dist.all_reduce(tensor)
+    moves = [(s.source, s.target) for s in executor.switches]
+    executor.close()
+    return float((applied * world + left - given).abs().max()), float(given.abs().max()), moves
+
+
+@pytest.mark.parametrize("world,scheme,nodes", [(2, "allgather", 1), (2, "twoshot", 1),
+                                                (4, "hierarchical", 2)])
+@pytest.mark.parametrize("threshold", [0.0, 0.99])  # climbs to the top / falls back to fp32
+def test_residuals_are_conserved_across_switches(world, scheme, nodes, threshold):
+    for error, scale, moves in run_ranks(conservation, world, scheme, nodes, threshold):
+        assert moves, "no switch: nothing tested"
+        assert error <= 1e-4 * scale, (moves, error, scale)
+
+
+def resume(rank, world, tmp):
+    """30 steps straight, and 12 + (saved, restored) 18: parameters and levels."""
+    def run(stop, saved=None):
+        model = Crafted()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+        executor = bytecomp.apply_plan(ddp, topk_ladder(model, world))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        start = 0
+        if saved is not None:
+            checkpoint = torch.load(saved, weights_only=True)
+            model.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            executor.load_state_dict(checkpoint["bytecomp"])
+            start = executor.step
+        levels = []
+        for step in range(start, stop):
+            ddp(gradient(rank, step, sparse=step >= 20)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            levels.append(executor.level)
+        state = executor.state_dict()
+        path = f"{tmp}/ckpt-{rank}.pt"
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "bytecomp": state}, path)
+        switches = [s.to_list() for s in executor.switches]
+        executor.close()
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), levels, \
+            switches, path
+
+    straight, levels, switches, _ = run(30)
+    _, before, _, saved = run(12)
+    resumed, after, switches_resumed, _ = run(30, saved)
+    return (torch.equal(straight, resumed), levels == before + after,
+            switches == switches_resumed, [s[0] for s in switches])
+
+
+def test_a_resumed_run_continues_bit_for_bit_across_a_switch(tmp_path):
+    for equal, same_levels, same_switches, steps in run_ranks(resume, 2, str(tmp_path)):
+        assert any(s <= 12 for s in steps) and any(s > 12 for s in steps), steps
+        assert equal and same_levels and same_switches
+
+
+def wrong_world(rank, world):
+    model = Crafted()
+    plan = topk_ladder(model, world * 2)
+    try:
+        bytecomp.apply_plan(DistributedDataParallel(model), plan)
+    except BytecompError as error:
+        return str(error)
+    return None
+
+
+def test_a_ladder_for_another_world_size_fails_on_every_rank():
+    for error in run_ranks(wrong_world, 2):
+        assert error is not None and "the plan is for 4 ranks but this job has 2" in error
+
+
+# -- ladders in plan files ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def ladder_file(tmp_path):
+    path = tmp_path / "ladder.yaml"
+    topk_ladder(Crafted(), 2).save(path)
+    return path
+
+
+def test_a_ladder_round_trips_and_its_digest_covers_the_levels(ladder_file):
+    plan = load_plan(ladder_file)
+    assert len(plan.levels) == 3 and plan.adaptive.window == 3
+    assert plan.entries == plan.levels[0].entries
+    assert plan.level(2).compressors == ["topk:ratio=0.01"]
+    data = yaml.safe_load(ladder_file.read_text())
+    for entry in data["levels"][2]["tensors"]:
+        entry["compressor"] = "topk:ratio=0.02"
+    assert plan_from_dict(data).digest() != plan.digest()
+
+
+def _edit(data, change):
+    if change == "no levels":
+        data["levels"] = data["levels"][:1]
+    elif change == "both":
+        data["tensors"] = data["levels"][0]["tensors"]
+    elif change == "no ef":
+        for entry in data["levels"][1]["tensors"]:
+            entry["compressor"] = "topk:ratio=0.1,ef=false"
+    elif change == "other tensors":
+        data["levels"][2]["tensors"][0]["name"] = "u"
+    elif change == "threshold":
+        data["adaptive"]["threshold"] = 1.5
+    elif change == "window":
+        data["adaptive"]["window"] = 0
+    elif change == "unknown":
+        data["adaptive"]["speed"] = 3
+    elif change == "timing":
+        data["adaptive"]["timing"] = "guessed"
+    elif change == "adaptive without levels":
+        data["tensors"] = data.pop("levels")[0]["tensors"]
+    return data
+
+
+@pytest.mark.parametrize("change,message", [
+    ("no levels", "levels: an adaptive plan needs at least two levels"),
+    ("both", "tensors: an adaptive plan holds its entries under levels"),
+    ("no ef", "levels[1].tensors[0].compressor: topk:ratio=0.1,ef=false has no error feedback"),
+    ("other tensors", "levels[2].tensors: must name the same tensors as levels[0]"),
+    ("threshold", "adaptive.threshold: must be a number from 0 to 1, got 1.5"),
+    ("window", "adaptive.window: must be a positive integer, got 0"),
+    ("unknown", "adaptive.speed: unknown setting"),
+    ("timing", "adaptive.timing: 'guessed' is not one of measured, predicted"),
+    ("adaptive without levels", "adaptive: an adaptive plan needs its levels"),
+])
+def test_bad_ladders_name_the_file_field_and_reason(ladder_file, change, message):
+    ladder_file.write_text(yaml.safe_dump(_edit(yaml.safe_load(ladder_file.read_text()),
+                                                change)))
+    with pytest.raises(BytecompError) as error:
+        load_plan(ladder_file)
+    assert str(error.value) == f"{ladder_file}: {message}" or \
+        str(error.value).startswith(f"{ladder_file}: {message}"), str(error.value)
+
+
+# -- planning ladders ---------------------------------------------------------------------------
+
+
+def ladder_profile(specs):
+    from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
+
+    return synthetic_profile(mlp_shapes(), world_size=8, nodes=2, bandwidth_gbps=1.0,
+                             specs=specs, fidelity=True)
+
+
+def test_a_ladder_has_one_plan_per_profiled_setting_mild_to_aggressive():
+    from bytecomp.search.ladder import plan_ladder, to_ladder_plan
+
+    specs = ["fp16", "topk:ratio=0.001", "topk:ratio=0.1", "topk:ratio=0.01", "dgc:ratio=0.01"]
+    profile = ladder_profile(specs)
+    result = plan_ladder(profile, None, Adaptive("topk"))
+    assert result.settings[1:] == ["topk:ratio=0.1", "topk:ratio=0.01", "topk:ratio=0.001"]
+    assert result.settings[0] in ("fp16", "none")
+    assert len({level.cap_mb for level in result.levels}) == 1  # DDP's buckets are fixed
+    for setting, level in zip(result.settings[1:], result.levels[1:]):
+        used = {level.problem.options[o].spec for o in level.assignment}
+        assert used <= {setting, "none"} and setting in used  # only its setting, or nothing
+    # of GraVAC's ten settings (0.1 halving down to 1e-4) the profile has 0.1 only
+    assert any("no timings for 9 setting(s)" in note for note in result.notes)
+    plan = to_ladder_plan(result, profile)
+    again = plan_from_dict(plan.to_dict())
+    assert [level.setting for level in again.levels] == result.settings
+    assert again.adaptive == Adaptive("topk")
+
+
+def test_a_ladder_without_profiled_settings_is_one_clear_error():
+    from bytecomp.search.ladder import plan_ladder
+
+    profile = ladder_profile(["fp16", "powersgd:rank=4"])
+    with pytest.raises(BytecompError, match="no timings for any topk setting.*--ladder topk"):
+        plan_ladder(profile, None, Adaptive("topk"))
+    with pytest.raises(BytecompError, match="no adaptive ladder for 'int8'"):
+        plan_ladder(profile, None, Adaptive("int8"))
+
+
+def test_simulate_takes_a_level_of_an_adaptive_plan(tmp_path, cli):
+    from bytecomp.profile import save_profile
+    from bytecomp.search.ladder import plan_ladder, to_ladder_plan
+
+    profile = ladder_profile(["fp16", "topk:ratio=0.1", "topk:ratio=0.01"])
+    folder = save_profile(profile, tmp_path / "profile")
+    plan = tmp_path / "ladder.yaml"
+    to_ladder_plan(plan_ladder(profile, None, Adaptive("topk")), profile).save(plan)
+    levels = load_plan(plan).levels
+    for number, level in enumerate(levels):
+        done = cli("simulate", folder, plan, "--level", number)
+        assert done.returncode == 0, done.stderr
+        shown = float(re.search(r"\biteration\s*\W\s*([\d.]+)", done.stdout).group(1))
+        assert shown == pytest.approx(level.predicted_ms, rel=1e-3)
+    failed = cli("simulate", folder, plan, "--level", len(levels))
+    assert failed.returncode == 2 and f"has no level {len(levels)}" in failed.stderr
+
+
+def test_a_level_that_cannot_pay_is_never_tried():
+    # level 1 is predicted no faster than level 0 (within the tolerance): it could not
+    # win even keeping the whole gradient, so neither the climb nor an exploration goes
+    control = controller(levels=2, predicted=(30.0, 29.5), explore_every=6)
+    assert drive(control, [1.0] * 30) == [0] * 30
+    assert control.mode == "settled" and not control.switches
+    # measured: once a level is known to be slow, it is not explored again
+    measured = controller(levels=2, predicted=(30.0, 20.0), explore_every=6, timing="measured")
+    for step in range(1, 31):
+        level = measured.level
+        measured.observe(step, 1.0, 30.0 if level == 0 else 45.0)
+    assert [(s.source, s.target) for s in measured.switches] == [(0, 1), (1, 0)]
