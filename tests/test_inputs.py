@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -174,6 +175,103 @@ def test_every_shipped_profile_still_loads():
         p.parent for p in (ROOT / "benchmarks" / "results").rglob("profile.yaml"))
     for directory in directories:
         load_profile(directory)
+
+
+def test_the_probe_table_goes_through_the_same_checks(profile):
+    """probe.csv (the convergence probe) is read like every table: numbers finite and in
+    range, specs known and not repeated, steps factors at most the probe's cap."""
+    from bytecomp.profile.probe import MAX_FACTOR
+    from bytecomp.profile.store import MAX_STEPS_FACTOR
+
+    assert MAX_STEPS_FACTOR == MAX_FACTOR
+    table = profile / "probe.csv"
+    good = "spec,steps_factor,steps\nfp16,1.02,100\ntopk:ratio=0.01,1.8,100\n"
+    table.write_text(good)
+    assert load_profile(profile).steps_factors == {"fp16": 1.02, "topk:ratio=0.01": 1.8}
+    for row, reason in (("fp16,nan,100", "column 'steps_factor', row 3: 'nan' is not a number"),
+                        ("fp16,-1,100", "column 'steps_factor', row 3: must not be negative"),
+                        ("fp16,11,100", "column 'steps_factor', row 3: 11.0 is above 10"),
+                        ("int8,1.1,1e30", "column 'steps', row 3: "),
+                        ("zip:level=9,1.1,100", "column 'spec', row 3: "),
+                        ("topk:ratio=0.010,1,100", "row 3: 'topk:ratio=0.010' appears twice")):
+        table.write_text(good + row + "\n")
+        with pytest.raises(BytecompError, match=f"probe.csv: {re.escape(reason)}"):
+            load_profile(profile)
+    table.unlink()
+    os.mkfifo(table)
+    with pytest.raises(BytecompError, match="not a regular file"):
+        load_profile(profile)
+    table.unlink()
+    for steps in ("nan", "-1", "'x'", "[1]"):
+        edit_meta(profile, lambda meta, s=steps: meta.update(probe={"steps": yaml.safe_load(s)}))
+        with pytest.raises(BytecompError, match="field 'probe.steps' must be an integer"):
+            load_profile(profile)
+
+
+def _ladder_plan(path: Path, edit=None) -> Path:
+    """The shipped 2 x 1 plan as an adaptive one: fp16, then top-k 1% everywhere."""
+    data = yaml.safe_load((PLANNED / "plan.yaml").read_text())
+    entries = data.pop("tensors")
+    data["adaptive"] = {"family": "topk"}
+    data["levels"] = [{"setting": spec, "predicted_ms": 70.0, "fidelity": 0.9, "tensors": [
+        {**e, "action": "compress", "compressor": spec, "collective": collective}
+        for e in entries]} for spec, collective in (("fp16", "allreduce"),
+                                                    ("topk:ratio=0.01", "allgather"))]
+    if edit:
+        edit(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_a_ladders_levels_are_validated_like_the_rest(cli, tmp_path):
+    path = _ladder_plan(tmp_path / "ladder.yaml")
+    assert len(load_plan(path).levels) == 2
+    result = cli("simulate", PLANNED / "profile", path, "--level", "1")
+    assert result.returncode == 0, result.stderr
+    for key, value in (("predicted_ms", math.nan), ("predicted_ms", -1.0),
+                       ("predicted_ms", math.inf), ("fidelity", 1.5), ("fidelity", math.nan)):
+        _ladder_plan(path, lambda d, k=key, v=value: d["levels"][1].update({k: v}))
+        with pytest.raises(BytecompError, match=rf"levels\[1\]\.{key}: must be a number from"):
+            load_plan(path)
+    _ladder_plan(path, lambda d: d.update(bucket_cap_mb=math.nan))
+    with pytest.raises(BytecompError, match="bucket_cap_mb: must be a positive number"):
+        load_plan(path)
+    _ladder_plan(path, lambda d: d.update(nodes=1, ranks_per_node=2))
+    one_line(cli("simulate", PLANNED / "profile", path, "--level", "1"), "is for 1 x 2 ranks")
+    one_line(cli("simulate", PLANNED / "profile", _ladder_plan(path), "--level", "2"),
+             "has no level 2")
+    one_line(cli("simulate", PLANNED / "profile", path, "--png", path), "is the input")
+
+
+def test_a_damaged_controller_state_is_refused():
+    from bytecomp.plan import Adaptive
+    from bytecomp.runtime.controller import Controller
+
+    def controller() -> Controller:
+        return Controller(Adaptive("topk"), 2, [50.0, 40.0])
+
+    saved = controller().state_dict()
+    controller().load_state_dict(saved)
+    for damage in ({"gain": [math.nan, None]}, {"time_ms": [None, -3.0]},
+                   {"steps_here": -1}, {"switches": [[1, 0, 1, math.inf, "climb"]]}):
+        with pytest.raises(BytecompError, match="controller is damaged"):
+            controller().load_state_dict({**saved, **damage})
+
+
+def test_bench_checks_every_plan_before_any_rank_starts(cli, tmp_path):
+    """Main's repeated --plan: each one fits the profile, and --out spares each."""
+    second = tmp_path / "second.yaml"
+    plan = yaml.safe_load((PLANNED / "plan.yaml").read_text())
+    second.write_text(yaml.safe_dump({**plan, "nodes": 1, "ranks_per_node": 2}))
+    started = time.monotonic()
+    one_line(cli("bench", PLANNED / "profile", "--plan", PLANNED / "plan.yaml", "--plan", second,
+                 "--out", tmp_path / "bench", "--nproc", "2"), "second.yaml", "is for 1 x 2")
+    second.write_text(yaml.safe_dump(plan))
+    before = second.read_bytes()
+    one_line(cli("bench", PLANNED / "profile", "--plan", PLANNED / "plan.yaml", "--plan", second,
+                 "--out", second, "--force", "--nproc", "2"), "is the input")
+    assert second.read_bytes() == before and time.monotonic() - started < 20
+    assert not (tmp_path / "bench").exists()
 
 
 # -- planning corner cases ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from bytecomp.compress import from_spec
+from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import (
     check_input_directory,
@@ -394,7 +394,9 @@ def _check_probe(path: Path, probe: pd.DataFrame) -> None:
     """One row per compressor spec, its steps factor at most the probe's cap (bytecomp
     .profile.probe.MAX_FACTOR: "it does not learn")."""
     _check_specs(path, probe, "spec")
-    _row_fail(path, probe, probe["spec"].duplicated(), "spec", "appears twice")
+    specs = probe["spec"].map(canonical)
+    _row_fail(path, probe, specs.duplicated(), "spec",
+              "appears twice (specs compared in canonical form)")
     _row_fail(path, probe, probe["steps_factor"] > MAX_STEPS_FACTOR, "steps_factor",
               f"is above {MAX_STEPS_FACTOR:g}")
 

@@ -259,6 +259,12 @@ def _profile_yaml_cases() -> list[Case]:
     cases += [
         Case("profile.yaml:machine.memory_gib=nan",
              yaml_set("profile/profile.yaml", "machine.memory_gib", math.nan), PLAN_CMD),
+        *[Case(f"profile.yaml:probe.steps={name}",
+               yaml_set("profile/profile.yaml", "probe", {"steps": BAD_NUMBERS[name]}), PLAN_CMD,
+               "any" if name == "zero" else "error")
+          for name in ("nan", "negative", "zero", "huge", "huge-int", "string", "bool", "list")],
+        Case("profile.yaml:probe=list", yaml_set("profile/profile.yaml", "probe", [1]),
+             PLAN_CMD),
         Case("profile.yaml:drop-model.fingerprint",
              yaml_drop("profile/profile.yaml", "model.fingerprint"), PLAN_CMD),
         Case("profile.yaml:device.type=tpu", yaml_set("profile/profile.yaml", "device.type",
@@ -293,7 +299,10 @@ TABLE_COLUMNS = {
     "copies": {"direction": str, "bytes": int, "time_ms": float},
     "fidelity": {"tensor": str, "spec": str, "gain": float, "gain_p10": float,
                  "gain_p90": float, "norm_share": float},
+    "probe": {"spec": str, "steps_factor": float, "steps": int},
 }
+# The shipped profile has no convergence probe: its cases first write this one.
+PROBE_CSV = "spec,steps_factor,steps\nfp16,1.02,100\ntopk:ratio=0.01,1.8,100\n"
 ALLOW_NEGATIVE = {"bucket"}
 BAD_STRINGS = {
     "tensors": {"name": "", "shape": "axb", "dtype": "int64"},
@@ -301,7 +310,15 @@ BAD_STRINGS = {
     "compressors": {"spec": "zip:level=9", "device": "tpu"},
     "copies": {"direction": "sideways"},
     "fidelity": {"tensor": "no.such.tensor", "spec": "topk:ratio=7"},
+    "probe": {"spec": "zip:level=9"},
 }
+
+
+def _with_probe(mutate: Callable[[Path], None]) -> Callable[[Path], None]:
+    def with_probe(root: Path) -> None:
+        (root / "profile" / "probe.csv").write_text(PROBE_CSV)
+        mutate(root)
+    return with_probe
 
 
 def _table_cases() -> list[Case]:
@@ -329,7 +346,7 @@ def _table_cases() -> list[Case]:
                                                                            value), PLAN_CMD))
         for kind in ("fifo", "zero", "directory", "dangling", "huge"):
             cases.append(Case(f"{table}.csv:special-{kind}", special(relative, kind), PLAN_CMD))
-        optional = table in ("copies", "fidelity")
+        optional = table in ("copies", "fidelity", "probe")
         cases += [
             Case(f"{table}.csv:missing", lambda root, r=relative: (root / r).unlink(), PLAN_CMD,
                  "any" if optional else "error"),
@@ -346,8 +363,19 @@ def _table_cases() -> list[Case]:
                                         for i, r in enumerate(rows)]), PLAN_CMD, "any"),
             Case(f"{table}.csv:duplicate-row", csv_edit(
                 relative, lambda rows: rows + rows[1:2]), PLAN_CMD,
-                "error" if table == "tensors" else "any"),
+                "error" if table in ("tensors", "probe") else "any"),
         ]
+    cases += [
+        Case("probe.csv:valid", lambda root: None, PLAN_CMD, "any"),
+        Case("probe.csv:steps_factor-above-the-cap", csv_cell("profile/probe.csv",
+                                                              "steps_factor", "11"), PLAN_CMD),
+        Case("probe.csv:same-spec-spelled-twice", csv_edit(
+            "profile/probe.csv", lambda rows: rows + [["topk:ratio=0.010", "1.5", "100"]]),
+            PLAN_CMD),
+    ]
+    for case in cases:
+        if case.id.startswith("probe.csv:"):
+            case.mutate = _with_probe(case.mutate)
     cases += [
         Case("tensors.csv:reversed-rows", csv_edit(
             "profile/tensors.csv", lambda rows: rows[:1] + rows[:0:-1]), PLAN_CMD),
@@ -412,6 +440,89 @@ def _plan_cases() -> list[Case]:
         Case("plan.yaml:valid", lambda root: None, SIMULATE_CMD, "any"),
     ]
     return cases + _yaml_attacks(plan, SIMULATE_CMD)
+
+
+def _to_ladder(data: dict) -> None:
+    """The shipped plan as an adaptive plan: fp16 everywhere, then top-k 1% (error
+    feedback) everywhere, in the plan's groups."""
+    def level(setting: str, spec: str, collective: str) -> dict:
+        return {"setting": setting, "predicted_ms": 70.0, "fidelity": 0.9, "tensors": [
+            {**entry, "action": "compress", "compressor": spec, "place": "device",
+             "collective": collective} for entry in data["tensors"]]}
+
+    data["adaptive"] = {"family": "topk", "threshold": 0.75, "window": 10}
+    data["levels"] = [level("fp16", "fp16", "allreduce"),
+                      level("topk:ratio=0.01", "topk:ratio=0.01", "allgather")]
+    del data["tensors"]
+
+
+def ladder_edit(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def both(data: dict) -> None:
+        _to_ladder(data)
+        edit(data)
+    return _yaml_edit("plan.yaml", both)
+
+
+def _ladder_cases() -> list[Case]:
+    level1 = [*SIMULATE_CMD, "--level", "1"]
+
+    def setter(dotted: str, value):
+        def edit(data):
+            parent, key = _walk(data, dotted)
+            parent[key] = value
+        return edit
+
+    def dropper(dotted: str):
+        def edit(data):
+            parent, key = _walk(data, dotted)
+            del parent[key]
+        return edit
+
+    cases = [
+        Case("ladder:valid-level-0", ladder_edit(lambda d: None), SIMULATE_CMD, "any"),
+        Case("ladder:valid-level-1", ladder_edit(lambda d: None), level1, "any"),
+        Case("ladder:level-2", ladder_edit(lambda d: None), [*SIMULATE_CMD, "--level", "2"]),
+        Case("ladder:level--1", ladder_edit(lambda d: None), [*SIMULATE_CMD, "--level", "-1"]),
+        Case("ladder:level-of-a-static-plan", lambda root: None, level1),
+        Case("ladder:one-level", ladder_edit(lambda d: d["levels"].pop()), SIMULATE_CMD),
+        Case("ladder:levels=[]", ladder_edit(setter("levels", [])), SIMULATE_CMD),
+        Case("ladder:levels=mapping", ladder_edit(setter("levels", {"a": 1})), SIMULATE_CMD),
+        Case("ladder:levels.1=scalar", ladder_edit(setter("levels.1", "topk")), SIMULATE_CMD),
+        Case("ladder:and-tensors", ladder_edit(lambda d: d.update(tensors=d["levels"][0]
+                                                                  ["tensors"])), SIMULATE_CMD),
+        Case("ladder:adaptive-without-levels",
+             yaml_set("plan.yaml", "adaptive", {"family": "topk"}), SIMULATE_CMD),
+        Case("ladder:drop-adaptive", ladder_edit(dropper("adaptive")), SIMULATE_CMD),
+        Case("ladder:drop-adaptive.family", ladder_edit(dropper("adaptive.family")),
+             SIMULATE_CMD),
+        Case("ladder:adaptive.unknown", ladder_edit(setter("adaptive.speed", 3)),
+             SIMULATE_CMD),
+        Case("ladder:adaptive.timing=guess", ladder_edit(setter("adaptive.timing", "guess")),
+             SIMULATE_CMD),
+        Case("ladder:drop-levels.1.setting", ladder_edit(dropper("levels.1.setting")),
+             SIMULATE_CMD),
+        Case("ladder:levels.1.drop-a-tensor", ladder_edit(
+            lambda d: d["levels"][1]["tensors"].pop()), level1),
+        Case("ladder:levels.1.without-error-feedback", ladder_edit(
+            lambda d: [e.update(compressor="topk:ratio=0.01,ef=false")
+                       for e in d["levels"][1]["tensors"]]), level1),
+        Case("ladder:levels.1.spec-without-timings", ladder_edit(
+            lambda d: [e.update(compressor="topk:ratio=0.05")
+                       for e in d["levels"][1]["tensors"]]), level1),
+        Case("ladder:levels.1.tensors.0.group=-1", ladder_edit(
+            setter("levels.1.tensors.0.group", -1)), level1),
+    ]
+    for key in ("threshold", "tolerance", "window", "explore_every"):
+        for name in ("nan", "inf", "negative", "huge", "string", "bool", "null"):
+            cases.append(Case(f"ladder:adaptive.{key}={name}", ladder_edit(
+                setter(f"adaptive.{key}", BAD_NUMBERS[name])), SIMULATE_CMD))
+    for key in ("predicted_ms", "fidelity"):
+        for name in ("nan", "inf", "negative", "huge", "string", "bool"):
+            cases.append(Case(f"ladder:levels.1.{key}={name}", ladder_edit(
+                setter(f"levels.1.{key}", BAD_NUMBERS[name])), level1))
+        cases.append(Case(f"ladder:levels.1.{key}=null", ladder_edit(
+            setter(f"levels.1.{key}", None)), level1, "any"))
+    return cases
 
 
 def _compress_first(spec: str, collective: str):
@@ -499,6 +610,23 @@ def _output_cases() -> list[Case]:
               "--force", "--nproc", "2"]),
         Case("out:bench-onto-the-plan", nothing,
              ["bench", "{plan_profile}", "--plan", "{plan}", "--out", "{plan}", "--nproc", "2"]),
+        Case("out:bench-onto-the-second-plan",
+             lambda root: shutil.copy(root / "plan.yaml", root / "second.yaml"),
+             ["bench", "{plan_profile}", "--plan", "{plan}", "--plan", "second.yaml", "--out",
+              "second.yaml", "--force", "--nproc", "2"]),
+        Case("bench:second-plan-of-another-shape", lambda root: (
+            shutil.copy(root / "plan.yaml", root / "second.yaml"),
+            yaml_set("second.yaml", "nodes", 1)(root),
+            yaml_set("second.yaml", "ranks_per_node", 2)(root)),
+            ["bench", "{plan_profile}", "--plan", "{plan}", "--plan", "second.yaml", "--out",
+             "{out}.d", "--nproc", "2"]),
+        Case("bench:second-plan-for-another-model", lambda root: (
+            shutil.copy(root / "plan.yaml", root / "second.yaml"),
+            yaml_set("second.yaml", "model_fingerprint", "f" * 64)(root)),
+            ["bench", "{plan_profile}", "--plan", "{plan}", "--plan", "second.yaml", "--out",
+             "{out}.d", "--nproc", "2"]),
+        Case("out:plan-adaptive-onto-the-profile", nothing,
+             ["plan", "{profile}", "--adaptive", "topk", "--out", "{profile}/profile.yaml"]),
         Case("out:name-too-long", nothing, ["plan", "{profile}", "--out", long_name,
                                             *FAST_PLAN]),
         Case("out:trace-name-too-long", nothing, [*SIMULATE_CMD, "--trace", long_name]),
@@ -522,8 +650,8 @@ def _output_cases() -> list[Case]:
 
 def all_cases() -> list[Case]:
     """The whole corpus, ids unique."""
-    cases = (_profile_yaml_cases() + _table_cases() + _plan_cases() + _cluster_cases()
-             + _output_cases())
+    cases = (_profile_yaml_cases() + _table_cases() + _plan_cases() + _ladder_cases()
+             + _cluster_cases() + _output_cases())
     ids = [case.id for case in cases]
     assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
     return cases
