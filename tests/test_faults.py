@@ -24,7 +24,7 @@ import bytecomp
 from bytecomp.comm.topology import Topology, job_timeout
 from bytecomp.errors import BytecompError
 from bytecomp.launch import RankFailed, spawn
-from bytecomp.plan import Option, plan_for_model
+from bytecomp.plan import Adaptive, Option, ladder_for_model, plan_for_model
 
 from ranks import free_port, run_ranks
 
@@ -55,6 +55,12 @@ def group_timeouts(rank, world):
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.001)
     executor = bytecomp.apply_plan(ddp, _tiny_plan(model, world))
     topology = Topology.build(1, world)
+    adaptive_model = nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 4))
+    adaptive = bytecomp.apply_plan(
+        DistributedDataParallel(adaptive_model, bucket_cap_mb=0.001),
+        ladder_for_model(adaptive_model, [lambda n, p: Option(), lambda n, p: Option(
+            "topk:ratio=0.5", "device", "allgather")], world, Adaptive("topk"),
+            bucket_cap_mb=0.001))
 
     def seconds(group) -> float:
         return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
@@ -62,14 +68,27 @@ def group_timeouts(rank, world):
     timeouts = {"job": job_timeout().total_seconds(), "topology": seconds(topology.world),
                 "intra": seconds(topology.intra), "executor direct": seconds(
                     executor.device_path.direct), "executor FIFO": seconds(
-                    executor.device_path.topology.world)}
+                    executor.device_path.topology.world),
+                "adaptive control": seconds(adaptive.control)}
     executor.close()
+    adaptive.close()
     return timeouts
 
 
 def test_every_group_bytecomp_creates_has_the_jobs_timeout():
     for timeouts in run_ranks(group_timeouts, 2):  # the ranks' job: a 60 s timeout
         assert set(timeouts.values()) == {60.0}, timeouts
+
+
+def test_bytecomp_creates_groups_only_through_the_one_that_sets_the_timeout():
+    """``dist.new_group`` without a timeout waits 30 minutes: every call goes through
+    bytecomp.comm.topology.new_group (an adaptive plan's control group did not)."""
+    package = Path(bytecomp.__file__).parent
+    calls = [f"{path.relative_to(package)}:{number}"
+             for path in sorted(package.rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if "dist.new_group(" in line or "new_subgroups(" in line]
+    assert calls == ["comm/topology.py:34"], calls
 
 
 def _stuck_peer_rank(rank: int, world: int, port: int, timeout_s: float, results) -> None:
