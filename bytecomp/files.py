@@ -117,6 +117,19 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Writes an object met twice in full, never as an anchor and alias (which
+    :func:`load_yaml` refuses: bytecomp must read back what it writes)."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def dump_yaml(data, **options) -> str:
+    """``yaml.safe_dump`` without anchors or aliases."""
+    return yaml.dump(data, Dumper=_PlainDumper, **options)
+
+
 def load_yaml(text: str, label: str):
     """Parse YAML ``text`` with :class:`_StrictLoader`; errors name ``label`` (a path)."""
     try:

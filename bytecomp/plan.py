@@ -53,12 +53,10 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import yaml
-
 from bytecomp.comm.schemes import SCHEMES, supported_schemes
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
-from bytecomp.files import read_yaml_file, write_text_atomic
+from bytecomp.files import dump_yaml, read_yaml_file, write_text_atomic
 
 FORMAT_VERSION = 1
 ACTIONS = ("none", "compress")
@@ -255,7 +253,7 @@ class Plan:
         return hashlib.sha256(json.dumps(essential, sort_keys=True).encode()).hexdigest()
 
     def save(self, path) -> Path:
-        write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False, width=100))
+        write_text_atomic(path, dump_yaml(self.to_dict(), sort_keys=False, width=100))
         return Path(path)
 
 

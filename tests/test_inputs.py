@@ -170,6 +170,18 @@ def test_collectives_rank_counts_must_match_the_world(profile):
         load_profile(profile)
 
 
+def test_bytecomp_reads_back_a_profile_whose_meta_shares_an_object(tmp_path):
+    """The loader refuses YAML aliases, so the writers must not emit them."""
+    from bytecomp.profile.store import save_profile
+
+    profile = synthetic_profile(mlp_shapes(2, 16), world_size=2)
+    shared = [1, 2, 3]
+    profile.meta["extra"] = {"a": shared, "b": shared}
+    save_profile(profile, tmp_path / "p")
+    assert "&" not in (tmp_path / "p" / "profile.yaml").read_text()
+    assert load_profile(tmp_path / "p").meta["extra"] == {"a": shared, "b": shared}
+
+
 def test_every_shipped_profile_still_loads():
     directories = [PROFILE, ROOT / "profiles" / "transformer"] + sorted(
         p.parent for p in (ROOT / "benchmarks" / "results").rglob("profile.yaml"))
@@ -259,12 +271,19 @@ def test_a_damaged_controller_state_is_refused():
 
 
 def test_bench_checks_every_plan_before_any_rank_starts(cli, tmp_path):
-    """Main's repeated --plan: each one fits the profile, and --out spares each."""
+    """Main's repeated --plan: the first (whose predictions are compared) fits the profile's
+    shape, every one its model and world size, and --out spares each."""
     second = tmp_path / "second.yaml"
     plan = yaml.safe_load((PLANNED / "plan.yaml").read_text())
-    second.write_text(yaml.safe_dump({**plan, "nodes": 1, "ranks_per_node": 2}))
     started = time.monotonic()
-    one_line(cli("bench", PLANNED / "profile", "--plan", PLANNED / "plan.yaml", "--plan", second,
+    for edit, fragment in (({"nodes": 1, "ranks_per_node": 1, "world_size": 1}, "is for 1 x 1"),
+                           ({"model_fingerprint": "f" * 64}, "another model")):
+        second.write_text(yaml.safe_dump({**plan, **edit}))
+        one_line(cli("bench", PLANNED / "profile", "--plan", PLANNED / "plan.yaml", "--plan",
+                     second, "--out", tmp_path / "bench", "--nproc", "2"), "second.yaml",
+                 fragment)
+    second.write_text(yaml.safe_dump({**plan, "nodes": 1, "ranks_per_node": 2}))
+    one_line(cli("bench", PLANNED / "profile", "--plan", second, "--plan", PLANNED / "plan.yaml",
                  "--out", tmp_path / "bench", "--nproc", "2"), "second.yaml", "is for 1 x 2")
     second.write_text(yaml.safe_dump(plan))
     before = second.read_bytes()

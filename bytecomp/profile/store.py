@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import (
     check_input_directory,
     directory_atomic,
+    dump_yaml,
     read_text_file,
     read_yaml_file,
 )
@@ -128,7 +128,7 @@ def save_profile(profile: Profile, directory, force: bool = False) -> Path:
     """Write ``directory/profile.yaml`` and the CSV tables, atomically."""
     with directory_atomic(directory, force) as temporary:
         (temporary / "profile.yaml").write_text(
-            yaml.safe_dump(profile.meta, sort_keys=False, default_flow_style=False))
+            dump_yaml(profile.meta, sort_keys=False, default_flow_style=False))
         for name in TABLES:
             table = getattr(profile, name)
             table.to_csv(temporary / f"{name}.csv", index=False, columns=list(TABLES[name]))

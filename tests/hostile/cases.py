@@ -614,10 +614,10 @@ def _output_cases() -> list[Case]:
              lambda root: shutil.copy(root / "plan.yaml", root / "second.yaml"),
              ["bench", "{plan_profile}", "--plan", "{plan}", "--plan", "second.yaml", "--out",
               "second.yaml", "--force", "--nproc", "2"]),
-        Case("bench:second-plan-of-another-shape", lambda root: (
+        Case("bench:second-plan-of-another-world-size", lambda root: (
             shutil.copy(root / "plan.yaml", root / "second.yaml"),
             yaml_set("second.yaml", "nodes", 1)(root),
-            yaml_set("second.yaml", "ranks_per_node", 2)(root)),
+            yaml_set("second.yaml", "world_size", 1)(root)),
             ["bench", "{plan_profile}", "--plan", "{plan}", "--plan", "second.yaml", "--out",
              "{out}.d", "--nproc", "2"]),
         Case("bench:second-plan-for-another-model", lambda root: (
