@@ -38,7 +38,7 @@ def _check_other_plan(plan, profile, cluster) -> None:
     if (plan.nodes, plan.ranks_per_node) != shape:
         warnings.warn(f"{plan.path} is for {plan.nodes} x {plan.ranks_per_node} ranks (nodes x "
                       f"ranks per node) but this job has {shape[0]} x {shape[1]}: it is "
-                      f"measured as it is, its predictions are for its own cluster",
+                      f"measured, and its groups predicted, on this job's shape",
                       UserWarning, stacklevel=2)
 
 

@@ -37,7 +37,7 @@ import math
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -149,7 +149,13 @@ def _predictions(profile, plans: list[BenchedPlan], cluster, specs: list[str]
     powersgd_spec = planner.baseline_specs["powersgd"]
     rank = from_spec(powersgd_spec).values["rank"] if powersgd_spec else None
 
+    nodes, per_node = (cluster.nodes, cluster.ranks_per_node) if cluster else \
+        (profile.nodes, profile.ranks_per_node)
+
     def simulated(plan: Plan) -> float:
+        # a further plan made for another shape of this world size (run_bench warned):
+        # its groups predicted on this job's shape, as they run here
+        plan = replace(plan, nodes=nodes, ranks_per_node=per_node)
         return simulate_plan(Planner(profile, cluster, plan.compressors or None, strict=True,
                                      objective="time"), plan, record=False).iteration_ms
 
