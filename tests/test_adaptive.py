@@ -308,7 +308,7 @@ def _edit(data, change):
     if change == "no levels":
         data["levels"] = data["levels"][:1]
     elif change == "both":
-        data["tensors"] = data["levels"][0]["tensors"]
+        data["tensors"] = [dict(e) for e in data["levels"][0]["tensors"]]  # no YAML alias
     elif change == "no ef":
         for entry in data["levels"][1]["tensors"]:
             entry["compressor"] = "topk:ratio=0.1,ef=false"

@@ -37,7 +37,7 @@ import math
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -69,7 +69,7 @@ from bytecomp.profile.training import to_device
 from bytecomp.profile.workloads import load_workload
 from bytecomp.runtime import Executor
 from bytecomp.search import Planner, simulate_plan
-from bytecomp.search.planner import native_option
+from bytecomp.search.planner import check_plan_fits, native_option
 from bytecomp.ui import Reporter
 
 DEFAULT_COMPRESSOR = "topk:ratio=0.01"
@@ -149,7 +149,13 @@ def _predictions(profile, plans: list[BenchedPlan], cluster, specs: list[str]
     powersgd_spec = planner.baseline_specs["powersgd"]
     rank = from_spec(powersgd_spec).values["rank"] if powersgd_spec else None
 
+    nodes, per_node = (cluster.nodes, cluster.ranks_per_node) if cluster else \
+        (profile.nodes, profile.ranks_per_node)
+
     def simulated(plan: Plan) -> float:
+        # a further plan made for another shape of this world size (run_bench warned):
+        # its groups predicted on this job's shape, as they run here
+        plan = replace(plan, nodes=nodes, ranks_per_node=per_node)
         return simulate_plan(Planner(profile, cluster, plan.compressors or None, strict=True,
                                      objective="time"), plan, record=False).iteration_ms
 
@@ -174,6 +180,8 @@ def scaled_compute(profile: Profile, factor: float) -> Profile:
     meta = copy.deepcopy(profile.meta)
     for name in ("forward", "optimizer", "forward_compute", "backward_compute",
                  "optimizer_compute", "iteration_compute"):
+        if name not in meta["times"]:  # older profiles lack some compute-only phases
+            continue
         meta["times"][name] = {k: v * factor for k, v in meta["times"][name].items()}
     tensors = profile.tensors.assign(ready_ms=profile.tensors["ready_ms"] * factor)
     compressors = profile.compressors.assign(encode_ms=profile.compressors["encode_ms"] * factor,
@@ -276,6 +284,7 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
     world = dist.get_world_size()
     shape = (cluster.nodes, cluster.ranks_per_node) if cluster else \
         (profile.nodes, profile.ranks_per_node)
+    check_plan_fits(plan, profile, cluster)
     if shape[0] * shape[1] != world:
         raise BytecompError(f"this job has {world} ranks but the predictions are for "
                             f"{shape[0] * shape[1]} ({'--cluster' if cluster else 'the profile'});"

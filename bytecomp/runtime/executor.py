@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from bytecomp.comm.schemes import take_residuals
-from bytecomp.comm.topology import Topology
+from bytecomp.comm.topology import Topology, new_group
 from bytecomp.comm.worker import CommWorker
 from bytecomp.errors import BytecompError
 from bytecomp.plan import HOST_WORKERS, Plan, load_plan
@@ -94,7 +94,7 @@ class Executor:
         self._current = Step()
         check_bucket_cap(ddp, plan)
         # the controller's agreement travels on a group of its own, on the host
-        self.control = dist.new_group(list(range(dist.get_world_size())), backend="gloo") \
+        self.control = new_group(list(range(dist.get_world_size())), backend="gloo") \
             if self.controller is not None else None
         self.native = native and self.controller is None and self._plain_allreduce()
         if self.native:  # DDP's own allreduce is this plan: no hook, no Python per bucket

@@ -16,7 +16,7 @@ from bytecomp.model.fidelity import FidelityModel
 from bytecomp.model.overheads import ExecutorCosts
 from bytecomp.model.strategy import StrategyCosts
 from bytecomp.plan import NO_COMPRESSION, Option, Plan, PlanEntry
-from bytecomp.profile.store import Profile
+from bytecomp.profile.store import ELEMENT_SIZES, Profile
 from bytecomp.search.algorithms import branch_and_bound, greedy, improve, lower_bound
 from bytecomp.search.problem import OBJECTIVES, Group, Objective, Problem, Tensor
 from bytecomp.search.tree import build_tree, options_of
@@ -26,7 +26,6 @@ DEFAULT_CAPS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
 EXACT_MAX_SPACE = 50_000  # options ** tensors: exact search where enumeration is cheap
 STARTS = 1
 DEFAULT_MIN_FIDELITY = 0.75  # GraVAC's threshold on the compression gain
-ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
 def effective_ms(time_ms: float, fidelity: float | None) -> float | None:
@@ -142,13 +141,15 @@ class Planner:
             strict = True
             self.notes.append(f"only {self.specs[0]} compresses (or nothing): the plan's "
                               f"accuracy is at least that of {self.specs[0]} on every tensor")
-        fp16, powersgd = _baseline_options(self.compute.specs())
+        timed = {spec for spec, device in self.compute.encode if device == profile.device_type}
+        fp16, powersgd = _baseline_options(timed)  # their methods run on the device
         self.baseline_specs = {"fp16": fp16, "powersgd": powersgd}
         searched = list(self.specs)
         if not strict:  # the baselines' methods are always candidates, so no baseline wins
             searched += [s for s in (fp16, powersgd) if s and s not in searched]
+        host_specs = {spec for spec, device in self.compute.encode if device == "cpu"}
         tree = build_tree(searched, self.cluster.nodes, self.cluster.ranks_per_node,
-                          profile.device_type)
+                          profile.device_type, host_specs)
         self.tree = tree
         options = options_of(tree)
         searchable = len(options)
@@ -392,8 +393,31 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4) if math.isfinite(value) else None
 
 
+def check_plan_fits(plan: Plan, profile: Profile, cluster: Cluster | None) -> None:
+    """The plan was made for this profile's model and for the cluster's shape (nodes x
+    ranks per node; the profiled one without ``cluster``), or a one-line error."""
+    if plan.model_fingerprint != profile.fingerprint:
+        raise BytecompError(f"{plan.path or 'the plan'} was made for another model (fingerprint "
+                            f"{plan.model_fingerprint[:12]}, profile {profile.fingerprint[:12]})")
+    check_plan_shape(plan, profile, cluster)
+
+
+def check_plan_shape(plan: Plan, profile: Profile, cluster: Cluster | None) -> None:
+    """The plan's nodes x ranks per node are the cluster's (the profiled one's without
+    ``cluster``), or a one-line error."""
+    label = plan.path or "the plan"
+    shape = (cluster.nodes, cluster.ranks_per_node) if cluster else \
+        (profile.nodes, profile.ranks_per_node)
+    if (plan.nodes, plan.ranks_per_node) != shape:
+        where = f"cluster {cluster.name}" if cluster else f"the profile ({profile.label})"
+        raise BytecompError(f"{label} is for {plan.nodes} x {plan.ranks_per_node} ranks (nodes "
+                            f"x ranks per node) but {where} has {shape[0]} x {shape[1]}; pass "
+                            f"--cluster with the plan's cluster")
+
+
 def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
     """Simulate a plan file's own groups (whatever rule made them) on the planner's model."""
+    check_plan_shape(plan, planner.profile, None if planner.cluster.measured else planner.cluster)
     problem = planner.problem
     position = {t.name: i for i, t in enumerate(problem.tensors)}
     missing = [e.name for e in plan.entries if e.name not in position]
@@ -405,8 +429,13 @@ def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
                             f"was the plan made for another model?")
     owner = problem.bucket_of(plan.bucket_cap_mb)
     groups = []
+    cluster = planner.cluster
     for group_id, entries in sorted(plan.groups().items()):
         option = entries[0].option
+        if option.collective == "hierarchical" and min(cluster.nodes, cluster.ranks_per_node) < 2:
+            raise BytecompError(f"{plan.path}: tensor {entries[0].name!r} uses the hierarchical "
+                                f"scheme, which needs several nodes of several ranks; the "
+                                f"cluster is {cluster.nodes} x {cluster.ranks_per_node}")
         if option not in problem.options:
             if option.compressed:
                 planner.compute.check(option.spec, "cpu" if option.place == "host"
