@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from bytecomp.profile.store import TABLES
+
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "profiles" / "cnn"  # 1 node x 2 ranks
 PLANNED = ROOT / "benchmarks" / "results" / "emulated" / "cnn-2x1-1gbit"  # 2 x 1, with a plan
@@ -288,19 +290,9 @@ def _profile_yaml_cases() -> list[Case]:
     return cases + _yaml_attacks("profile/profile.yaml", PLAN_CMD)
 
 
-# Per table: its columns, which are numbers (int or float), and what a bad value is.
-TABLE_COLUMNS = {
-    "tensors": {"name": str, "shape": str, "numel": int, "dtype": str, "bytes": int,
-                "ready_ms": float, "bucket": int},
-    "collectives": {"collective": str, "group": str, "dtype": str, "bytes": int, "ranks": int,
-                    "time_ms": float, "p10_ms": float, "p90_ms": float},
-    "compressors": {"spec": str, "device": str, "numel": int, "encode_ms": float,
-                    "decode_ms": float, "payload_bytes": int},
-    "copies": {"direction": str, "bytes": int, "time_ms": float},
-    "fidelity": {"tensor": str, "spec": str, "gain": float, "gain_p10": float,
-                 "gain_p90": float, "norm_share": float},
-    "probe": {"spec": str, "steps_factor": float, "steps": int},
-}
+# Per table: its columns and their types (int and float columns are numbers), as the store
+# reads them.
+TABLE_COLUMNS = TABLES
 # The shipped profile has no convergence probe: its cases first write this one.
 PROBE_CSV = "spec,steps_factor,steps\nfp16,1.02,100\ntopk:ratio=0.01,1.8,100\n"
 ALLOW_NEGATIVE = {"bucket"}
