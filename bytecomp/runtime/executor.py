@@ -228,16 +228,22 @@ class Executor:
         if after != before:
             self._switch(before, after)
 
+    def _collect(self) -> None:
+        """Finish the allreduce in flight: its agreed measurement becomes the pending one,
+        [level, gain, step ms or None]."""
+        if self._inflight is None:
+            return
+        level, measured, work = self._inflight
+        work.wait()
+        world = dist.get_world_size()
+        self.controller_pending = [level, math.sqrt(max(0.0, float(measured[0]) / world)),
+                                   float(measured[1]) / world
+                                   if float(measured[2]) == world else None]
+        self._inflight = None
+
     def _agreed(self) -> tuple[int, float, float | None] | None:
         """The last measurement every rank shared, once: (level, gain, step ms or None)."""
-        if self._inflight is not None:
-            level, measured, work = self._inflight
-            work.wait()
-            world = dist.get_world_size()
-            self.controller_pending = [level, math.sqrt(max(0.0, float(measured[0]) / world)),
-                                       float(measured[1]) / world
-                                       if float(measured[2]) == world else None]
-            self._inflight = None
+        self._collect()
         pending, self.controller_pending = self.controller_pending, None
         return None if pending is None else (int(pending[0]), float(pending[1]),
                                              None if pending[2] is None else float(pending[2]))
@@ -291,8 +297,7 @@ class Executor:
         each rank's are gathered; rank 0 can then save the whole job's state alone)."""
         saved = self.states.state_dict()
         if self.controller is not None:
-            if self._inflight is not None:  # agreed on, and kept for the next step
-                self.controller_pending = list(self._agreed() or ()) or None
+            self._collect()  # agreed on, and kept for the next step
             saved["controller"] = {**self.controller.state_dict(),
                                    "pending": self.controller_pending}
         return saved
