@@ -69,7 +69,7 @@ from bytecomp.profile.training import to_device
 from bytecomp.profile.workloads import load_workload
 from bytecomp.runtime import Executor
 from bytecomp.search import Planner, simulate_plan
-from bytecomp.search.planner import check_plan_fits, native_option
+from bytecomp.search.planner import native_option
 from bytecomp.ui import Reporter
 
 DEFAULT_COMPRESSOR = "topk:ratio=0.01"
@@ -284,7 +284,6 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
     world = dist.get_world_size()
     shape = (cluster.nodes, cluster.ranks_per_node) if cluster else \
         (profile.nodes, profile.ranks_per_node)
-    check_plan_fits(plan, profile, cluster)
     if shape[0] * shape[1] != world:
         raise BytecompError(f"this job has {world} ranks but the predictions are for "
                             f"{shape[0] * shape[1]} ({'--cluster' if cluster else 'the profile'});"
