@@ -207,12 +207,18 @@ def check_output_file(path: str | os.PathLike, option: str = "output") -> Path:
             raise BytecompError(f"{option} {path} is a directory; give a file name")
         if target.exists() and not target.is_file():
             raise BytecompError(f"{option} {path} exists and is not a regular file")
-        if len(target.name.encode()) > os.pathconf(_existing_ancestor(target), "PC_NAME_MAX") - 40:
-            raise BytecompError(f"{option} {path}: the file name is too long")
+        _check_name_length(target, f"{option} {path}: the file name is too long")
         _check_parent_writable(target, option)
         return target
 
     return _checked(option, path, check)
+
+
+def _check_name_length(target: Path, message: str) -> None:
+    """``target``'s name leaves room for the temporaries' ``.<name>.<pid>.<random>.tmp``
+    within the file system's name limit, or ``message`` as the error."""
+    if len(target.name.encode()) > os.pathconf(_existing_ancestor(target), "PC_NAME_MAX") - 40:
+        raise BytecompError(message)
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -238,8 +244,7 @@ def check_new_directory(path: str | os.PathLike, force: bool, option: str = "--o
                 if resolved == _resolved(inside) or resolved in _resolved(inside).parents:
                     raise BytecompError(f"{option} {target} holds {inside}, which replacing "
                                         f"it would delete; choose another directory")
-        if len(target.name.encode()) > os.pathconf(_existing_ancestor(target), "PC_NAME_MAX") - 40:
-            raise BytecompError(f"{option} {target}: the directory name is too long")
+        _check_name_length(target, f"{option} {target}: the directory name is too long")
         _check_parent_writable(target, option)
         return target
 

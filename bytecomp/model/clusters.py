@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import load_yaml, read_text_file
+from bytecomp.plan import MAX_RANKS
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+
     from importlib.resources.abc import Traversable
 
 SHIPPED = ("configs", "clusters")  # inside the bytecomp package
-MAX_RANKS = 1 << 20
 
 
 @dataclass(frozen=True)

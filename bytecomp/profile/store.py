@@ -23,6 +23,7 @@ from bytecomp.files import (
     read_text_file,
     read_yaml_file,
 )
+from bytecomp.plan import MAX_BUCKET_CAP_MB
 
 FORMAT_VERSION = 1
 TIME_NAMES = ("forward", "backward", "optimizer", "iteration")
@@ -36,7 +37,6 @@ SHAPE = r"(\d+(x\d+)*)?"  # 64x3x3x3; empty for a scalar
 MAX_INTEGER = 1 << 50  # elements or bytes
 MAX_MS = 1e7  # 2.8 hours
 MAX_COUNT = 1 << 20  # ranks, nodes, batch
-MAX_BUCKET_CAP_MB = 1e6
 READY_SLACK = 0.01  # ready times and backward time are medians rounded to 0.1 us
 EXECUTOR_PATHS = ("direct", "fifo", "host")  # bytecomp.model.overheads.PATHS
 MAX_STEPS_FACTOR = 10.0  # bytecomp.profile.probe.MAX_FACTOR
