@@ -106,8 +106,27 @@ def summarize(folder: Path) -> tuple[pd.DataFrame, list[str]]:
     table["predicted_effective_ms"] = [
         ms / fidelity if fidelity and fidelity == fidelity else float("nan")
         for ms, fidelity in zip(table.predicted_ms, table.predicted_fidelity)]
-    shutil.copyfile(folder / "bench" / "convergence.png", folder / "time-to-accuracy.png")
+    table["probe_factor"] = [_probe_factor(folder, name) for name in table.strategy]
+    plot = folder / "bench" / "convergence.png"
+    if plot.exists():  # moved up, once: the run's picture
+        shutil.move(plot, folder / "time-to-accuracy.png")
     return table, evaluate(table, folder.name)
+
+
+def _probe_factor(folder: Path, strategy: str) -> float:
+    """The profile's probed steps factor of a strategy that uses one compressor on every
+    tensor (a baseline "SPEC on every tensor" or a ladder level "... (SPEC)"), else NaN."""
+    probe = folder / "profile" / "probe.csv"
+    if not probe.exists():
+        return float("nan")
+    factors = dict(pd.read_csv(probe)[["spec", "steps_factor"]].itertuples(index=False))
+    if strategy.endswith(" on every tensor"):
+        spec = strategy[:-len(" on every tensor")]
+    elif " level " in strategy and strategy.endswith(")"):
+        spec = strategy[strategy.rindex("(") + 1:-1]
+    else:
+        return 1.0 if strategy in ("fp32 DDP", "fp16 hook") else float("nan")
+    return float(factors.get(spec, float("nan")))
 
 
 def _is_baseline(name: str) -> bool:
@@ -138,6 +157,15 @@ def evaluate(table: pd.DataFrame, name: str) -> list[str]:
         lines.append(f"- default plan vs fp32 DDP in time to target: "
                      f"{fp32.time_to_target_s / plan.time_to_target_s:.2f}x")
     lines += _adaptive_lines(table, fp32)
+    probed = table.dropna(subset=["probe_factor", "steps_vs_fp32"])
+    probed = probed[[name != "fp32 DDP" for name in probed.strategy]]
+    if not probed.empty:
+        error = (probed.probe_factor / probed.steps_vs_fp32).median()
+        lines.append(f"- the profile's probe against the steps measured to the "
+                     f"target, over {len(probed)} single-compressor strategies that reached it: "
+                     f"probe factor / measured factor median {error:.2f}, range "
+                     f"{(probed.probe_factor / probed.steps_vs_fp32).min():.2f}-"
+                     f"{(probed.probe_factor / probed.steps_vs_fp32).max():.2f}")
     ranked = table.dropna(subset=["predicted_effective_ms"])
     measured = ranked.time_to_target_s.fillna(float("inf"))
     if len(ranked) > 2:
@@ -175,8 +203,8 @@ def _adaptive_lines(table: pd.DataFrame, fp32) -> list[str]:
 
 def markdown(table: pd.DataFrame) -> str:
     rows = ["| strategy | iteration ms | steps to target | time to target s | vs fp32 | "
-            "final loss | predicted fidelity | predicted effective ms |",
-            "|---|---|---|---|---|---|---|---|"]
+            "final loss | predicted fidelity | predicted effective ms | probe factor |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for row in table.itertuples():
         reached = row.time_to_target_s == row.time_to_target_s
         rows.append(f"| {row.strategy} | {row.iteration_ms:.1f} | "
@@ -184,18 +212,19 @@ def markdown(table: pd.DataFrame) -> str:
                     f"{f'{row.time_to_target_s:.1f}' if reached else '-'} | "
                     f"{f'{row.time_vs_fp32:.2f}x' if reached else '-'} | "
                     f"{'diverged' if row.diverged else f'{row.final_loss:.4f}'} | "
-                    f"{row.predicted_fidelity:.3f} | {row.predicted_effective_ms:.1f} |")
+                    f"{row.predicted_fidelity:.3f} | {row.predicted_effective_ms:.1f} | "
+                    f"{row.probe_factor:.2f} |")
     return "\n".join(rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="+", default=[CHARLM])
+    parser.add_argument("--tasks", nargs="+", default=[CHARLM, "digits"])
     parser.add_argument("--bandwidths", nargs="+", default=["100mbit", "1gbit"])
     parser.add_argument("--out", default="benchmarks/results/convergence")
     parser.add_argument("--profile-iterations", type=int, default=10)
     parser.add_argument("--bench-iterations", type=int, default=10)
-    parser.add_argument("--train-steps", type=int, default=600)
+    parser.add_argument("--train-steps", type=int, default=400)
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--family", nargs="+", default=["topk", "powersgd"],
                         help="adaptive plans' compressor families (their ladders are profiled)")

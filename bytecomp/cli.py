@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bytecomp.errors import BytecompError
-from bytecomp.files import check_output_file
+from bytecomp.files import atomic_files, check_output_file, check_outputs_spare_inputs
 from bytecomp.timeline.buckets import SEARCHED_CAPS_MB, cap_label
 
 app = typer.Typer(
@@ -142,6 +142,16 @@ def _require_positive(option: str, value: float) -> None:
         raise BytecompError(f"{option} must be a positive number, got {value:g}")
 
 
+def _inputs(profile: str, plan_file: str | None, cluster: str | None) -> list[Path]:
+    """The files a command reads, which none of its outputs may overwrite."""
+    from bytecomp.model.clusters import cluster_file
+    from bytecomp.profile.store import profile_files
+
+    files = profile_files(profile) + ([Path(plan_file)] if plan_file else [])
+    config = cluster_file(cluster) if cluster else None
+    return files + ([config] if config is not None else [])
+
+
 def _load_cluster(cluster: str | None):
     from bytecomp.model.clusters import load_cluster
 
@@ -212,6 +222,7 @@ def plan(
     if min_gain is not None and not 0 <= min_gain < 100:
         raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
     check_output_file(out, "--out")
+    check_outputs_spare_inputs({"--out": out}, _inputs(profile, None, cluster))
     loaded = load_profile(profile)
     if adaptive is not None:
         _plan_adaptive(loaded, _load_cluster(cluster), adaptive, gain_threshold, window, timing,
@@ -335,23 +346,18 @@ def simulate(
     from bytecomp.plan import load_plan
     from bytecomp.profile import load_profile
     from bytecomp.search import Planner, simulate_plan
-    from bytecomp.timeline.render import chrome_trace, gantt_png
+    from bytecomp.search.planner import check_plan_fits
+    from bytecomp.timeline.render import draw_gantt, trace_json
 
-    for option, path in (("--trace", trace), ("--png", png)):
+    outputs: dict[str, str | None] = {"--trace": trace, "--png": png}
+    for option, path in outputs.items():
         if path:
             check_output_file(path, option)
-    if trace and png and Path(trace).resolve() == Path(png).resolve():
-        raise BytecompError("--trace and --png name the same file")
+    check_outputs_spare_inputs(outputs, _inputs(profile, plan_file, cluster))
     loaded = load_profile(profile)
     the_plan = load_plan(plan_file)
-    if the_plan.model_fingerprint != loaded.fingerprint:
-        raise BytecompError(f"{plan_file} was made for another model (fingerprint "
-                            f"{the_plan.model_fingerprint[:12]}, profile {loaded.fingerprint[:12]})")
     chosen = _load_cluster(cluster)
-    world = chosen.world_size if chosen else loaded.world_size
-    if the_plan.world_size != world:
-        raise BytecompError(f"{plan_file} is for {the_plan.world_size} ranks but the cluster has "
-                            f"{world}; pass --cluster with the plan's cluster")
+    check_plan_fits(the_plan, loaded, chosen)
     if level is not None or the_plan.levels:
         count = len(the_plan.levels or [])
         if not 0 <= (level or 0) < count:
@@ -375,10 +381,15 @@ def simulate(
     for name, value in rows:
         table.add_row(name, f"{value:.2f}")
     console.print(table)
-    if trace:
-        console.print(f"wrote {chrome_trace(result, trace, str(plan_file))}")
-    if png:
-        console.print(f"wrote {gantt_png(result, png, str(plan_file))}")
+    written = [path for path in (trace, png) if path]
+    with atomic_files(written) as temporaries:  # both written, then both renamed
+        staged = dict(zip(written, temporaries))
+        if trace:
+            staged[trace].write_text(trace_json(result, str(plan_file)))
+        if png:
+            draw_gantt(result, staged[png], str(plan_file))
+    for path in written:
+        console.print(f"wrote {path}")
 
 
 @app.command()

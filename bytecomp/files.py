@@ -1,19 +1,37 @@
-"""Atomic file and directory writes, and checks of a user's input and output paths.
+"""Reading a user's files, writing outputs atomically, and checking both before any work.
 
-Readers never see half-written output; a path that cannot be read or written
-is a one-line :class:`BytecompError` before any work starts.
+* Every file bytecomp reads goes through :func:`read_text_file`: a regular file
+  (never a FIFO, a device or a directory), at most :data:`MAX_INPUT_BYTES`,
+  valid UTF-8. YAML is parsed by :func:`load_yaml`: ``yaml.safe_load``'s types,
+  no anchors or aliases (a "billion laughs" file cannot expand), a bounded
+  nesting depth and no duplicate keys.
+* Outputs are written to temporaries named ``.<name>.<pid>.<random>.tmp`` beside
+  them and renamed into place; a run removes the temporaries that runs killed
+  outright (their process is gone) left beside its outputs. An output path that
+  is a symbolic link is followed: the file it points to is replaced, the link stays.
+* :func:`check_output_file`, :func:`check_new_directory` and
+  :func:`check_outputs_spare_inputs` run before any work: a path that cannot be
+  written, or an output that would overwrite one of the command's inputs, is a
+  one-line :class:`BytecompError`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import yaml
+
 from bytecomp.errors import BytecompError
+
+MAX_INPUT_BYTES = 64 << 20  # the largest shipped profile table is under 1 MiB
+YAML_MAX_DEPTH = 32  # plans, profiles and cluster configs nest 4 levels at most
 
 
 def _umask() -> int:
@@ -22,31 +40,133 @@ def _umask() -> int:
     return mask
 
 
-def read_text_file(path: str | os.PathLike, what: str = "file") -> str:
-    """The text of an existing regular file, or a one-line error saying what is wrong."""
+def _os_error(what: str, path, error: OSError) -> BytecompError:
+    return BytecompError(f"{what} {path}: {error.strerror or error}")
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def read_text_file(path: str | os.PathLike, what: str = "file",
+                   limit: int = MAX_INPUT_BYTES) -> str:
+    """The text of an existing regular file of at most ``limit`` bytes, or a one-line
+    error saying what is wrong. The file is opened without blocking and checked
+    again once open, so a FIFO or a device is refused, never read."""
     path = Path(path)
-    if not path.exists():
-        raise BytecompError(f"{what} {path} does not exist")
-    if path.is_dir():
-        raise BytecompError(f"{what} {path} is a directory, not a file")
-    if not path.is_file():
-        raise BytecompError(f"{what} {path} is not a regular file")
     try:
-        return path.read_text()
+        if not path.exists():
+            raise BytecompError(f"{what} {path} does not exist")
+        if path.is_dir():
+            raise BytecompError(f"{what} {path} is a directory, not a file")
+        if not path.is_file():
+            raise BytecompError(f"{what} {path} is not a regular file")
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise _os_error(f"cannot read {what}", path, error) from None
+    with open(handle, "rb") as stream:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode):
+            raise BytecompError(f"{what} {path} is not a regular file")
+        if info.st_size > limit:
+            raise BytecompError(f"{what} {path} is too large ({info.st_size:,} bytes; "
+                                f"at most {limit:,})")
+        try:
+            data = stream.read(limit + 1)
+        except OSError as error:
+            raise _os_error(f"cannot read {what}", path, error) from None
+    if len(data) > limit:
+        raise BytecompError(f"{what} {path} is too large (more than {limit:,} bytes)")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise BytecompError(f"{what} {path} is not a text file (it is not valid UTF-8)") from None
-    except OSError as error:
-        raise BytecompError(f"cannot read {what} {path}: {error.strerror}") from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without anchors and aliases, nesting or duplicate keys beyond
+    reason: what a plan, profile or cluster file never needs and an attack does."""
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None, None, "anchors and aliases (&name, *name) are not accepted",
+                event.start_mark)
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > YAML_MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {YAML_MAX_DEPTH} levels deep",
+                    event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: SafeConstructor reports it
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes an object met twice in full, never as an anchor and alias (which
+    :func:`load_yaml` refuses: bytecomp must read back what it writes)."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def dump_yaml(data, **options) -> str:
+    """``yaml.safe_dump`` without anchors or aliases."""
+    return yaml.dump(data, Dumper=_PlainDumper, **options)
+
+
+def load_yaml(text: str, label: str):
+    """Parse YAML ``text`` with :class:`_StrictLoader`; errors name ``label`` (a path)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as error:
+        reason = str(error).replace("\n", " ")
+        raise BytecompError(f"{label}: not valid YAML ({' '.join(reason.split())[:200]})") \
+            from None
+    except (ValueError, OverflowError, RecursionError) as error:  # e.g. a 5,000-digit integer
+        raise BytecompError(f"{label}: not valid YAML ({type(error).__name__}: "
+                            f"{str(error)[:120]})") from None
+
+
+def read_yaml_file(path: str | os.PathLike, what: str = "file"):
+    """:func:`read_text_file`, then :func:`load_yaml`."""
+    return load_yaml(read_text_file(path, what), str(path))
 
 
 def check_input_directory(path: str | os.PathLike, what: str = "directory") -> Path:
     """``path`` as an existing directory, or a one-line error."""
     path = Path(path)
-    if not path.exists():
-        raise BytecompError(f"{what} {path} does not exist")
-    if not path.is_dir():
-        raise BytecompError(f"{what} {path} is not a directory")
+    try:
+        if not path.exists():
+            raise BytecompError(f"{what} {path} does not exist")
+        if not path.is_dir():
+            raise BytecompError(f"{what} {path} is not a directory")
+    except OSError as error:
+        raise _os_error(what, path, error) from None
     return path
+
+
+# -- checking outputs ----------------------------------------------------------------------
+
+
+def _resolved(path: str | os.PathLike) -> Path:
+    """``path`` with every symbolic link followed (also a dangling one's target)."""
+    return Path(os.path.realpath(path))
 
 
 def _check_parent_writable(path: Path, option: str) -> None:
@@ -67,69 +187,196 @@ def _check_parent_writable(path: Path, option: str) -> None:
                             f"({error.strerror})") from None
 
 
+def _checked(option: str, path, check) -> Path:
+    """Run ``check()``; an OSError (a name too long, a loop of links) is one line."""
+    try:
+        return check()
+    except OSError as error:
+        raise _os_error(option, path, error) from None
+
+
 def check_output_file(path: str | os.PathLike, option: str = "output") -> Path:
-    """Check before any work that ``path`` can be written as a file; return it.
+    """Check before any work that ``path`` can be written as a file; return the path
+    to write: ``path``, or the file it links to (links are followed).
 
     ``option`` names where the path came from (``--out``) for the error line.
     """
+    def check() -> Path:
+        target = _resolved(path)
+        if target.is_dir():
+            raise BytecompError(f"{option} {path} is a directory; give a file name")
+        if target.exists() and not target.is_file():
+            raise BytecompError(f"{option} {path} exists and is not a regular file")
+        _check_name_length(target, f"{option} {path}: the file name is too long")
+        _check_parent_writable(target, option)
+        return target
+
+    return _checked(option, path, check)
+
+
+def _check_name_length(target: Path, message: str) -> None:
+    """``target``'s name leaves room for the temporaries' ``.<name>.<pid>.<random>.tmp``
+    within the file system's name limit, or ``message`` as the error."""
+    if len(target.name.encode()) > os.pathconf(_existing_ancestor(target), "PC_NAME_MAX") - 40:
+        raise BytecompError(message)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    parent = path.parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    return parent
+
+
+def check_new_directory(path: str | os.PathLike, force: bool, option: str = "--out",
+                        inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """Check before any work that ``path`` can be created (or, with ``force``, replaced:
+    never a directory holding one of ``inputs`` or the working directory)."""
+    def check() -> Path:
+        target = Path(path)
+        if target.exists() and not target.is_dir():
+            raise BytecompError(f"{option} {target} exists and is not a directory")
+        if target.exists() and not force:
+            raise BytecompError(f"{target} already exists (use --force to replace it)")
+        if target.exists():
+            resolved = _resolved(target)
+            for inside in [*inputs, Path.cwd()]:
+                if resolved == _resolved(inside) or resolved in _resolved(inside).parents:
+                    raise BytecompError(f"{option} {target} holds {inside}, which replacing "
+                                        f"it would delete; choose another directory")
+        _check_name_length(target, f"{option} {target}: the directory name is too long")
+        _check_parent_writable(target, option)
+        return target
+
+    return _checked(option, path, check)
+
+
+def check_outputs_spare_inputs(outputs: Mapping[str, str | os.PathLike | None],
+                               inputs: Iterable[str | os.PathLike]) -> None:
+    """An output that is one of the command's inputs (the same file, through links or
+    hard links too) is an error before any work; so are two outputs on one file."""
+    sources = [Path(p) for p in inputs]
+    seen: dict[Path, str] = {}
+    for option, output in outputs.items():
+        if output is None:
+            continue
+        target = _checked(option, output, lambda output=output: _resolved(output))
+        for source in sources:
+            if _same_file(target, source):
+                raise BytecompError(f"{option} {output} is the input {source}: writing it "
+                                    f"would destroy it; choose another output")
+        if target in seen:
+            raise BytecompError(f"{seen[target]} and {option} name the same file {output}")
+        seen[target] = option
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if _resolved(a) == _resolved(b):
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+# -- temporaries ----------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}."
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries beside ``path`` that a run killed outright left behind
+    (bytecomp's naming, ``.<name>.<pid>.<random>.tmp`` or ``.old``, whose process is
+    gone); a directory's stale backup is restored if ``path`` itself is missing.
+    Returns what was removed."""
     path = Path(path)
-    if path.is_dir():
-        raise BytecompError(f"{option} {path} is a directory; give a file name")
-    if path.exists() and not path.is_file():
-        raise BytecompError(f"{option} {path} exists and is not a regular file")
-    _check_parent_writable(path, option)
-    return path
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)\.[A-Za-z0-9_]+\.(tmp|old)")
+    removed: list[Path] = []
+    try:
+        entries = list(path.parent.iterdir()) if path.parent.is_dir() else []
+    except OSError:
+        return removed
+    for entry in sorted(entries, key=lambda e: e.name.endswith(".tmp")):  # backups first
+        match = pattern.fullmatch(entry.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        if match.group(2) == "old" and not path.exists() and entry.is_dir():
+            os.replace(entry, path)  # killed between its two renames: put the old one back
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def atomic_files(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
+    """Yield a temporary path beside each of ``paths`` (links followed); when the block
+    succeeds, rename every temporary into place, else remove them all. A failure while
+    writing any of them (a full disk) leaves every output as it was. Files get the
+    usual permissions (0666 less the umask)."""
+    targets = [check_output_file(path) for path in paths]
+    temporaries: list[Path] = []
+    try:
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(target)
+            handle, name = tempfile.mkstemp(prefix=_temporary_prefix(target), suffix=".tmp",
+                                            dir=target.parent)
+            os.close(handle)
+            temporaries.append(Path(name))
+        yield temporaries
+        for temporary in temporaries:
+            os.chmod(temporary, 0o666 & ~_umask())
+        for temporary, target in zip(temporaries, targets):
+            os.replace(temporary, target)
+    except OSError as error:
+        named = {str(t): target for t, target in zip(temporaries, targets)}
+        failed = named.get(str(error.filename), error.filename) or \
+            " and ".join(str(target) for target in targets)
+        raise BytecompError(f"cannot write {failed}: {error.strerror or error}") from None
+    finally:
+        for temporary in temporaries:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it into place.
-
-    The file gets the usual permissions (0666 less the umask), not mkstemp's 0600.
-    """
-    path = check_output_file(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
-                                             dir=path.parent)
-    except OSError as error:
-        raise BytecompError(f"cannot write {path}: {error.strerror}") from None
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, path)
-    except BaseException as error:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        if isinstance(error, OSError):
-            raise BytecompError(f"cannot write {path}: {error.strerror}") from None
-        raise
-
-
-def check_new_directory(path: str | os.PathLike, force: bool, option: str = "--out") -> Path:
-    """Check before any work that ``path`` can be created (or, with ``force``, replaced)."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise BytecompError(f"{option} {path} exists and is not a directory")
-    if path.exists() and not force:
-        raise BytecompError(f"{path} already exists (use --force to replace it)")
-    _check_parent_writable(path, option)
-    return path
+    """Write ``text`` to a temporary file beside ``path`` and rename it into place."""
+    with atomic_files([path]) as (temporary,), open(temporary, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
 
 
 @contextlib.contextmanager
 def directory_atomic(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory beside ``path``; on success it replaces ``path``.
+    """Yield a temporary directory beside ``path``; on success it replaces ``path``
+    (a link to a directory is followed: the directory is replaced, the link stays).
 
     On any error or interrupt the temporary directory is removed and ``path``
     is left as it was. The directory gets 0777 less the umask, not mkdtemp's 0700.
     """
-    path = check_new_directory(path, force)
+    checked = check_new_directory(path, force)
+    path = _resolved(checked) if checked.is_symlink() else checked
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp",
+        remove_stale_temporaries(path)
+        temporary = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), suffix=".tmp",
                                           dir=path.parent))
     except OSError as error:
         raise BytecompError(f"cannot write {path}: {error.strerror}") from None
@@ -137,7 +384,7 @@ def directory_atomic(path: str | os.PathLike, force: bool = False) -> Iterator[P
         yield temporary
         os.chmod(temporary, 0o777 & ~_umask())
         if path.exists():
-            backup = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old",
+            backup = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), suffix=".old",
                                            dir=path.parent))
             os.rmdir(backup)
             os.replace(path, backup)

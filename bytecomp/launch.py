@@ -6,18 +6,29 @@
   group from the environment and calls ``fn`` on this rank;
 * otherwise it spawns ``nproc`` local ranks on a free port (gloo on CPU, NCCL
   when ``cuda``), and waits. If any rank fails, the others are stopped at once
-  and the failure is raised as one line; every collective also has a timeout,
-  so nothing hangs.
+  and the failure is raised as one line naming the rank that failed (not one
+  that only saw its peer go: a broken connection or a timed-out collective is
+  a symptom); every collective also has a timeout, so nothing hangs.
+
+Spawned ranks die with their parent: the kernel kills them when it exits, even
+when it is killed outright (``PR_SET_PDEATHSIG``), and a SIGTERM to the parent
+stops them before it exits. A rank still running ``timeout`` seconds after
+another finished is killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing
 import os
 import queue
+import re
 import signal
 import socket
+import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +36,13 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from bytecomp.errors import BytecompError
+from bytecomp.lifetime import die_with_parent
+
+REPORT_GRACE_S = 2.0  # after a symptom, how long to wait for the root cause's report
+# What a rank sees when a peer died or stopped: a symptom, not the cause.
+PEER_SYMPTOM = re.compile(r"connection (closed|reset)|broken pipe|timed? ?out|timeout|"
+                          r"DistNetworkError|DistBackendError|DistStoreError|gloo|nccl|socket",
+                          re.IGNORECASE)
 
 
 class RankFailed(BytecompError):
@@ -40,14 +58,41 @@ class JobShape:
     ranks_per_node: int
 
 
+@dataclass(frozen=True)
+class Report:
+    """What a failing rank sent its parent."""
+
+    rank: int
+    message: str
+    user_error: bool = False  # a BytecompError: the same one-line message on every rank
+    symptom: bool = False  # it only saw a peer fail (a broken connection, a timeout)
+    details: str = ""  # the traceback, with BYTECOMP_DEBUG set
+
+
 def in_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def _env_int(name: str, default: str | None = None) -> int:
+    text = os.environ.get(name, default)
+    try:
+        value = int(text or "")
+    except ValueError:
+        raise BytecompError(f"environment variable {name}={text!r} is not an integer "
+                            f"(torchrun sets it)") from None
+    if value < (0 if name == "RANK" else 1):
+        raise BytecompError(f"environment variable {name}={value} is out of range")
+    return value
+
+
 def torchrun_shape() -> JobShape:
-    world = int(os.environ["WORLD_SIZE"])
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if per_node < 1 or world % per_node:
+    """The job's shape from torchrun's environment, or a one-line error."""
+    world = _env_int("WORLD_SIZE")
+    rank = _env_int("RANK")
+    per_node = _env_int("LOCAL_WORLD_SIZE", str(world))
+    if rank >= world:
+        raise BytecompError(f"RANK={rank} is not below WORLD_SIZE={world}")
+    if world % per_node:
         raise BytecompError(f"LOCAL_WORLD_SIZE={per_node} does not divide WORLD_SIZE={world}")
     return JobShape(world, world // per_node, per_node)
 
@@ -59,7 +104,15 @@ def free_port() -> int:
 
 
 def init_from_env(backend: str, timeout_s: float) -> None:
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    """Join the job described by the environment; a rendezvous that fails (a peer that
+    never comes, a bad address) is a one-line error."""
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as error:
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        raise BytecompError(f"cannot join the job as rank {os.environ.get('RANK')} of "
+                            f"{os.environ.get('WORLD_SIZE')} at {where} within {timeout_s:g} s "
+                            f"(is every rank started?): {_one_line(error)}") from None
 
 
 def _one_line(error: BaseException) -> str:
@@ -69,9 +122,20 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".strip()
 
 
-def _rank_entry(fn, args, rank, nproc, port, backend, timeout_s, errors):
+def _is_symptom(error: BaseException) -> bool:
+    return isinstance(error, getattr(dist, "DistError", ())) or \
+        bool(PEER_SYMPTOM.search(_one_line(error)))
+
+
+class _Stopped(SystemExit):
+    """The parent stopped this rank (SIGTERM): not a failure of its own."""
+
+
+def _rank_entry(fn, args, rank, nproc, port, backend, timeout_s, errors, parent):
+    die_with_parent(parent)
+
     def stop(_signum, _frame):
-        raise SystemExit(143)
+        raise _Stopped(143)
 
     signal.signal(signal.SIGTERM, stop)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -82,13 +146,36 @@ def _rank_entry(fn, args, rank, nproc, port, backend, timeout_s, errors):
         fn(*args)
         dist.barrier()
     except BaseException as error:  # reported to the parent, which stops the others
-        if not isinstance(error, (SystemExit, KeyboardInterrupt)):
+        if not isinstance(error, (_Stopped, KeyboardInterrupt)):
             details = traceback.format_exc() if os.environ.get("BYTECOMP_DEBUG") else ""
-            errors.put((rank, _one_line(error), isinstance(error, BytecompError), details))
+            message = f"called sys.exit({error.code!r})" if isinstance(error, SystemExit) \
+                else _one_line(error)
+            errors.put(Report(rank, message, isinstance(error, BytecompError),
+                              _is_symptom(error), details))
         raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # done: no interpreter teardown (a stuck thread's join) can keep it alive
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt in the main thread, so the ranks are stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def spawn(fn: Callable, args: tuple, nproc: int, backend: str, timeout_s: float,
@@ -100,42 +187,78 @@ def spawn(fn: Callable, args: tuple, nproc: int, backend: str, timeout_s: float,
     errors = context.Queue()
     port = free_port()
     processes = [context.Process(target=_rank_entry, daemon=True,
-                                 args=(fn, args, rank, nproc, port, backend, timeout_s, errors))
+                                 args=(fn, args, rank, nproc, port, backend, timeout_s, errors,
+                                       os.getpid()))
                  for rank in range(nproc)]
-    for process in processes:
-        process.start()
-    try:
-        failure = _watch(processes, errors)
-    except KeyboardInterrupt:
-        _stop(processes)
-        on_stop()
-        raise
-    if failure is not None:
-        _stop(processes)
-        on_stop()
-        rank, message, user_error, details = failure
-        if details:
-            print(details)
-        if user_error:
-            raise BytecompError(message)
-        raise RankFailed(f"rank {rank} failed: {message}")
-
-
-def _watch(processes, errors):
-    while True:
+    with _terminate_as_interrupt():
         try:
-            return errors.get(timeout=0.2)
-        except queue.Empty:
-            pass
+            for process in processes:
+                process.start()
+            failure = _watch(processes, errors, timeout_s)
+        except KeyboardInterrupt:
+            _stop(processes)
+            on_stop()
+            raise
+        if failure is not None:
+            _stop(processes)
+            on_stop()
+            if failure.details:
+                print(failure.details)
+            if failure.user_error:
+                raise BytecompError(failure.message)
+            raise RankFailed(f"rank {failure.rank} failed: {failure.message}")
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def _watch(processes, errors, timeout_s: float) -> Report | None:
+    """Wait for every rank; the failure to report, or None when all succeeded."""
+    reports: list[Report] = []
+    first_failure: float | None = None
+    finished: float | None = None
+    while True:
+        with contextlib.suppress(queue.Empty):
+            reports.append(errors.get(timeout=0.2))
+            while True:
+                reports.append(errors.get_nowait())
         codes = [p.exitcode for p in processes]
+        now = time.monotonic()
         if all(code == 0 for code in codes):
             return None
-        for rank, code in enumerate(codes):
-            if code not in (None, 0):
-                try:  # its own report may still be in flight
-                    return errors.get(timeout=1.0)
-                except queue.Empty:
-                    return rank, f"exited with code {code}", False, ""
+        failed = bool(reports) or any(code not in (None, 0) for code in codes)
+        if failed and first_failure is None:
+            first_failure = now
+        causes = [r for r in reports if r.user_error or not r.symptom]
+        if causes:
+            return causes[0]
+        if first_failure is not None and now - first_failure >= REPORT_GRACE_S:
+            return _blame(reports, codes)
+        if finished is None and 0 in codes:
+            finished = now
+        if not failed and finished is not None and now - finished > timeout_s + 5:
+            stuck = [rank for rank, code in enumerate(codes) if code is None]
+            return Report(stuck[0], f"was still running {timeout_s + 5:g} s after rank "
+                                    f"{codes.index(0)} finished (stuck); it was killed")
+
+
+def _blame(reports: list[Report], codes: list[int | None]) -> Report:
+    """Every report is a symptom: blame a rank that died without a report, else one
+    that is still running (stuck) while the others saw it go; the symptom follows."""
+    seen = f" ({', '.join(f'rank {r.rank}: {r.message}' for r in reports[:2])})" \
+        if reports else ""
+    reported = {r.rank for r in reports}
+    for rank, code in enumerate(codes):
+        if code not in (None, 0) and rank not in reported:
+            return Report(rank, _exit_text(code) + seen)
+    for rank, code in enumerate(codes):
+        if code is None and rank not in reported:
+            return Report(rank, "stopped responding" + seen)
+    return reports[0]
 
 
 def _stop(processes) -> None:

@@ -21,7 +21,8 @@
          collective: allreduce, group: 1}
 
 Tensors with the same ``group`` are concatenated and exchanged once; they
-must share their strategy. Files are read with ``yaml.safe_load`` only, and a
+must share their strategy. Files are read with a safe YAML loader only (no anchors or
+aliases: :func:`bytecomp.files.load_yaml`), and a
 bad one is reported with its path, the field and the reason.
 
 An *adaptive* plan (``bytecomp plan --adaptive FAMILY``) holds, instead of
@@ -53,12 +54,10 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import yaml
-
 from bytecomp.comm.schemes import SCHEMES, UNCOMPRESSED_SCHEMES, supported_schemes
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
-from bytecomp.files import read_text_file, write_text_atomic
+from bytecomp.files import dump_yaml, read_yaml_file, write_text_atomic
 
 FORMAT_VERSION = 1
 ACTIONS = ("none", "compress")
@@ -68,6 +67,10 @@ UNCOMPRESSED = "none"  # the spec of an uncompressed (fp32) strategy
 # the planner's model of it, which must agree. A plan for a cluster config that gives a
 # node's cores records that node's cores shared by its ranks instead (``Plan.host_workers``).
 HOST_WORKERS = 2
+MAX_HOST_WORKERS = 1024  # a rank's pool: a thread each
+MAX_RANKS = 1 << 20
+MAX_BUCKET_CAP_MB = 1e6
+MAX_PREDICTED_MS = 1e9  # a level's predicted step time
 
 
 @dataclass(frozen=True)
@@ -256,7 +259,7 @@ class Plan:
         return hashlib.sha256(json.dumps(essential, sort_keys=True).encode()).hexdigest()
 
     def save(self, path) -> Path:
-        write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False, width=100))
+        write_text_atomic(path, dump_yaml(self.to_dict(), sort_keys=False, width=100))
         return Path(path)
 
 
@@ -339,16 +342,17 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
     nodes = reader.field(data, "nodes", int)
     per_node = reader.field(data, "ranks_per_node", int)
     for key, value in (("world_size", world), ("nodes", nodes), ("ranks_per_node", per_node)):
-        if value < 1:
-            reader.fail(key, "must be at least 1")
+        if not 1 <= value <= MAX_RANKS:
+            reader.fail(key, f"must be between 1 and {MAX_RANKS:,}")
     if nodes * per_node != world:
         reader.fail("world_size", f"{world} is not nodes x ranks_per_node = {nodes * per_node}")
     cap = reader.field(data, "bucket_cap_mb", (int, float))
-    if not 0 <= cap < float("inf"):
-        reader.fail("bucket_cap_mb", "must be positive, or 0 for one bucket per tensor")
+    if not 0 <= cap <= MAX_BUCKET_CAP_MB:  # also false for NaN
+        reader.fail("bucket_cap_mb", f"must be a number of MB from 0 (one bucket per tensor) "
+                                     f"to {MAX_BUCKET_CAP_MB:g}, got {cap}")
     workers = data.get("host_workers", HOST_WORKERS)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        reader.fail("host_workers", "must be a positive integer")
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_HOST_WORKERS:
+        reader.fail("host_workers", f"must be an integer from 1 to {MAX_HOST_WORKERS}")
     levels, adaptive = None, None
     if "levels" in data:
         if "tensors" in data:
@@ -443,10 +447,13 @@ def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
                             f"{entry.compressor} has no error feedback: the controller "
                             f"measures the gain on the compensated gradient (drop ef=false)")
         predicted, fidelity = raw.get("predicted_ms"), raw.get("fidelity")
-        for key, value in (("predicted_ms", predicted), ("fidelity", fidelity)):
+        for key, value, high in (("predicted_ms", predicted, MAX_PREDICTED_MS),
+                                 ("fidelity", fidelity, 1.0)):
             if value is not None and (isinstance(value, bool) or
-                                      not isinstance(value, (int, float))):
-                reader.fail(f"{where}.{key}", "must be a number or null")
+                                      not isinstance(value, (int, float)) or
+                                      not 0 <= value <= high):  # also false for NaN
+                reader.fail(f"{where}.{key}", f"must be a number from 0 to {high:g} or null, "
+                                              f"got {value!r}")
         if levels and {e.name for e in entries} != {e.name for e in levels[0].entries}:
             reader.fail(f"{where}.tensors", "must name the same tensors as levels[0]")
         levels.append(Level(setting, entries, predicted, fidelity))
@@ -456,11 +463,7 @@ def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
 def load_plan(path) -> Plan:
     """Read and validate a plan file."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(read_text_file(path, "plan file"))
-    except yaml.YAMLError as error:
-        raise BytecompError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-    plan = plan_from_dict(data, str(path))
+    plan = plan_from_dict(read_yaml_file(path, "plan file"), str(path))
     plan.path = path
     return plan
 

@@ -65,6 +65,24 @@ def _save_atomic(state: dict, path: str) -> None:
     os.replace(temporary, path)
 
 
+def load_checkpoint(path: str | None, device: torch.device) -> dict:
+    """A checkpoint of :func:`train`, read with ``weights_only=True``: tensors, numbers,
+    strings, lists and dicts only, so a crafted file cannot run code on ``--resume``."""
+    if not path:
+        raise BytecompError("--resume needs --checkpoint PATH")
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise BytecompError(f"checkpoint {path} does not exist") from None
+    except Exception as error:  # an unpickling error names what the file tried to load
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise BytecompError(f"cannot load checkpoint {path} (weights only): "
+                            f"{type(error).__name__}: {reason}") from None
+    if not isinstance(checkpoint, dict) or not {"step", "model", "optimizer"} <= set(checkpoint):
+        raise BytecompError(f"{path} is not a checkpoint of examples/train.py")
+    return checkpoint
+
+
 def train(config: TrainConfig) -> dict:
     """Train on the initialized process group; returns losses and executor statistics."""
     rank = dist.get_rank()
@@ -79,7 +97,7 @@ def train(config: TrainConfig) -> dict:
     start = 0
     checkpoint = None
     if config.resume:
-        checkpoint = torch.load(config.checkpoint, map_location=device, weights_only=False)
+        checkpoint = load_checkpoint(config.checkpoint, device)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         start = checkpoint["step"]

@@ -83,20 +83,36 @@ def test_interrupting_emulate_leaves_nothing_behind():
     assert sleepers.stdout.strip() == ""
 
 
+def _sleepers(pattern: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return found.stdout.split()
+
+
 @netns
 def test_the_next_run_removes_what_a_killed_run_left_behind():
-    process = subprocess.Popen([*BYTECOMP, "emulate", "--nodes", "2", "--", "sleep", "30"],
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    """Killed outright, emulate cannot clean up: its ranks die with it (the parent-death
+    signal), their children run on in the namespaces until the next run kills them and
+    removes the namespaces and links."""
+    pattern = "^sleep 30.125"  # the ranks' children, not the ranks (sh -c "sleep ...; true")
+    process = subprocess.Popen([*BYTECOMP, "emulate", "--nodes", "2", "--", "sh", "-c",
+                                "sleep 30.125; true"], stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
     run_id = process.stderr.readline().split("run ")[1].split(",")[0]
     deadline = time.monotonic() + 20
-    while len(leftovers(run_id)) < 3 and time.monotonic() < deadline:
+    while (len(leftovers(run_id)) < 3 or len(_sleepers(pattern)) < 2) and \
+            time.monotonic() < deadline:
         time.sleep(0.1)
-    os.killpg(process.pid, signal.SIGKILL)  # no chance to clean up: the ranks die with it
+    assert len(_sleepers(pattern)) == 2
+    process.kill()  # emulate alone, no chance to clean up
     process.wait(timeout=10)
     assert len(leftovers(run_id)) >= 3
     reaped = reap_abandoned()
     assert run_id in reaped and len(reaped[run_id]) >= 3
     assert leftovers(run_id) == []
+    deadline = time.monotonic() + 5
+    while _sleepers(pattern) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _sleepers(pattern) == [], "a rank's child outlived the reaped run"
 
 
 @netns

@@ -37,7 +37,7 @@ import math
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -149,7 +149,13 @@ def _predictions(profile, plans: list[BenchedPlan], cluster, specs: list[str]
     powersgd_spec = planner.baseline_specs["powersgd"]
     rank = from_spec(powersgd_spec).values["rank"] if powersgd_spec else None
 
+    nodes, per_node = (cluster.nodes, cluster.ranks_per_node) if cluster else \
+        (profile.nodes, profile.ranks_per_node)
+
     def simulated(plan: Plan) -> float:
+        # a further plan made for another shape of this world size (run_bench warned):
+        # its groups predicted on this job's shape, as they run here
+        plan = replace(plan, nodes=nodes, ranks_per_node=per_node)
         return simulate_plan(Planner(profile, cluster, plan.compressors or None, strict=True,
                                      objective="time"), plan, record=False).iteration_ms
 
@@ -174,6 +180,8 @@ def scaled_compute(profile: Profile, factor: float) -> Profile:
     meta = copy.deepcopy(profile.meta)
     for name in ("forward", "optimizer", "forward_compute", "backward_compute",
                  "optimizer_compute", "iteration_compute"):
+        if name not in meta["times"]:  # older profiles lack some compute-only phases
+            continue
         meta["times"][name] = {k: v * factor for k, v in meta["times"][name].items()}
     tensors = profile.tensors.assign(ready_ms=profile.tensors["ready_ms"] * factor)
     compressors = profile.compressors.assign(encode_ms=profile.compressors["encode_ms"] * factor,

@@ -7,12 +7,31 @@ collective), in the same order.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
 from bytecomp.errors import BytecompError
+
+
+def job_timeout() -> datetime.timedelta | None:
+    """The timeout the job's default process group was given (init_process_group's
+    ``timeout``), or None where it cannot be read."""
+    with contextlib.suppress(Exception):  # private API: absent in some torch versions
+        group = dist.distributed_c10d._get_default_group()
+        for device in group._device_types:
+            return group._get_backend(device).options._timeout
+    return None
+
+
+def new_group(ranks: list[int], backend: str | None = None) -> dist.ProcessGroup:
+    """``dist.new_group`` with the job's timeout: a group created without one waits 30
+    minutes for a stuck peer whatever the job asked for. Every group bytecomp creates
+    goes through here."""
+    return dist.new_group(ranks, backend=backend, timeout=job_timeout())
 
 
 @dataclass
@@ -63,17 +82,17 @@ class Topology:
                 f"{nodes} nodes x {ranks_per_node} ranks per node does not match the "
                 f"world size {world_size}"
             )
-        world = dist.new_group(list(range(world_size)), backend=backend)
+        world = new_group(list(range(world_size)), backend=backend)
         rank = dist.get_rank()
         intra = inter = None
         for node in range(nodes):
             members = [node * ranks_per_node + local for local in range(ranks_per_node)]
-            group = dist.new_group(members, backend=backend)
+            group = new_group(members, backend=backend)
             if rank in members:
                 intra = group
         for local in range(ranks_per_node):
             members = [node * ranks_per_node + local for node in range(nodes)]
-            group = dist.new_group(members, backend=backend)
+            group = new_group(members, backend=backend)
             if rank in members:
                 inter = group
         return cls(world, nodes, ranks_per_node, rank, intra, inter)

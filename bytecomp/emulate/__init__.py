@@ -5,7 +5,10 @@
 Every rank gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR = node 0's address, MASTER_PORT) and
 GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set to its node's interface. If a rank
-fails, the others are stopped; the exit code is the first failing rank's.
+fails, the others are stopped; the exit code is the first failing rank's. Ranks
+die with ``bytecomp emulate`` even when it is killed outright (the kernel's
+parent-death signal), and the next run kills whatever still runs in the
+namespaces such a run left.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from bytecomp.emulate.netns import (
@@ -29,6 +33,7 @@ from bytecomp.emulate.netns import (
     reap_abandoned,
 )
 from bytecomp.errors import BytecompError
+from bytecomp.lifetime import die_with_parent
 
 MASTER_PORT = 29400
 
@@ -95,6 +100,7 @@ def run_emulated(command: list[str], nodes: int, ranks_per_node: int, bandwidth:
     # Both signals, also where the shell started us with SIGINT ignored (a background job).
     previous = {sig: signal.signal(sig, terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
     processes: list[subprocess.Popen] = []
+    parent = os.getpid()
     try:
         with EmulatedCluster(nodes, rate, latency_s, burst_bytes) as cluster:
             if not quiet:
@@ -107,7 +113,7 @@ def run_emulated(command: list[str], nodes: int, ranks_per_node: int, bandwidth:
                     processes.append(subprocess.Popen(
                         ["ip", "netns", "exec", cluster.namespace(node), *command],
                         env=_rank_environment(cluster, node, local, ranks_per_node, env),
-                        start_new_session=True))
+                        start_new_session=True, preexec_fn=partial(die_with_parent, parent)))
             return _wait(processes)
     finally:
         _stop(processes)

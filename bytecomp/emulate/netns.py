@@ -20,11 +20,13 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytecomp.errors import BytecompError
+from bytecomp.files import read_text_file
 
 PREFIX = "bc"
 NODE_INTERFACE = "eth0"
@@ -216,23 +218,38 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def kill_processes_in(namespace: str) -> list[int]:
+    """SIGKILL every process inside ``namespace`` (ranks of a run killed outright, and
+    their children); returns their pids."""
+    listed = _run("ip", "netns", "pids", namespace, check=False)
+    pids = [int(pid) for pid in listed.split() if pid.isdigit()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return pids
+
+
 def reap_abandoned() -> dict[str, list[str]]:
     """Remove what runs whose process is gone (killed outright) left behind.
 
-    Returns ``{run_id: [removed namespaces and links]}``. Runs still alive are
-    never touched."""
+    Returns ``{run_id: [removed namespaces and links]}``; the processes still running
+    in those namespaces are killed first. Runs still alive are never touched."""
     reaped: dict[str, list[str]] = {}
     for owner in sorted(OWNERS.glob("*")) if OWNERS.is_dir() else []:
         try:
-            pid = int(owner.read_text().strip())
-        except (OSError, ValueError):
+            pid = int(read_text_file(owner, "emulate owner file", limit=64).strip())
+        except (BytecompError, ValueError):
             pid = -1
         if pid > 0 and _alive(pid):
             continue
         names = leftovers(owner.name)
-        for name in names:  # namespaces first: deleting one removes its veth pair
-            if name[len(PREFIX) + len(owner.name):].startswith("n"):
-                subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        namespaces = [n for n in names if n[len(PREFIX) + len(owner.name):].startswith("n")]
+        for name in namespaces:  # its ranks first: they would run on, unreachable
+            kill_processes_in(name)
+        for name in namespaces:  # then namespaces: deleting one removes its veth pair
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
         for name in names:
             if not name[len(PREFIX) + len(owner.name):].startswith("n"):
                 subprocess.run(["ip", "link", "del", name], capture_output=True)

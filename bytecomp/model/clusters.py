@@ -33,10 +33,11 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
 from bytecomp.errors import BytecompError
-from bytecomp.files import read_text_file
+from bytecomp.files import load_yaml, read_text_file
+from bytecomp.plan import MAX_RANKS
+
+MAX_CPU_CORES = 1 << 16  # a node's cores
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+
     from importlib.resources.abc import Traversable
@@ -101,12 +102,20 @@ def available_clusters() -> list[str]:
     return sorted(shipped_clusters())
 
 
+def cluster_file(name_or_path: str) -> Path | None:
+    """The file a ``--cluster`` value names, or None for a shipped config's name."""
+    path = Path(name_or_path)
+    try:
+        is_file = path.suffix in (".yaml", ".yml") or path.exists() or path.is_symlink()
+    except OSError:  # a name too long to be a file: then it is not one
+        is_file = True
+    return path if is_file else None
+
+
 def _read(name_or_path: str) -> tuple[str, str]:
     """The config's text and the label its errors name (a file's path)."""
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.exists():
-            raise BytecompError(f"cluster config {path} does not exist")
+    path = cluster_file(name_or_path)
+    if path is not None:
         return read_text_file(path, "cluster config"), str(path)
     shipped = shipped_clusters()
     if name_or_path not in shipped:
@@ -141,16 +150,14 @@ def _link(path: str, kind: str, value) -> Link | str:
 def load_cluster(name_or_path: str) -> Cluster:
     """A shipped cluster by name (``gbe10``) or a config file, validated."""
     text, path = _read(name_or_path)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise BytecompError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    data = load_yaml(text, path)
     if not isinstance(data, dict):
         raise BytecompError(f"{path}: must be a YAML mapping")
     for field in ("nodes", "ranks_per_node"):
         value = data.get(field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BytecompError(f"{path}: {field} must be a positive integer")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RANKS:
+            raise BytecompError(f"{path}: {field} must be a positive integer (at most "
+                                f"{MAX_RANKS:,})")
     links = data.get("links") or {}
     if not isinstance(links, dict) or set(links) - {"intra", "inter"}:
         raise BytecompError(f"{path}: links may only have 'intra' and 'inter'")
@@ -160,8 +167,11 @@ def load_cluster(name_or_path: str) -> Cluster:
         raise BytecompError(f"{path}: links.inter is required with nodes > 1")
     parsed = {kind: _link(path, kind, value) for kind, value in links.items()}
     cores = data.get("cpu_cores")
-    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
-        raise BytecompError(f"{path}: cpu_cores must be a positive integer")
-    default_name = Path(name_or_path).stem
-    return Cluster(str(data.get("name", default_name)), data["nodes"], data["ranks_per_node"],
-                   parsed.get("intra"), parsed.get("inter"), cores)
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int)
+                              or not 1 <= cores <= MAX_CPU_CORES):
+        raise BytecompError(f"{path}: cpu_cores must be an integer from 1 to {MAX_CPU_CORES:,}")
+    name = data.get("name", Path(name_or_path).stem)
+    if not isinstance(name, str) or not 0 < len(name) <= 200:
+        raise BytecompError(f"{path}: name must be a string of 1 to 200 characters")
+    return Cluster(name, data["nodes"], data["ranks_per_node"], parsed.get("intra"),
+                   parsed.get("inter"), cores)

@@ -7,13 +7,12 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
 
 from bytecomp.errors import BytecompError
-from bytecomp.files import check_new_directory
+from bytecomp.files import check_new_directory, remove_stale_temporaries
 from bytecomp.launch import run_job
 from bytecomp.profile.runner import ProfileConfig, pick_device, run_rank
 from bytecomp.profile.store import Profile, load_profile, save_profile
@@ -21,15 +20,15 @@ from bytecomp.profile.workloads import BUILTINS, load_workload
 
 
 def _remove_partial_output(out: Path) -> None:
-    for leftover in out.parent.glob(f".{out.name}.*.tmp"):
-        shutil.rmtree(leftover, ignore_errors=True)
+    remove_stale_temporaries(out)  # rank 0's temporary directory: rank 0 is gone
 
 
 def run_profile(config: ProfileConfig, nproc: int | None = None) -> Path:
     """Profile ``config.model`` on ``nproc`` spawned local ranks, or on the ranks of
     the torchrun job this process belongs to. Returns the profile directory."""
-    load_workload(config.model)  # an unknown model or a broken factory fails here, once
-    out = check_new_directory(config.out, config.force)
+    workload = load_workload(config.model)  # an unknown model or a broken factory fails here
+    out = check_new_directory(config.out, config.force,
+                              inputs=[workload.source] if workload.source else [])
     if config.device == "cuda" and not torch.cuda.is_available():
         raise BytecompError("--device cuda but no CUDA device is available")
     backend = "nccl" if pick_device(config.device, 0).type == "cuda" else "gloo"

@@ -123,6 +123,9 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
             strategy.optimizer.step()
             strategy.optimizer.zero_grad()
             times[index, step - 1] = 1000 * (_clock(device) - started)
+            if strategy.executor is not None and strategy.executor.controller:
+                # the time between this executor's steps holds every other strategy's step
+                strategy.executor.report_step_ms(float(times[index, step - 1]))
             finite[index] = float(math.isfinite(loss.item()))
             if strategy.name in levels:
                 control = strategy.executor.controller

@@ -6,20 +6,40 @@ and reports a bad one with its path, the column or field and the reason.
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
+from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
-from bytecomp.files import check_input_directory, directory_atomic, read_text_file
+from bytecomp.files import (
+    check_input_directory,
+    directory_atomic,
+    dump_yaml,
+    read_text_file,
+    read_yaml_file,
+)
+from bytecomp.plan import MAX_BUCKET_CAP_MB
 
 FORMAT_VERSION = 1
 TIME_NAMES = ("forward", "backward", "optimizer", "iteration")
+REQUIRED_TIMES = (*TIME_NAMES, "backward_compute")  # what plan and simulate use
+ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}  # dtypes planned
+COLLECTIVE_NAMES = ["allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast"]
+COLLECTIVE_DTYPES = ["float32", "float16", "uint8"]  # profile/sweeps.py DTYPES
+COPY_DIRECTIONS = ["d2h", "h2d", "d2d"]
+SHAPE = r"(\d+(x\d+)*)?"  # 64x3x3x3; empty for a scalar
+# Bounds on what a real profile can hold: beyond them a number is an error, not a model.
+MAX_INTEGER = 1 << 50  # elements or bytes
+MAX_MS = 1e7  # 2.8 hours
+MAX_COUNT = 1 << 20  # ranks, nodes, batch
+READY_SLACK = 0.01  # ready times and backward time are medians rounded to 0.1 us
 EXECUTOR_PATHS = ("direct", "fifo", "host")  # bytecomp.model.overheads.PATHS
+MAX_STEPS_FACTOR = 10.0  # bytecomp.profile.probe.MAX_FACTOR
 
 TABLES = {
     "tensors": {"name": str, "shape": str, "numel": int, "dtype": str, "bytes": int,
@@ -108,7 +128,7 @@ def save_profile(profile: Profile, directory, force: bool = False) -> Path:
     """Write ``directory/profile.yaml`` and the CSV tables, atomically."""
     with directory_atomic(directory, force) as temporary:
         (temporary / "profile.yaml").write_text(
-            yaml.safe_dump(profile.meta, sort_keys=False, default_flow_style=False))
+            dump_yaml(profile.meta, sort_keys=False, default_flow_style=False))
         for name in TABLES:
             table = getattr(profile, name)
             table.to_csv(temporary / f"{name}.csv", index=False, columns=list(TABLES[name]))
@@ -119,6 +139,23 @@ def _fail(path: Path, message: str):
     raise BytecompError(f"{path}: {message}")
 
 
+def _number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def _check_finite(path: Path, value, where: str = "") -> None:
+    """Every number anywhere in profile.yaml must be finite (a NaN compares false with
+    everything, so it slips through range checks and hangs or corrupts the models)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(path, item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_finite(path, item, f"{where}[{index}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        _fail(path, f"field '{where}' is {value} (must be a finite number)")
+
+
 def _check_interference(path: Path, entry) -> None:
     """Optional: shares of the compute stream lost to communication, in [0, 1)."""
     if entry is None:
@@ -127,13 +164,12 @@ def _check_interference(path: Path, entry) -> None:
         _fail(path, "field 'interference' must be a mapping")
     for key in ("fraction", "intra_fraction"):
         value = entry.get(key, 0.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        if not _number(value) or not 0 <= value < 1:
             _fail(path, f"field 'interference.{key}' must be a number in [0, 1)")
 
 
 def _milliseconds(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and \
-        math.isfinite(value) and 0 <= value < 1e6
+    return _number(value) and math.isfinite(value) and 0 <= value < MAX_MS
 
 
 def _check_executor(path: Path, entry) -> None:
@@ -152,14 +188,37 @@ def _check_executor(path: Path, entry) -> None:
                             f"number of ms")
 
 
+def _check_probe_meta(path: Path, entry) -> None:
+    """Optional: the convergence probe's settings (its steps are named in plan's notes)."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict):
+        _fail(path, "field 'probe' must be a mapping")
+    steps = entry.get("steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_COUNT:
+        _fail(path, f"field 'probe.steps' must be an integer from 0 to {MAX_COUNT:,}, "
+                    f"got {steps!r}")
+
+
+def _check_times(path: Path, times: dict) -> None:
+    """Every phase: a mapping of statistics in ms (median_ms at least); the phases the
+    planner and simulator use must be there."""
+    for name in REQUIRED_TIMES:
+        if name not in times:
+            _fail(path, f"missing field 'times.{name}' (re-run bytecomp profile)")
+    for name, entry in times.items():
+        if not isinstance(entry, dict) or "median_ms" not in entry:
+            _fail(path, f"field 'times.{name}' must be a mapping with median_ms")
+        for statistic, value in entry.items():
+            if not _milliseconds(value):
+                _fail(path, f"field 'times.{name}.{statistic}' must be a non-negative number "
+                            f"of ms below {MAX_MS:g}, got {value!r}")
+
+
 def _load_meta(path: Path) -> dict:
     if not path.exists():
         _fail(path, "missing (is this a profile directory made by bytecomp profile?)")
-    try:
-        meta = yaml.safe_load(read_text_file(path, "profile file"))
-    except yaml.YAMLError as error:
-        first = str(error).splitlines()[0]
-        _fail(path, f"not valid YAML ({first})")
+    meta = read_yaml_file(path, "profile file")
     if not isinstance(meta, dict):
         _fail(path, "must be a YAML mapping")
     for key, kind in REQUIRED_FIELDS.items():
@@ -167,14 +226,16 @@ def _load_meta(path: Path) -> dict:
             _fail(path, f"missing field '{key}'")
         if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
             _fail(path, f"field '{key}' has the wrong type ({type(meta[key]).__name__})")
+    _check_finite(path, meta)
     if meta["format_version"] != FORMAT_VERSION:
         _fail(path, f"format_version {meta['format_version']} is not supported "
                     f"(this bytecomp reads {FORMAT_VERSION})")
     for key in ("world_size", "nodes", "ranks_per_node", "batch_size"):
-        if meta[key] < 1:
-            _fail(path, f"field '{key}' must be at least 1")
-    if not 0 < meta["bucket_cap_mb"] < math.inf:
-        _fail(path, "field 'bucket_cap_mb' must be a positive number")
+        if not 1 <= meta[key] <= MAX_COUNT:
+            _fail(path, f"field '{key}' must be between 1 and {MAX_COUNT:,}")
+    if not 0 < meta["bucket_cap_mb"] <= MAX_BUCKET_CAP_MB:
+        _fail(path, f"field 'bucket_cap_mb' must be a positive number (at most "
+                    f"{MAX_BUCKET_CAP_MB:g})")
     if meta["nodes"] * meta["ranks_per_node"] != meta["world_size"]:
         _fail(path, "nodes x ranks_per_node must equal world_size")
     if not isinstance(meta["model"].get("fingerprint"), str):
@@ -183,62 +244,165 @@ def _load_meta(path: Path) -> dict:
         _fail(path, "field 'device.type' must be cpu or cuda")
     _check_interference(path, meta.get("interference"))
     _check_executor(path, meta.get("executor"))
-    for name in TIME_NAMES:
-        entry = meta["times"].get(name)
-        value = entry.get("median_ms") if isinstance(entry, dict) else None
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            _fail(path, f"field 'times.{name}.median_ms' must be a non-negative number")
+    _check_probe_meta(path, meta.get("probe"))
+    _check_times(path, meta["times"])
     return meta
+
+
+def _row_fail(path: Path, table: pd.DataFrame, mask, column: str, reason: str,
+              show: bool = True) -> None:
+    """Fail on the first row where ``mask`` holds, naming it (rows count from 1) and,
+    with ``show``, its value."""
+    mask = np.asarray(mask, dtype=bool)
+    if mask.any():
+        row = int(mask.argmax())
+        value = table[column].iloc[row]
+        value = value.item() if isinstance(value, np.generic) else value
+        _fail(path, f"column '{column}', row {row + 1}: " + (f"{value!r} " if show else "")
+              + reason)
 
 
 def _load_table(directory: Path, name: str, required: bool = True) -> pd.DataFrame:
     path = directory / f"{name}.csv"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         if required:
             _fail(path, "missing")
         return empty_table(name)
+    text = read_text_file(path, "profile table")
     try:
-        table = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except Exception as error:
-        _fail(path, f"not a readable CSV table ({type(error).__name__}: {error})")
+        table = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except Exception as error:  # pandas raises several kinds for a malformed table
+        _fail(path, f"not a readable CSV table ({type(error).__name__}: "
+                    f"{str(error).splitlines()[0] if str(error) else ''})")
     for column, kind in TABLES[name].items():
         if column not in table.columns:
             _fail(path, f"missing column '{column}'")
         if kind is str:
             continue
-        numbers = pd.to_numeric(table[column], errors="coerce")
-        bad = ~np.isfinite(numbers.astype(float))
-        if bad.any():
-            row = int(bad.idxmax())
-            _fail(path, f"column '{column}', row {row + 1}: {table[column][row]!r} is not a number")
-        if column in NON_NEGATIVE and (numbers < 0).any():
-            row = int((numbers < 0).idxmax())
-            _fail(path, f"column '{column}', row {row + 1}: must not be negative")
-        if column in FRACTIONS and ((numbers < 0) | (numbers > 1)).any():
-            row = int(((numbers < 0) | (numbers > 1)).idxmax())
-            _fail(path, f"column '{column}', row {row + 1}: must be between 0 and 1")
+        numbers = pd.to_numeric(table[column], errors="coerce").astype(float)
+        _row_fail(path, table, ~np.isfinite(numbers), column, "is not a number")
+        if kind is int:
+            _row_fail(path, table, (numbers != np.round(numbers)) | (numbers.abs() > MAX_INTEGER),
+                      column, f"is not an integer (at most {MAX_INTEGER:.3g})")
+        if column in NON_NEGATIVE:
+            _row_fail(path, table, numbers < 0, column, "must not be negative", show=False)
+        if column.endswith("_ms"):
+            _row_fail(path, table, numbers >= MAX_MS, column, f"is not below {MAX_MS:g} ms")
+        if column in FRACTIONS:
+            _row_fail(path, table, (numbers < 0) | (numbers > 1), column,
+                      "must be between 0 and 1", show=False)
         table[column] = numbers.astype(kind)
     return table
 
 
+def _check_tensors(path: Path, tensors: pd.DataFrame, meta: dict) -> None:
+    """Each row one parameter: numel a positive integer matching its shape, bytes numel x
+    the dtype's size, a supported dtype, ready times in ready order within the backward
+    pass."""
+    if tensors.empty:
+        _fail(path, "has no rows")
+    _row_fail(path, tensors, tensors["name"].str.strip() == "", "name", "is empty")
+    _row_fail(path, tensors, tensors["name"].duplicated(), "name", "appears twice")
+    _row_fail(path, tensors, tensors["numel"] < 1, "numel", "must be at least 1")
+    shapes = tensors["shape"].astype(str)
+    _row_fail(path, tensors, ~shapes.str.fullmatch(SHAPE), "shape",
+              "is not a shape (sizes joined by x, like 64x3x3x3)")
+    products = [math.prod(int(size) for size in shape.split("x") if size) for shape in shapes]
+    _row_fail(path, tensors, np.array(products, dtype=object) != tensors["numel"].to_numpy(),
+              "shape", "does not hold numel elements")
+    _row_fail(path, tensors, ~tensors["dtype"].isin(list(ELEMENT_SIZES)), "dtype",
+              f"is not a supported dtype ({', '.join(ELEMENT_SIZES)})")
+    sizes = tensors["dtype"].map(ELEMENT_SIZES)
+    _row_fail(path, tensors, tensors["bytes"] != tensors["numel"] * sizes, "bytes",
+              "is not numel x the dtype's element size")
+    ready = tensors["ready_ms"].to_numpy()
+    _row_fail(path, tensors, np.r_[False, ready[1:] < ready[:-1]], "ready_ms",
+              "is earlier than the row before (rows are in gradient-ready order)")
+    backward = float(meta["times"]["backward_compute"]["median_ms"])
+    _row_fail(path, tensors, ready > backward * (1 + READY_SLACK) + 0.01, "ready_ms",
+              f"is after the backward pass (times.backward_compute: {backward:g} ms)")
+    _row_fail(path, tensors, tensors["bucket"] < -1, "bucket", "must be -1 or more")
+
+
+def _check_collectives(path: Path, table: pd.DataFrame, meta: dict) -> None:
+    """Known collectives and dtypes; the groups a job of this shape sweeps (the world;
+    inter-node with several nodes; intra-node with several nodes of several ranks),
+    each with its size as rank count."""
+    if table.empty:
+        _fail(path, "has no rows")
+    _row_fail(path, table, ~table["collective"].isin(COLLECTIVE_NAMES), "collective",
+              f"is not one of {', '.join(COLLECTIVE_NAMES)}")
+    _row_fail(path, table, ~table["dtype"].isin(COLLECTIVE_DTYPES), "dtype",
+              f"is not one of {', '.join(COLLECTIVE_DTYPES)}")
+    ranks = {"world": meta["world_size"], "intra": meta["ranks_per_node"],
+             "inter": meta["nodes"]}
+    _row_fail(path, table, ~table["group"].isin(list(ranks)), "group",
+              "is not one of world, intra, inter")
+    shape = f"{meta['nodes']} nodes x {meta['ranks_per_node']}"
+    swept = {"world"} | ({"inter"} if meta["nodes"] > 1 else set()) | \
+        ({"intra"} if meta["nodes"] > 1 and meta["ranks_per_node"] > 1 else set())
+    _row_fail(path, table, ~table["group"].isin(sorted(swept)), "group",
+              f"is not a group of a job of {shape} ({', '.join(sorted(swept))})")
+    for group in sorted(swept - set(table["group"])):
+        _fail(path, f"has no rows for the {group} group, which a job of {shape} has")
+    expected = table["group"].map(ranks)
+    _row_fail(path, table, table["ranks"] != expected, "ranks",
+              f"does not match the group's size in profile.yaml (world_size "
+              f"{meta['world_size']}, {shape})")
+    _row_fail(path, table, table["bytes"] < 1, "bytes", "must be at least 1")
+
+
+def _check_specs(path: Path, table: pd.DataFrame, column: str) -> None:
+    for spec in dict.fromkeys(table[column]):
+        try:
+            from_spec(spec)
+        except BytecompError as error:
+            row = int((table[column] == spec).to_numpy().argmax())
+            _fail(path, f"column '{column}', row {row + 1}: {error}")
+
+
 def load_profile(directory) -> Profile:
-    """Read and validate a profile directory."""
+    """Read and validate a profile directory: every file a regular file of sane size,
+    every number finite and in range, and the tables consistent with each other and
+    with profile.yaml."""
     directory = check_input_directory(directory, "profile directory")
     meta = _load_meta(directory / "profile.yaml")
     tensors = _load_table(directory, "tensors")
-    if tensors.empty:
-        _fail(directory / "tensors.csv", "has no rows")
-    if tensors["name"].duplicated().any():
-        _fail(directory / "tensors.csv", f"tensor {tensors['name'][tensors['name'].duplicated()].iloc[0]!r} "
-                                         f"appears twice")
+    _check_tensors(directory / "tensors.csv", tensors, meta)
     collectives = _load_table(directory, "collectives")
-    if collectives.empty:
-        _fail(directory / "collectives.csv", "has no rows")
+    _check_collectives(directory / "collectives.csv", collectives, meta)
     compressors = _load_table(directory, "compressors")
+    _check_specs(directory / "compressors.csv", compressors, "spec")
+    _row_fail(directory / "compressors.csv", compressors,
+              ~compressors["device"].isin(["cpu", "cuda"]), "device", "is not cpu or cuda")
+    _row_fail(directory / "compressors.csv", compressors, compressors["numel"] < 1, "numel",
+              "must be at least 1")
     copies = _load_table(directory, "copies", required=False)
+    _row_fail(directory / "copies.csv", copies, ~copies["direction"].isin(COPY_DIRECTIONS),
+              "direction", f"is not one of {', '.join(COPY_DIRECTIONS)}")
     fidelity = _load_table(directory, "fidelity", required=False)
+    _check_specs(directory / "fidelity.csv", fidelity, "spec")
     unknown = set(fidelity["tensor"]) - set(tensors["name"])
     if unknown:
         _fail(directory / "fidelity.csv", f"tensor {sorted(unknown)[0]!r} is not in tensors.csv")
     probe = _load_table(directory, "probe", required=False)
+    _check_probe(directory / "probe.csv", probe)
     return Profile(meta, tensors, collectives, compressors, copies, directory, fidelity, probe)
+
+
+def _check_probe(path: Path, probe: pd.DataFrame) -> None:
+    """One row per compressor spec, its steps factor at most the probe's cap (bytecomp
+    .profile.probe.MAX_FACTOR: "it does not learn")."""
+    _check_specs(path, probe, "spec")
+    specs = probe["spec"].map(canonical)
+    _row_fail(path, probe, specs.duplicated(), "spec",
+              "appears twice (specs compared in canonical form)")
+    _row_fail(path, probe, probe["steps_factor"] > MAX_STEPS_FACTOR, "steps_factor",
+              f"is above {MAX_STEPS_FACTOR:g}")
+
+
+def profile_files(directory) -> list[Path]:
+    """The files :func:`load_profile` reads: a command's inputs, which no output may
+    overwrite."""
+    return [Path(directory) / "profile.yaml"] + [Path(directory) / f"{name}.csv"
+                                                  for name in TABLES]

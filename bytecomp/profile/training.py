@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from bytecomp.comm.topology import new_group
+from bytecomp.errors import BytecompError
 from bytecomp.profile.timing import Clock, summarize
 from bytecomp.profile.workloads import Workload
 
@@ -116,6 +118,13 @@ def _iterate(ddp, workload, batch, optimizer, clock, settings, recorder, progres
     for iteration in range(settings.warmup + settings.iterations):
         times, backward_start = _one_iteration(ddp, workload, batch, optimizer, clock, True)
         marks = dict(recorder.marks)
+        unused = [name for name in names if name not in marks]
+        if unused:  # before DDP's own iteration, which would wait for it forever or fail
+            raise BytecompError(
+                f"parameter {unused[0]!r} gets no gradient (the forward pass does not use it"
+                f"{f'; {len(unused) - 1} more' if len(unused) > 1 else ''}): exclude it from "
+                f"the model or freeze it (requires_grad=False); bytecomp profile runs DDP "
+                f"without find_unused_parameters")
         ddp_times, _ = _one_iteration(ddp, workload, batch, optimizer, clock, False)
         if iteration >= settings.warmup:
             compute.append(times)
@@ -221,7 +230,7 @@ def measure_training(workload: Workload, device: torch.device, settings: Trainin
     compute, with_ddp, ready, names = _iterate(ddp, workload, batch, optimizer, clock, settings,
                                                recorder, progress)
     recorder.remove()
-    world = dist.new_group(list(range(dist.get_world_size())))
+    world = new_group(list(range(dist.get_world_size())))
     interference = measure_interference(ddp, workload, batch, optimizer, clock, world)
     if intra_group is not None:
         inside = measure_interference(ddp, workload, batch, optimizer, clock, intra_group)

@@ -56,6 +56,7 @@ class Workload:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     batch_size: int = 32
     args: dict = field(default_factory=dict)
+    source: str | None = None  # a factory's module file: an input no output may replace
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self.loss_fn is not None:
@@ -254,6 +255,9 @@ def _from_factory(spec: str) -> Workload:
     module_name, _, attribute = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as error:
+        raise BytecompError(f"importing model factory module {module_name!r} called "
+                            f"sys.exit({error.code!r})") from None
     except Exception as error:
         raise BytecompError(f"cannot import model factory module {module_name!r}: "
                             f"{type(error).__name__}: {error}") from None
@@ -262,13 +266,17 @@ def _from_factory(spec: str) -> Workload:
         raise BytecompError(f"{module_name!r} has no callable {attribute!r}")
     try:
         made = factory()
+    except SystemExit as error:  # exit code 0 would end bytecomp "successfully", with nothing
+        raise BytecompError(f"model factory {spec} called sys.exit({error.code!r}) instead of "
+                            f"returning (model, make_batch)") from None
     except Exception as error:
         raise BytecompError(f"model factory {spec} failed: {type(error).__name__}: {error}") from None
     if not isinstance(made, tuple) or len(made) not in (2, 3) or \
             not isinstance(made[0], nn.Module) or not callable(made[1]):
         raise BytecompError(f"model factory {spec} must return (model, make_batch) or "
                             f"(model, make_batch, loss_fn)")
-    return Workload(spec, made[0], made[1], made[2] if len(made) == 3 else None)
+    return Workload(spec, made[0], made[1], made[2] if len(made) == 3 else None,
+                    source=getattr(module, "__file__", None))
 
 
 def load_workload(spec: str, seed: int = 0) -> Workload:

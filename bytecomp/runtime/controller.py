@@ -34,6 +34,7 @@ the same on every run).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from bytecomp.errors import BytecompError
@@ -183,5 +184,10 @@ class Controller:
                 len(gain) != self.levels or len(time_ms) != self.levels:
             raise BytecompError("the executor state's controller does not fit this plan's "
                                 "levels")
+        numbers = [v for v in gain + time_ms if v is not None] + [s.gain for s in switches]
+        if steps_here < 0 or settled_steps < 0 or \
+                not all(math.isfinite(v) and v >= 0 for v in numbers):  # NaN steers no level
+            raise BytecompError("the executor state's controller is damaged (a negative or "
+                                "non-finite number)")
         self.level, self.mode, self.gain, self.time_ms = level, mode, gain, time_ms
         self.steps_here, self.settled_steps, self.switches = steps_here, settled_steps, switches

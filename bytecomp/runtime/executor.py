@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from bytecomp.comm.schemes import take_residuals
-from bytecomp.comm.topology import Topology
+from bytecomp.comm.topology import Topology, new_group
 from bytecomp.comm.worker import CommWorker
 from bytecomp.errors import BytecompError
 from bytecomp.plan import Plan, load_plan
@@ -76,6 +76,7 @@ class Executor:
         self._use_level(0)
         self.pending: dict[str, torch.Tensor] = {}  # residuals to fold into the next gradients
         self._last_boundary: float | None = None
+        self._reported_ms: float | None = None  # report_step_ms: the last step's duration
         self._inflight: tuple | None = None  # (level, measurement, allreduce) being agreed on
         self.controller_pending: list | None = None  # an agreed measurement not yet used
         self.stats = Stats()
@@ -93,7 +94,7 @@ class Executor:
         self._current = Step()
         check_bucket_cap(ddp, plan)
         # the controller's agreement travels on a group of its own, on the host
-        self.control = dist.new_group(list(range(dist.get_world_size())), backend="gloo") \
+        self.control = new_group(list(range(dist.get_world_size())), backend="gloo") \
             if self.controller is not None else None
         self.native = native and self.controller is None and self._plain_allreduce()
         if self.native:  # DDP's own allreduce is this plan: no hook, no Python per bucket
@@ -115,6 +116,25 @@ class Executor:
     def switches(self) -> list[Switch]:
         """An adaptive plan's moves so far: step, from, to, gain, reason."""
         return list(self.controller.switches) if self.controller is not None else []
+
+    def report_step_ms(self, ms: float) -> None:
+        """Tell an adaptive plan's controller how long the step just finished took.
+
+        By default the controller times a step as the wall-clock time between two
+        consecutive steps of this executor. Where that is not the step's time (a loop that
+        trains several models in turn in one process, as ``bytecomp bench --train-steps``
+        does, or one that pauses between steps to evaluate), call this after each
+        ``optimizer.step()`` with the step's own duration; it replaces the wall-clock
+        interval for that step. Static plans ignore it.
+
+        Example::
+
+            started = time.perf_counter()
+            loss_fn(ddp(inputs), target).backward()
+            optimizer.step()
+            executor.report_step_ms(1000 * (time.perf_counter() - started))
+        """
+        self._reported_ms = float(ms)
 
     def _use_level(self, level: int) -> None:
         self.groups = self.ladder[level]
@@ -191,6 +211,8 @@ class Executor:
         assert self.controller is not None and self.control is not None
         now = time.perf_counter()
         elapsed_ms = 1000 * (now - self._last_boundary) if self._last_boundary else 0.0
+        if self._reported_ms is not None:
+            elapsed_ms, self._reported_ms = self._reported_ms, None
         self._last_boundary = now
         if self.states.step == 0:
             return  # nothing compressed yet
@@ -206,16 +228,22 @@ class Executor:
         if after != before:
             self._switch(before, after)
 
+    def _collect(self) -> None:
+        """Finish the allreduce in flight: its agreed measurement becomes the pending one,
+        [level, gain, step ms or None]."""
+        if self._inflight is None:
+            return
+        level, measured, work = self._inflight
+        work.wait()
+        world = dist.get_world_size()
+        self.controller_pending = [level, math.sqrt(max(0.0, float(measured[0]) / world)),
+                                   float(measured[1]) / world
+                                   if float(measured[2]) == world else None]
+        self._inflight = None
+
     def _agreed(self) -> tuple[int, float, float | None] | None:
         """The last measurement every rank shared, once: (level, gain, step ms or None)."""
-        if self._inflight is not None:
-            level, measured, work = self._inflight
-            work.wait()
-            world = dist.get_world_size()
-            self.controller_pending = [level, math.sqrt(max(0.0, float(measured[0]) / world)),
-                                       float(measured[1]) / world
-                                       if float(measured[2]) == world else None]
-            self._inflight = None
+        self._collect()
         pending, self.controller_pending = self.controller_pending, None
         return None if pending is None else (int(pending[0]), float(pending[1]),
                                              None if pending[2] is None else float(pending[2]))
@@ -269,8 +297,7 @@ class Executor:
         each rank's are gathered; rank 0 can then save the whole job's state alone)."""
         saved = self.states.state_dict()
         if self.controller is not None:
-            if self._inflight is not None:  # agreed on, and kept for the next step
-                self.controller_pending = list(self._agreed() or ()) or None
+            self._collect()  # agreed on, and kept for the next step
             saved["controller"] = {**self.controller.state_dict(),
                                    "pending": self.controller_pending}
         return saved

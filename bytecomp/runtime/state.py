@@ -92,16 +92,60 @@ class GroupStates:
                 "world_size": dist.get_world_size(), "ranks": ranks}
 
     def load_state_dict(self, saved: dict) -> None:
-        """Take this rank's part of :meth:`state_dict`, after checking where it is from."""
+        """Take this rank's part of :meth:`state_dict`, after checking where it is from and
+        that the whole of it is well formed (so that every rank, loading the same
+        checkpoint, accepts or refuses it alike)."""
         if not isinstance(saved, dict) or saved.get("format") != STATE_FORMAT:
             raise BytecompError("not a bytecomp executor state (expected executor.state_dict())")
         if saved.get("plan_digest") != self.plan.digest():
             raise BytecompError("this executor state was saved with another plan")
-        if saved.get("world_size") != dist.get_world_size():
+        world = dist.get_world_size()
+        if saved.get("world_size") != world:
             raise BytecompError(f"this executor state was saved by {saved.get('world_size')} "
-                                f"ranks, not {dist.get_world_size()}")
+                                f"ranks, not {world}")
+        problem = _malformed(saved, world)
+        if problem:
+            raise BytecompError(f"this executor state is corrupted: {problem}")
         self.by_group = to_device(saved["ranks"][dist.get_rank()], self.device)
         self.step = int(saved["step"])
+
+
+PLAIN = (torch.Tensor, int, float, str, bool, type(None))
+
+
+def _malformed(saved: dict, world: int) -> str | None:
+    """What is wrong with a saved state's layout, or None. A state holds only tensors,
+    numbers, strings, lists, tuples and dicts, so ``torch.load(weights_only=True)``
+    reads it."""
+    step, ranks = saved.get("step"), saved.get("ranks")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"'step' must be a non-negative integer, got {step!r}"
+    if not isinstance(ranks, list) or len(ranks) != world:
+        return f"'ranks' must be a list of {world} per-rank states"
+    for rank, groups in enumerate(ranks):
+        if not isinstance(groups, dict) or not all(
+                isinstance(key, str) and isinstance(value, dict) for key, value in groups.items()):
+            return f"ranks[{rank}] must map group keys to state dicts"
+        where = _not_plain(groups, f"ranks[{rank}]")
+        if where:
+            return f"{where} is not a tensor, number, string, list or dict"
+    return None
+
+
+def _not_plain(value, where: str) -> str | None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _not_plain(item, f"{where}[{key!r}]") if isinstance(key, (str, int)) else where
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _not_plain(item, f"{where}[{index}]")
+            if found:
+                return found
+        return None
+    return None if isinstance(value, PLAIN) else where
 
 
 def to_device(value, device: torch.device):

@@ -15,8 +15,8 @@ from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
 from bytecomp.model.fidelity import FidelityModel
 from bytecomp.model.overheads import ExecutorCosts
 from bytecomp.model.strategy import StrategyCosts, cast_specs
-from bytecomp.plan import HOST_WORKERS, NO_COMPRESSION, Option, Plan, PlanEntry
-from bytecomp.profile.store import Profile
+from bytecomp.plan import HOST_WORKERS, MAX_HOST_WORKERS, NO_COMPRESSION, Option, Plan, PlanEntry
+from bytecomp.profile.store import ELEMENT_SIZES, Profile
 from bytecomp.search.algorithms import (
     Point,
     anneal,
@@ -33,7 +33,6 @@ from bytecomp.timeline.simulator import simulate
 DEFAULT_CAPS = SEARCHED_CAPS_MB  # and the profiled cap; 0: one bucket per tensor
 EXACT_MAX_SPACE = 50_000  # options ** tensors: exact search where enumeration is cheap
 DEFAULT_MIN_FIDELITY = 0.75  # GraVAC's threshold on the compression gain
-ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
 def default_budget_s(tensors: int) -> float:
@@ -46,7 +45,7 @@ def host_workers_of(cluster: Cluster) -> int:
     config's ``cpu_cores``), else the executor's default pool."""
     if cluster.cpu_cores is None:
         return HOST_WORKERS
-    return max(1, cluster.cpu_cores // cluster.ranks_per_node)
+    return min(MAX_HOST_WORKERS, max(1, cluster.cpu_cores // cluster.ranks_per_node))
 
 
 def effective_ms(time_ms: float, fidelity: float | None) -> float | None:
@@ -162,13 +161,16 @@ class Planner:
             strict = True
             self.notes.append(f"only {self.specs[0]} compresses (or nothing): the plan's "
                               f"accuracy is at least that of {self.specs[0]} on every tensor")
-        fp16, powersgd = _baseline_options(self.compute.specs())
+        timed = {spec for spec, device in self.compute.encode if device == profile.device_type}
+        fp16, powersgd = _baseline_options(timed)  # their methods run on the device
         self.baseline_specs = {"fp16": fp16, "powersgd": powersgd}
         searched = list(self.specs)
         if not strict:  # the baselines' methods are always candidates, so no baseline wins
             searched += [s for s in (fp16, powersgd) if s and s not in searched]
+        host_specs = {spec for spec, device in self.compute.encode if device == "cpu"}
         tree = build_tree(searched, self.cluster.nodes, self.cluster.ranks_per_node,
-                          profile.device_type, set(cast_specs(self.compute.specs())))
+                          profile.device_type, set(cast_specs(self.compute.specs())),
+                          host_specs)
         self.tree = tree
         options = options_of(tree)
         searchable = len(options)
@@ -439,8 +441,31 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4) if math.isfinite(value) else None
 
 
+def check_plan_fits(plan: Plan, profile: Profile, cluster: Cluster | None) -> None:
+    """The plan was made for this profile's model and for the cluster's shape (nodes x
+    ranks per node; the profiled one without ``cluster``), or a one-line error."""
+    if plan.model_fingerprint != profile.fingerprint:
+        raise BytecompError(f"{plan.path or 'the plan'} was made for another model (fingerprint "
+                            f"{plan.model_fingerprint[:12]}, profile {profile.fingerprint[:12]})")
+    check_plan_shape(plan, profile, cluster)
+
+
+def check_plan_shape(plan: Plan, profile: Profile, cluster: Cluster | None) -> None:
+    """The plan's nodes x ranks per node are the cluster's (the profiled one's without
+    ``cluster``), or a one-line error."""
+    label = plan.path or "the plan"
+    shape = (cluster.nodes, cluster.ranks_per_node) if cluster else \
+        (profile.nodes, profile.ranks_per_node)
+    if (plan.nodes, plan.ranks_per_node) != shape:
+        where = f"cluster {cluster.name}" if cluster else f"the profile ({profile.label})"
+        raise BytecompError(f"{label} is for {plan.nodes} x {plan.ranks_per_node} ranks (nodes "
+                            f"x ranks per node) but {where} has {shape[0]} x {shape[1]}; pass "
+                            f"--cluster with the plan's cluster")
+
+
 def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
     """Simulate a plan file's own groups (whatever rule made them) on the planner's model."""
+    check_plan_shape(plan, planner.profile, None if planner.cluster.measured else planner.cluster)
     problem = planner.problem
     position = {t.name: i for i, t in enumerate(problem.tensors)}
     missing = [e.name for e in plan.entries if e.name not in position]
@@ -452,8 +477,13 @@ def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
                             f"was the plan made for another model?")
     owner = problem.bucket_of(plan.bucket_cap_mb)
     groups = []
+    cluster = planner.cluster
     for group_id, entries in sorted(plan.groups().items()):
         option = entries[0].option
+        if option.collective == "hierarchical" and min(cluster.nodes, cluster.ranks_per_node) < 2:
+            raise BytecompError(f"{plan.path}: tensor {entries[0].name!r} uses the hierarchical "
+                                f"scheme, which needs several nodes of several ranks; the "
+                                f"cluster is {cluster.nodes} x {cluster.ranks_per_node}")
         if option not in problem.options:
             if option.compressed:
                 planner.compute.check(option.spec, "cpu" if option.place == "host"

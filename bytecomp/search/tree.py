@@ -36,7 +36,8 @@ ALL_CASTS = frozenset(CASTS.values())
 
 
 def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_per_node: int,
-                  device_type: str, casts: frozenset = ALL_CASTS) -> str | None:
+                  device_type: str, casts: frozenset = ALL_CASTS,
+                  host_specs: set[str] | None = None) -> str | None:
     if scheme in HIERARCHICAL and (nodes < 2 or ranks_per_node < 2):
         return "hierarchical needs several nodes and several ranks per node"
     if scheme == "twolevel" and (nodes < 2 or ranks_per_node < 2):
@@ -49,6 +50,8 @@ def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_p
         return None
     if place == "host" and device_type != "cuda":
         return "host offload only helps when the gradients live on a GPU"
+    if place == "host" and host_specs is not None and spec not in host_specs:
+        return "no cpu timings for the compressor in the profile (host offload encodes there)"
     compressor = from_spec(spec)
     if scheme not in supported_schemes(compressor):
         return f"{compressor.name} does not support {scheme}"
@@ -56,9 +59,12 @@ def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_p
 
 
 def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
-               device_type: str, casts=ALL_CASTS) -> nx.DiGraph:
+               device_type: str, casts=ALL_CASTS,
+               host_specs: set[str] | None = None) -> nx.DiGraph:
     """The full tree, with ``pruned`` set on the leaves that cannot run. ``casts``: the
-    16-bit types (``fp16``, ``bf16``) whose casts the profile timed."""
+    16-bit types (``fp16``, ``bf16``) whose casts the profile timed; ``host_specs``: the
+    specs that can encode on the host (the profile timed them on the cpu); default every
+    spec."""
     casts = frozenset(casts)
     tree = nx.DiGraph()
     tree.add_node(ROOT)
@@ -69,7 +75,8 @@ def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
         tree.nodes[leaf]["option"] = Option(UNCOMPRESSED, "device", scheme)
         tree.nodes[leaf]["pruned"] = _prune_reason(None, "device", scheme, nodes,
                                                    ranks_per_node, device_type, casts)
-    tree.add_edge(ROOT, "compress")
+    if specs:
+        tree.add_edge(ROOT, "compress")
     for spec in specs:
         tree.add_edge("compress", spec)
         for place in ("device", "host"):
@@ -79,7 +86,8 @@ def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
                 tree.add_edge(f"{spec}/{place}", leaf)
                 tree.nodes[leaf]["option"] = Option(spec, place, scheme)
                 tree.nodes[leaf]["pruned"] = _prune_reason(spec, place, scheme, nodes,
-                                                           ranks_per_node, device_type, casts)
+                                                           ranks_per_node, device_type, casts,
+                                                           host_specs)
     return tree
 
 

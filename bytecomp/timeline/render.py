@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bytecomp.errors import BytecompError
-from bytecomp.files import check_output_file, write_text_atomic
+from bytecomp.files import atomic_files, write_text_atomic
 from bytecomp.timeline.simulator import SimResult
 
 LANES = ("compute", "channel", "host", "copy")
 COLORS = {"forward": "#9ecae1", "backward": "#3182bd", "optimizer": "#6baed6",
           "encode": "#e6550d", "decode": "#fd8d3c", "collective": "#31a354",
-          "d2h": "#756bb1", "h2d": "#9e9ac8"}
+          "d2h": "#756bb1", "h2d": "#9e9ac8", "hook": "#bdbdbd"}
+OTHER = "#999999"  # an op without a colour of its own
 
 
-def chrome_trace(result: SimResult, path, title: str = "bytecomp") -> Path:
+def trace_json(result: SimResult, title: str = "bytecomp") -> str:
     """Trace Event Format JSON: one thread per resource, times in microseconds."""
     events = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": title}}]
     for tid, lane in enumerate(LANES):
@@ -25,13 +25,24 @@ def chrome_trace(result: SimResult, path, title: str = "bytecomp") -> Path:
         events.append({"name": event.label or event.op, "cat": event.op, "ph": "X", "pid": 1,
                        "tid": LANES.index(event.resource), "ts": round(event.start * 1000, 3),
                        "dur": round(event.duration * 1000, 3), "args": {"op": event.op}})
-    write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"})
+
+
+def chrome_trace(result: SimResult, path, title: str = "bytecomp") -> Path:
+    """Write :func:`trace_json` to ``path`` (atomically)."""
+    write_text_atomic(path, trace_json(result, title))
     return Path(path)
 
 
 def gantt_png(result: SimResult, path, title: str = "bytecomp timeline") -> Path:
-    """A Gantt chart of the compute, channel, host and copy lanes."""
-    path = check_output_file(path, "--png")
+    """Write :func:`draw_gantt` to ``path`` (atomically)."""
+    with atomic_files([path]) as (temporary,):
+        draw_gantt(result, temporary, title)
+    return Path(path)
+
+
+def draw_gantt(result: SimResult, path, title: str = "bytecomp timeline") -> None:
+    """A Gantt chart of the compute, channel, host and copy lanes, saved as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,28 +51,22 @@ def gantt_png(result: SimResult, path, title: str = "bytecomp timeline") -> Path
 
     used = [lane for lane in LANES if any(e.resource == lane for e in result.events)]
     figure, axes = plt.subplots(figsize=(12, 1.0 + 0.7 * len(used)))
-    for row, lane in enumerate(reversed(used)):
-        bars = [(e.start, e.duration) for e in result.events if e.resource == lane]
-        colors = [COLORS.get(e.op, "#999999") for e in result.events if e.resource == lane]
-        axes.broken_barh(bars, (row - 0.35, 0.7), facecolors=colors, edgecolor="white",
-                         linewidth=0.3)
-    axes.set_yticks(range(len(used)), list(reversed(used)))
-    axes.set_xlabel("ms from the start of the iteration")
-    axes.set_xlim(0, result.iteration_ms * 1.01)
-    axes.set_title(f"{title}: {result.iteration_ms:.1f} ms per iteration")
-    ops = sorted({e.op for e in result.events}, key=list(COLORS).index)
-    axes.legend(handles=[Patch(color=COLORS[op], label=op) for op in ops],
-                loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(used) < 3 else -0.2),
-                ncol=len(ops), frameon=False)
-    figure.tight_layout()
-    temporary = path.with_name(f".{path.name}.tmp.png")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(temporary, dpi=110, format="png")
-        temporary.replace(path)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        raise BytecompError(f"cannot write {path}: {error.strerror}") from None
+        for row, lane in enumerate(reversed(used)):
+            bars = [(e.start, e.duration) for e in result.events if e.resource == lane]
+            colors = [COLORS.get(e.op, OTHER) for e in result.events if e.resource == lane]
+            axes.broken_barh(bars, (row - 0.35, 0.7), facecolors=colors, edgecolor="white",
+                             linewidth=0.3)
+        axes.set_yticks(range(len(used)), list(reversed(used)))
+        axes.set_xlabel("ms from the start of the iteration")
+        axes.set_xlim(0, result.iteration_ms * 1.01)
+        axes.set_title(f"{title}: {result.iteration_ms:.1f} ms per iteration")
+        order = {op: index for index, op in enumerate(COLORS)}
+        ops = sorted({e.op for e in result.events}, key=lambda op: (order.get(op, len(order)), op))
+        axes.legend(handles=[Patch(color=COLORS.get(op, OTHER), label=op) for op in ops],
+                    loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(used) < 3 else -0.2),
+                    ncol=len(ops), frameon=False)
+        figure.tight_layout()
+        figure.savefig(path, dpi=110, format="png")
     finally:
         plt.close(figure)
-    return path
