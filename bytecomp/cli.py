@@ -47,6 +47,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 # (mixed plans measured up to 21% slower than predicted on the emulated 100 Mbit/s link)
 # and the steps factor's (the probe's factors were 6-11% above the steps measured).
 MIN_GAIN = {"time": 5.0, "effective": 10.0}
+MAX_EVALUATIONS = 10**9  # of the annealing
 
 SCHEME_ABBREVIATIONS = {"allreduce": "AR", "allgather": "AG", "twoshot": "2S",
                         "hierarchical": "H", "hierarchical-fp16": "H16", "hierarchical-bf16": "Hb",
@@ -172,8 +173,13 @@ def plan(
                                                   f"{c:g}" for c in SEARCHED_CAPS_MB) + ")."),
     algorithm: str = typer.Option("auto", help="auto, greedy, local (annealing over every "
                                   "option) or exact."),
-    budget: float = typer.Option(None, help="Seconds of annealing after the greedy, spent in "
-                                 "full (default: 0.4 ms a tensor, 50 ms to 0.8 s)."),
+    evaluations: int = typer.Option(None, help="Evaluations of the model the annealing after "
+                                    "the greedy spends, in full (default: 200,000 / tensors, "
+                                    "from 600 to 4,000). The search is deterministic: the "
+                                    "same inputs and evaluations give the same plan."),
+    budget: float = typer.Option(None, help="Seconds: a wall-clock cap on the annealing "
+                                 "(default: none). It only cuts a search short, and then the "
+                                 "plan depends on the machine's speed."),
     strict: bool = typer.Option(False, help="Only the --compressor specs (by default the "
                                 "fp16 and PowerSGD baselines' methods are candidates too)."),
     min_gain: float = typer.Option(None, help="Percent: unless the searched plan is predicted "
@@ -208,17 +214,21 @@ def plan(
 ):
     """Search the per-tensor strategy that trains soonest: shortest predicted iteration per
     unit of gradient fidelity (or iteration time alone); write plan.yaml."""
+    from bytecomp.plan import MAX_BUCKET_CAP_MB
     from bytecomp.profile import load_profile
     from bytecomp.search import Planner, to_plan
 
     if algorithm not in ("auto", "greedy", "local", "exact"):
         raise BytecompError(f"--algorithm must be auto, greedy, local or exact, got {algorithm!r}")
     for cap in bucket_cap_mb or []:
-        if not 0 <= cap < math.inf:
-            raise BytecompError(f"--bucket-cap-mb must be a positive number, or 0 for one "
-                                f"bucket per tensor, got {cap:g}")
+        if not 0 <= cap <= MAX_BUCKET_CAP_MB:  # also false for NaN
+            raise BytecompError(f"--bucket-cap-mb must be a number of MB from 0 (one bucket "
+                                f"per tensor) to {MAX_BUCKET_CAP_MB:g}, got {cap:g}")
     if budget is not None and not 0 <= budget < math.inf:
         raise BytecompError(f"--budget must be a non-negative number of seconds, got {budget:g}")
+    if evaluations is not None and not 0 <= evaluations <= MAX_EVALUATIONS:
+        raise BytecompError(f"--evaluations must be an integer from 0 to {MAX_EVALUATIONS:,}, "
+                            f"got {evaluations}")
     if min_gain is not None and not 0 <= min_gain < 100:
         raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
     check_output_file(out, "--out")
@@ -227,13 +237,14 @@ def plan(
     if adaptive is not None:
         _plan_adaptive(loaded, _load_cluster(cluster), adaptive, gain_threshold, window, timing,
                        bucket_cap_mb or None, algorithm, budget,
-                       (5.0 if min_gain is None else min_gain) / 100, out)
+                       (5.0 if min_gain is None else min_gain) / 100, out, evaluations)
         return
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
                       min_fidelity, fidelity_weights, probe)
     if min_gain is None:
         min_gain = MIN_GAIN[planner.problem.objective.name]
-    result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100)
+    result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100,
+                            evaluations=evaluations)
     written = to_plan(result, loaded).save(out)
     if verbose:
         _print_fits(planner)
@@ -242,7 +253,7 @@ def plan(
 
 def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int, timing: str,
                    caps, algorithm: str, budget: float | None, min_gain: float,
-                   out: str) -> None:
+                   out: str, evaluations: int | None = None) -> None:
     from bytecomp.plan import TIMINGS, Adaptive
     from bytecomp.search.ladder import level_rows, plan_ladder, to_ladder_plan
 
@@ -253,7 +264,8 @@ def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int,
     if timing not in TIMINGS:
         raise BytecompError(f"--timing must be {' or '.join(TIMINGS)}, got {timing!r}")
     settings = Adaptive(family, threshold, window, timing=timing)
-    result = plan_ladder(profile, cluster, settings, caps, algorithm, budget, min_gain)
+    result = plan_ladder(profile, cluster, settings, caps, algorithm, budget, min_gain,
+                         evaluations)
     written = to_ladder_plan(result, profile).save(out)
     level = result.levels[0]
     table = Table(title=f"adaptive plan: {family} ladder on {level.cluster.name} "

@@ -69,7 +69,8 @@ def test_bad_values_and_unusable_paths_fail_before_any_work(cli, tmp_path):
     binary.write_bytes(bytes(range(256)))
     under_a_file = str(a_file / "sub")
     cases = [
-        (("plan", PROFILE, "--bucket-cap-mb", "nan"), "--bucket-cap-mb must be a positive"),
+        (("plan", PROFILE, "--bucket-cap-mb", "nan"), "--bucket-cap-mb must be a number of MB"),
+        (("plan", PROFILE, "--evaluations", "-1"), "--evaluations must be an integer from 0"),
         (("plan", PROFILE, "--budget", "-1"), "--budget must be a non-negative"),
         (("plan", PROFILE, "--out", str(tmp_path)), "is a directory; give a file name"),
         (("plan", PROFILE, "--out", under_a_file), "is a file, not a directory"),

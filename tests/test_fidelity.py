@@ -342,9 +342,9 @@ def test_the_default_margin_is_wider_for_effective_time(cli, monkeypatch, tmp_pa
     seen = []
     search = planner_module.Planner.search
 
-    def recording(self, caps=None, algorithm="auto", budget_s=None, min_gain=0.0):
+    def recording(self, caps=None, algorithm="auto", budget_s=None, min_gain=0.0, **more):
         seen.append((self.problem.objective.name, min_gain))
-        return search(self, caps, algorithm, budget_s, min_gain)
+        return search(self, caps, algorithm, budget_s, min_gain, **more)
 
     monkeypatch.setattr(planner_module.Planner, "search", recording)
     profile = ROOT / "profiles" / "transformer"

@@ -156,5 +156,5 @@ def test_cluster_configs_say_what_their_links_are(tmp_path):
         load_cluster(str(bad))
     bad.write_text("nodes: 2\nranks_per_node: 1\ncpu_cores: 0\nlinks:\n  inter: "
                    "{bandwidth_gbps: 10, latency_us: 5}\n")
-    with pytest.raises(BytecompError, match="cpu_cores must be a positive integer"):
+    with pytest.raises(BytecompError, match="cpu_cores must be an integer from 1 to"):
         load_cluster(str(bad))

@@ -73,12 +73,19 @@ class StrategyCosts:
         self._cache: dict = {}
         self._gathered: dict = {}
         self._payloads: dict = {}
+        self._collectives: dict[tuple, float] = {}
         self.gathers = "d2d" in compute.copies  # the profile measured memory copies
         self.casts = cast_specs(compute.specs())  # fp16/bf16 timings: the 16-bit casts
 
     # -- collectives ---------------------------------------------------------------
     def _collective(self, name: str, group: str, dtype: str, nbytes: float) -> float:
-        return self.comm.time_ms(name, group, dtype, nbytes)
+        """The comm model's time, memoized (the search and the bounds ask again and
+        again for the same sizes)."""
+        key = (name, group, dtype, nbytes)
+        time = self._collectives.get(key)
+        if time is None:
+            time = self._collectives[key] = self.comm.time_ms(name, group, dtype, nbytes)
+        return time
 
     def _gather(self, group: str, ranks: int, per_rank: float, fixed: bool, tensors: int) -> float:
         time = self._collective("allgather", group, "uint8", ranks * per_rank)

@@ -6,14 +6,16 @@
   that minimizes the simulated iteration. Bubble-aware: tensors whose
   communication is followed by an idle channel are hidden behind compute, so
   compressing them cannot help and they are not tried.
-* :func:`anneal`: simulated annealing on the fast evaluator until its deadline
-  (the budget is spent, whatever happens): moves that give one tensor, a whole
+* :func:`anneal`: simulated annealing on the fast evaluator for a number of
+  evaluations (the budget is spent, whatever happens; a seeded generator, so the
+  same inputs give the same plan; an optional wall-clock deadline only cuts a
+  long search short): moves that give one tensor, a whole
   bucket or a size class another option, join a tensor to a neighbour's group,
   or change the bucket cap; worse moves are accepted with a probability that
   falls with the relative loss and the temperature; after a stretch without a
   new best it restarts from the next start (every baseline, then random
-  assignments); it ends with a descent from the best assignment, and while time
-  is left, further rounds start from a perturbation of the best point.
+  assignments); it ends with a descent from the best assignment, and while evaluations
+  are left, further rounds start from a perturbation of the best point.
 * :func:`branch_and_bound`: exact for the model. Tensors are fixed largest
   first; the bound of a partial assignment is the simulation of its assigned
   tensors alone, valid because the timeline is monotone (more work never ends
@@ -143,15 +145,36 @@ class Point:
 
 MOVES = (("tensor", 0.35), ("bucket", 0.25), ("class", 0.15), ("join", 0.2), ("cap", 0.05))
 HOT, COLD = 0.02, 2e-4  # the temperature: a relative loss accepted with probability 1/e
-DESCENT_SHARE = 0.15  # of the budget kept for the final descent
+DESCENT_SHARE = 0.15  # of a round's evaluations kept for its descent
+
+
+class Budget:
+    """What the annealing may spend: a number of evaluations (the search's result
+    depends on it and on nothing else), and optionally a wall-clock deadline that cuts
+    a long search short (then the result depends on the machine's speed too)."""
+
+    def __init__(self, evaluations: int, deadline: float = math.inf) -> None:
+        self.evaluations, self.deadline, self.used = max(0, evaluations), deadline, 0
+
+    @property
+    def left(self) -> int:
+        """Evaluations left (0 also once the deadline has passed)."""
+        if self.deadline < math.inf and time.perf_counter() >= self.deadline:
+            return 0
+        return self.evaluations - self.used
+
+    def evaluate(self, problem: Problem, assignment: list[int], cap: float) -> float:
+        """``problem.evaluate``, counted."""
+        self.used += 1
+        return problem.evaluate(assignment, cap)
 
 
 class Annealer:
     """Simulated annealing over assignments and bucket caps (see :func:`anneal`)."""
 
     def __init__(self, problem: Problem, caps: list[float], keep: int, rng: random.Random,
-                 starts: list[Point]) -> None:
-        self.problem, self.caps, self.rng = problem, caps, rng
+                 starts: list[Point], budget: Budget) -> None:
+        self.problem, self.caps, self.rng, self.budget = problem, caps, rng, budget
         classes = size_classes(problem)
         self.class_of = [0] * len(problem.tensors)
         self.candidates = []
@@ -164,13 +187,16 @@ class Annealer:
         self.moves = [name for name, _ in MOVES]
         self.weights = [weight for _, weight in MOVES]
 
+    def evaluate(self, assignment: list[int], cap: float) -> float:
+        return self.budget.evaluate(self.problem, assignment, cap)
+
     def random_start(self) -> Point:
         assignment = [self.rng.choice(self.candidates[self.class_of[p]])
                       for p in range(len(self.problem.tensors))]
         return self.at_best_cap(assignment)
 
     def at_best_cap(self, assignment: list[int]) -> Point:
-        value, cap = min((self.problem.evaluate(assignment, c), c) for c in self.caps)
+        value, cap = min((self.evaluate(assignment, c), c) for c in self.caps)
         return Point(assignment, cap, value)
 
     def restart(self) -> Point:
@@ -205,38 +231,39 @@ class Annealer:
                     assignment[member] = option
         return assignment, point.cap
 
-    def run(self, start: Point, deadline: float) -> Point:
-        """Rounds of annealing and descent until ``deadline``: the first from
+    def run(self, start: Point) -> Point:
+        """Rounds of annealing and descent until the budget is spent: the first from
         ``start``, each later one from a perturbation of the best point found."""
         best = current = start
-        while True:
-            found = self.round(current, deadline)
+        while self.budget.left > 0:
+            found = self.round(current)
             if found.value < best.value - EPSILON:
                 best = found
-            if time.perf_counter() >= deadline:
-                return best
+            if self.budget.left <= 0:
+                break
             current = self.perturbed(best)
+        return best
 
     def perturbed(self, point: Point) -> Point:
         """``point`` after a few random moves (a kick out of its local optimum)."""
         assignment, cap = point.assignment, point.cap
         for _ in range(max(2, len(assignment) // 20)):
             assignment, cap = self.neighbour(Point(assignment, cap, point.value))
-        return Point(assignment, cap, self.problem.evaluate(assignment, cap))
+        return Point(assignment, cap, self.evaluate(assignment, cap))
 
-    def round(self, start: Point, deadline: float) -> Point:
-        problem, rng = self.problem, self.rng
-        began = time.perf_counter()
-        span = max(1e-9, (deadline - began) * (1 - DESCENT_SHARE))
+    def round(self, start: Point) -> Point:
+        """Annealing for most of the evaluations left (the temperature falls from
+        ``HOT`` to ``COLD`` over them), then a descent from the best point."""
+        problem, rng, budget = self.problem, self.rng, self.budget
+        span = max(1, int(budget.left * (1 - DESCENT_SHARE)))
         current = best = start
         stale, patience = 0, max(300, 20 * len(problem.tensors))
-        while True:
-            now = time.perf_counter()
-            if now >= began + span:
+        for step in range(span):
+            if budget.left <= 0:
                 break
-            temperature = HOT * (COLD / HOT) ** ((now - began) / span)
+            temperature = HOT * (COLD / HOT) ** (step / span)
             assignment, cap = self.neighbour(current)
-            value = problem.evaluate(assignment, cap)
+            value = self.evaluate(assignment, cap)
             if value <= current.value or (math.isfinite(value) and rng.random() < math.exp(
                     -(value - current.value) / current.value / temperature)):
                 current = Point(assignment, cap, value)
@@ -247,50 +274,51 @@ class Annealer:
                 current, stale = self.restart(), 0
                 if current.value < best.value - EPSILON:
                     best = current
-        return descend(problem, best, deadline, self.candidates, self.class_of)
+        return descend(problem, best, budget, self.candidates, self.class_of)
 
 
-def descend(problem: Problem, point: Point, deadline: float, candidates, class_of) -> Point:
+def descend(problem: Problem, point: Point, budget: Budget, candidates, class_of) -> Point:
     """First-improvement descent: whole buckets, then single tensors, each to every
-    candidate option of its class, until no move helps or the deadline."""
+    candidate option of its class, until no move helps or the budget is spent."""
     assignment, value, cap = list(point.assignment), point.value, point.cap
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and budget.left > 0:
         improved = False
         for bucket in problem.buckets(cap):
             options = dict.fromkeys(o for p in bucket for o in candidates[class_of[p]])
             for option in options:
-                if time.perf_counter() > deadline:
+                if budget.left <= 0:
                     return Point(assignment, cap, value)
                 if all(assignment[p] == option for p in bucket):
                     continue
                 trial = list(assignment)
                 for p in bucket:
                     trial[p] = option
-                trial_value = problem.evaluate(trial, cap)
+                trial_value = budget.evaluate(problem, trial, cap)
                 if trial_value < value - EPSILON:
                     assignment, value, improved = trial, trial_value, True
         for position in range(len(assignment)):
             original = assignment[position]
             for option in candidates[class_of[position]]:
-                if option == original or time.perf_counter() > deadline:
+                if option == original or budget.left <= 0:
                     continue
                 assignment[position] = option
-                trial_value = problem.evaluate(assignment, cap)
+                trial_value = budget.evaluate(problem, assignment, cap)
                 if trial_value < value - EPSILON:
                     value, original, improved = trial_value, option, True
             assignment[position] = original
     return Point(assignment, cap, value)
 
 
-def anneal(problem: Problem, caps: list[float], start: Point, deadline: float,
+def anneal(problem: Problem, caps: list[float], start: Point, budget: Budget,
            restarts: list[Point], keep: int = 8, seed: int = 0) -> Point:
-    """The best point found from ``start`` by simulated annealing until ``deadline`` (see
-    the module docstring); never worse than ``start``. ``restarts``: where to go when
-    the walk stalls (then random assignments of the screened options); ``keep``: the
-    options screened per size class (0: all)."""
-    annealer = Annealer(problem, caps, keep, random.Random(seed), restarts)
-    found = annealer.run(start, deadline)
+    """The best point found from ``start`` by simulated annealing within ``budget`` (see
+    the module docstring); never worse than ``start``. Deterministic for a given
+    ``seed`` and number of evaluations unless the budget's deadline cuts it short.
+    ``restarts``: where to go when the walk stalls (then random assignments of the
+    screened options); ``keep``: the options screened per size class (0: all)."""
+    annealer = Annealer(problem, caps, keep, random.Random(seed), restarts, budget)
+    found = annealer.run(start)
     return found if found.value < start.value - EPSILON else start
 
 

@@ -51,8 +51,10 @@ def profiled_settings(profile: Profile, family: str) -> tuple[list[str], list[st
 
 def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
                 caps: list[float] | None = None, algorithm: str = "auto",
-                budget_s: float | None = None, min_gain: float = 0.05) -> LadderResult:
-    """Search every level of ``adaptive.family``'s ladder (see the module docstring)."""
+                budget_s: float | None = None, min_gain: float = 0.05,
+                evaluations: int | None = None) -> LadderResult:
+    """Search every level of ``adaptive.family``'s ladder (see the module docstring);
+    ``budget_s`` and ``evaluations`` as :meth:`Planner.search`'s, for each search."""
     settings, missing = profiled_settings(profile, adaptive.family)
     if not settings:
         raise BytecompError(f"{profile.label}: the profile has no timings for any "
@@ -67,7 +69,7 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
     def search(specs: list[str] | None, cap_choices: list[float] | None,
                gain: float) -> PlanResult:
         planner = Planner(profile, cluster, specs, strict=True, objective="time")
-        return planner.search(cap_choices, algorithm, budget_s, gain)
+        return planner.search(cap_choices, algorithm, budget_s, gain, evaluations=evaluations)
 
     middle = settings[len(settings) // 2]
     cap = search([middle], caps, 0.0).cap_mb
@@ -77,7 +79,7 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
     fp32 = _fp32_at(first, cap)
     results = [fp32]
     if fp16:
-        candidate = first.search([cap], algorithm, budget_s, 0.0)
+        candidate = first.search([cap], algorithm, budget_s, 0.0, evaluations=evaluations)
         if candidate.time_ms < fp32.time_ms * (1 - min_gain):
             results = [candidate]
     kept = [_setting_of(results[0])]

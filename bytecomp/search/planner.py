@@ -18,6 +18,7 @@ from bytecomp.model.strategy import StrategyCosts, cast_specs
 from bytecomp.plan import HOST_WORKERS, MAX_HOST_WORKERS, NO_COMPRESSION, Option, Plan, PlanEntry
 from bytecomp.profile.store import ELEMENT_SIZES, Profile
 from bytecomp.search.algorithms import (
+    Budget,
     Point,
     anneal,
     branch_and_bound,
@@ -35,9 +36,11 @@ EXACT_MAX_SPACE = 50_000  # options ** tensors: exact search where enumeration i
 DEFAULT_MIN_FIDELITY = 0.75  # GraVAC's threshold on the compression gain
 
 
-def default_budget_s(tensors: int) -> float:
-    """Seconds of annealing when none is asked: 0.4 ms a tensor, 50 ms to 0.8 s."""
-    return min(0.8, max(0.05, 0.0004 * tensors))
+def default_evaluations(tensors: int) -> int:
+    """Evaluations of the annealing when none are asked: 200,000 / tensors, from 600 to
+    4,000 (an evaluation's cost grows with the tensors, so this keeps the default
+    search's time roughly flat; the scale set of ``benchmarks/search.py`` measures it)."""
+    return min(4000, max(600, 200_000 // max(1, tensors)))
 
 
 def host_workers_of(cluster: Cluster) -> int:
@@ -262,7 +265,8 @@ class Planner:
     # -- search ----------------------------------------------------------------------------
     def search(self, caps: list[float] | None = None, algorithm: str = "auto",
                budget_s: float | None = None, min_gain: float = 0.0,
-               starts: list[tuple[list[int], float]] | None = None) -> PlanResult:
+               starts: list[tuple[list[int], float]] | None = None,
+               evaluations: int | None = None, seed: int = 0) -> PlanResult:
         """Find the best assignment and bucket cap.
 
         1. Every start (each baseline whose options the search may use, and any
@@ -270,10 +274,14 @@ class Planner:
            runs from the best of them.
         2. Its result is evaluated at every candidate cap (0: one bucket per tensor);
            if another cap is better, the greedy runs again there from that result.
-        3. Unless ``algorithm == "greedy"``: simulated annealing for ``budget_s``
-           seconds (default :func:`default_budget_s`), spent in full, restarting from
-           every other start and then from random assignments when it stalls, and a
-           final descent (``local``: over every option, else the screened ones).
+        3. Unless ``algorithm == "greedy"``: simulated annealing for ``evaluations``
+           evaluations of the model (default :func:`default_evaluations`), spent in
+           full, restarting from every other start and then from random assignments
+           when it stalls, and a final descent (``local``: over every option, else the
+           screened ones). Its random moves come from a generator seeded with
+           ``seed``: the same inputs give the same plan. ``budget_s`` (default none)
+           is a wall-clock cap that cuts the annealing short, the one thing that makes
+           a result depend on the machine's speed.
         4. Where the problem is small (options ** tensors <= 50,000), branch and
            bound at every cap proves the optimum (``exact``).
         5. Unless the result is predicted at least ``min_gain`` (a fraction)
@@ -316,10 +324,12 @@ class Planner:
             cap = best_cap
             assignment, value = greedy(view, cap, assignment)
         if algorithm != "greedy":
-            budget = budget_s if budget_s is not None else default_budget_s(len(problem.tensors))
+            if evaluations is None:
+                evaluations = default_evaluations(len(problem.tensors))
+            deadline = math.inf if budget_s is None else time.perf_counter() + budget_s
             found = anneal(view, caps, Point(assignment, cap, value),
-                           time.perf_counter() + budget, offered[1:],
-                           keep=0 if algorithm == "local" else 8)
+                           Budget(evaluations, deadline), offered[1:],
+                           keep=0 if algorithm == "local" else 8, seed=seed)
             assignment, cap, value = found.assignment, found.cap, found.value
         exact = False
         if small and algorithm in ("auto", "exact"):
