@@ -8,6 +8,7 @@
     nodes: 1
     ranks_per_node: 2
     bucket_cap_mb: 25.0                   # pass it to DistributedDataParallel (0: a bucket per tensor)
+    exchange: ddp-buckets                 # or per-tensor (bucket_cap_mb 0): said for readers
     host_workers: 2                       # host-offload workers per rank (apply_plan's default)
     compressors: [topk:ratio=0.01]        # specs the entries use
     predicted_ms: {plan: 61.2, baselines: {fp32 DDP: 78.4, ...}}
@@ -71,6 +72,14 @@ MAX_HOST_WORKERS = 1024  # a rank's pool: a thread each
 MAX_RANKS = 1 << 20
 MAX_BUCKET_CAP_MB = 1e6
 MAX_PREDICTED_MS = 1e9  # a level's predicted step time
+# How gradients reach the hook: DDP's buckets at bucket_cap_mb, or one bucket per tensor
+# (bucket_cap_mb 0: no tensor merged with another, each exchanged when its gradient is ready)
+EXCHANGES = ("ddp-buckets", "per-tensor")
+
+
+def exchange_of(bucket_cap_mb: float) -> str:
+    """The exchange a bucket cap names: ``per-tensor`` for 0, else ``ddp-buckets``."""
+    return "per-tensor" if bucket_cap_mb == 0 else "ddp-buckets"
 
 
 @dataclass(frozen=True)
@@ -233,6 +242,7 @@ class Plan:
             "nodes": self.nodes,
             "ranks_per_node": self.ranks_per_node,
             "bucket_cap_mb": self.bucket_cap_mb,
+            "exchange": exchange_of(self.bucket_cap_mb),
             "host_workers": self.host_workers,
             "compressors": self.compressors,
             "predicted_ms": self.predicted_ms,
@@ -350,6 +360,9 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
     if not 0 <= cap <= MAX_BUCKET_CAP_MB:  # also false for NaN
         reader.fail("bucket_cap_mb", f"must be a number of MB from 0 (one bucket per tensor) "
                                      f"to {MAX_BUCKET_CAP_MB:g}, got {cap}")
+    if "exchange" in data and data["exchange"] != exchange_of(cap):
+        reader.fail("exchange", f"must be {exchange_of(cap)} with bucket_cap_mb {cap:g} (one of "
+                                f"{', '.join(EXCHANGES)}; per-tensor is bucket_cap_mb 0)")
     workers = data.get("host_workers", HOST_WORKERS)
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_HOST_WORKERS:
         reader.fail("host_workers", f"must be an integer from 1 to {MAX_HOST_WORKERS}")
@@ -363,6 +376,10 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
         if "adaptive" in data:
             reader.fail("adaptive", "an adaptive plan needs its levels")
         entries = _entries(reader, reader.field(data, "tensors", list), "tensors")
+    if cap == 0:
+        for where, level in ([("tensors", entries)] if levels is None else
+                             [(f"levels[{i}].tensors", lv.entries) for i, lv in enumerate(levels)]):
+            _check_per_tensor(reader, level, where)
     info_keys = ("bytecomp_version", "created", "profile", "cluster", "objective", "fidelity")
     info = {key: data[key] for key in info_keys if key in data}
     for key in ("objective", "fidelity"):
@@ -374,6 +391,17 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
         reader.fail("predicted_ms", "must be a mapping")
     return Plan(model_fingerprint, world, nodes, per_node, float(cap), entries, predicted, search,
                 info, levels=levels, adaptive=adaptive, host_workers=workers)
+
+
+def _check_per_tensor(reader: _Reader, entries: list[PlanEntry], where: str) -> None:
+    """One bucket per tensor (bucket_cap_mb 0) merges no tensors: a group each."""
+    first: dict[int, int] = {}
+    for index, entry in enumerate(entries):
+        if entry.group in first:
+            reader.fail(f"{where}[{index}].group", f"group {entry.group} also holds "
+                        f"{where}[{first[entry.group]}], but bucket_cap_mb 0 (one bucket per "
+                        f"tensor) merges no tensors")
+        first[entry.group] = index
 
 
 def _entries(reader: _Reader, raw_entries: list, where: str) -> list[PlanEntry]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 import time
+import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -267,3 +269,86 @@ def _one_rank_steps(rank, world):
 
 def test_a_one_rank_job_runs_a_compressing_plan():
     assert run_ranks(_one_rank_steps, 1) == [3]
+
+
+# -- exchange without DDP buckets: bucket cap 0, one group per tensor ---------------------------
+
+
+def _reference_of(spec, scheme, xs, states, nodes):
+    """The single-process reference (tests/reference.py) of one tensor's exchange."""
+    from bytecomp.comm.schemes import HIERARCHICAL
+
+    import reference
+
+    compressor = from_spec(spec)
+    per_node = len(xs) // nodes
+    if scheme in HIERARCHICAL:
+        return reference.hierarchical(compressor, xs, states, nodes, per_node,
+                                      HIERARCHICAL[scheme])
+    if scheme == "twolevel":
+        return reference.two_level(compressor, xs, states, nodes, per_node)
+    if scheme == "twoshot":
+        return reference.two_shot(compressor, xs, states)
+    return reference.flat(compressor, xs, states, scheme)
+
+
+def per_tensor_plan_differences(rank, world, nodes, options):
+    """Two steps of a plan made with bucket cap 0 on DDP built with bucket_cap_mb=0: every
+    parameter is its own group and gets what the single-process reference of its scheme
+    gives from every rank's own gradient of it; host groups run on the plan's host_workers
+    threads. The worst relative difference per parameter."""
+    from bytecomp.comm.schemes import HIERARCHICAL
+
+    planned, local = load_workload(SMALL), load_workload(SMALL)
+    local.model.load_state_dict(planned.model.state_dict())
+    ddp = DistributedDataParallel(planned.model, bucket_cap_mb=0)
+    names = [n for n, _ in planned.model.named_parameters()]
+    choice = {name: options[i % len(options)] for i, name in enumerate(names)}
+    plan = plan_for_model(planned.model, lambda n, p: choice[n], world, nodes, bucket_cap_mb=0)
+    assert plan.bucket_cap_mb == 0 and len({e.group for e in plan.entries}) == len(names)
+    plan = replace(plan, host_workers=3)  # a node's cores shared by its ranks, say
+    executor = bytecomp.apply_plan(ddp, plan)
+    assert executor.host_path is not None and executor.host_path.pool._max_workers == 3
+    per_node = world // nodes
+
+    def fresh(name):  # the executor's state of a group: a salt from its key (its name)
+        return {"salt": zlib.crc32(name.encode())}
+
+    states = {name: ([[fresh(name) for _ in range(per_node)] for _ in range(nodes)]
+                     if choice[name].collective in HIERARCHICAL
+                     else [fresh(name) for _ in range(world)]) for name in names}
+    worst = dict.fromkeys(names, 0.0)
+    for step in range(2):
+        inputs, target = batch(rank, step)
+        local.loss(local.model(inputs), target).backward()
+        planned.loss(ddp(inputs), target).backward()
+        for (name, mine), param in zip(local.model.named_parameters(),
+                                       planned.model.parameters()):
+            everyone = [torch.empty_like(mine.grad).reshape(-1) for _ in range(world)]
+            dist.all_gather(everyone, mine.grad.reshape(-1).contiguous())
+            option = choice[name]
+            want = _reference_of(option.spec, option.collective, everyone, states[name], nodes)
+            error = (param.grad.reshape(-1) - want).abs().max().item()
+            worst[name] = max(worst[name], error / max(1e-6, want.abs().max().item()))
+        with torch.no_grad():
+            for param in planned.model.parameters():
+                param.add_(param.grad, alpha=-0.1)
+                param.grad = None
+        local.model.load_state_dict(planned.model.state_dict())
+        local.model.zero_grad()
+    executor.close()
+    return worst
+
+
+@pytest.mark.parametrize("world,nodes,options", [
+    (2, 1, [Option("topk:ratio=0.1", "device", "allgather"),
+            Option("randomk:ratio=0.1", "device", "allreduce"),
+            Option("qsgd:levels=16", "host", "twoshot")]),
+    (4, 2, [Option("topk:ratio=0.1", "device", "twolevel"),
+            Option("none", "device", "hierarchical-fp16"),
+            Option("signsgd", "host", "hierarchical")]),
+])
+def test_one_bucket_per_tensor_equals_each_tensors_reference(world, nodes, options):
+    for rank, worst in enumerate(run_ranks(per_tensor_plan_differences, world, nodes, options)):
+        bad = {name: error for name, error in worst.items() if error > 2e-3}
+        assert not bad, f"rank {rank}: relative differences from the reference {bad}"

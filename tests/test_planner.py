@@ -199,6 +199,33 @@ def test_the_relaxed_bound_is_below_every_plan(bandwidth):
         assert bound <= problem.simulate(uniform, cap).iteration_ms + 1e-9
 
 
+def test_the_exchange_is_a_named_choice_with_its_pruning():
+    """The tree's exchange root: per-tensor (cap 0) and DDP buckets at each cap, a cap
+    whose buckets a smaller one already gives pruned with its reason, never searched."""
+    from bytecomp.search.tree import EXCHANGE, SAME_BUCKETS, leaves
+
+    profile = synthetic_profile(mlp_shapes(4, 512), world_size=8, nodes=1)  # about 3 MB
+    planner = Planner(profile, large_cluster(10.0), ["topk:ratio=0.01"])
+    seen = []
+    evaluate = planner.problem.evaluate
+
+    def recording(assignment, cap):
+        seen.append(cap)
+        return evaluate(assignment, cap)
+
+    planner.problem.evaluate = recording  # type: ignore[method-assign]
+    result = planner.search(caps=[0.0, 1.0, 25.0, 50.0, 100.0], evaluations=300)
+    tree = planner.tree
+    names = leaves(tree, EXCHANGE)
+    assert names == ["exchange/per-tensor", "exchange/buckets 1 MB", "exchange/buckets 25 MB",
+                     "exchange/buckets 50 MB", "exchange/buckets 100 MB"]
+    pruned = {name for name in names if tree.nodes[name]["pruned"]}
+    assert pruned == {"exchange/buckets 50 MB", "exchange/buckets 100 MB"}  # one bucket at 25
+    assert pruned_counts(tree)[SAME_BUCKETS] == 2
+    assert result.cap_mb in (0.0, 1.0, 25.0)
+    assert seen and not {50.0, 100.0} & set(seen)
+
+
 def test_host_workers_are_a_nodes_cores_shared_by_its_ranks(tmp_path):
     profile = synthetic_profile(mlp_shapes(4, 512), world_size=8, nodes=1)
     result = Planner(profile, load_cluster("a100-ib200")).search(evaluations=300)
@@ -217,6 +244,7 @@ def test_a_plan_with_one_bucket_per_tensor_round_trips(tmp_path):
     groups = result.problem.groups(result.assignment, 0.0)
     assert len(groups) == len(result.problem.tensors)
     to_plan(result, profile).save(tmp_path / "plan.yaml")
+    assert yaml.safe_load((tmp_path / "plan.yaml").read_text())["exchange"] == "per-tensor"
     plan = load_plan(tmp_path / "plan.yaml")
     assert plan.bucket_cap_mb == 0.0
     assert simulate_plan(planner, plan).iteration_ms == pytest.approx(result.time_ms)
@@ -323,8 +351,19 @@ def _broken(path, tmp_path, change):
     return target
 
 
+def _merged_per_tensor(data: dict) -> None:
+    """bucket_cap_mb 0 with tensors[1] merged into tensors[0]'s group."""
+    data.update(bucket_cap_mb=0, exchange="per-tensor")
+    first, second = data["tensors"][0], data["tensors"][1]
+    second.update({key: first[key] for key in ("action", "compressor", "place", "collective",
+                                               "group")})
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda d: d.pop("world_size"), "world_size: missing"),
+    (lambda d: d.update(exchange="per-tensor"), "exchange: must be ddp-buckets with bucket_cap_mb"),
+    (lambda d: d.update(bucket_cap_mb=0), "exchange: must be per-tensor with bucket_cap_mb 0"),
+    (_merged_per_tensor, "tensors[1].group: group"),
     (lambda d: d.update(world_size=3), "world_size: 3 is not nodes x ranks_per_node"),
     (lambda d: d["tensors"][0].update(action="squash"), "tensors[0].action: 'squash' is not"),
     (lambda d: d["tensors"][0].update(action="compress", compressor="zip"),

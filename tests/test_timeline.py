@@ -371,3 +371,33 @@ def test_two_level_cost_and_timeline():
                                                 + 16 * decode(chunk) + 5)
     assert simulate(model, [SimGroup(0, cost)]).iteration_ms == \
         pytest.approx(result.iteration_ms)
+
+
+def test_host_work_shares_a_nodes_cores_among_its_ranks():
+    """Host offload per node: 8 ranks a node with 16 cores give each rank 2 workers (32
+    cores: 4). Three host groups ready at 10 ms, each: copy 1, encode 20, channel 5,
+    decode 20, copy back 1, computed by hand for both pools."""
+    from dataclasses import replace
+
+    from bytecomp.search.planner import host_workers_of
+    from bytecomp.timeline.single_pass import simulate_single_pass
+
+    v100 = load_cluster("v100-nvlink-100g")
+    cost = GroupCost(encode_ms=20, channel_ms=5, decode_ms=20, host=True, copy_in_ms=1,
+                     copy_out_ms=1)
+    ends = {}
+    for cores in (16, 32):
+        workers = host_workers_of(replace(v100, cpu_cores=cores))
+        model = IterationModel(0, 10, 0, [10, 10, 10], host_workers=workers)
+        groups = [SimGroup(i, cost) for i in range(3)]
+        result = simulate(model, groups, record=True)
+        assert simulate_single_pass(model, groups).iteration_ms == \
+            pytest.approx(result.iteration_ms)
+        ends[workers] = (result.channel, result.comm_end_ms)
+    # 2 workers: copies 10-11, 11-12, 12-13; encodes 11-31 and 12-32, the third waits for
+    # a worker: 31-51; channel 31-36, 36-41, 51-56; decodes 36-56 (the worker free since
+    # 32), 51-71 and 56-76; copies back 56-57, 71-72, 76-77
+    assert ends[2] == ([(31, 36), (36, 41), (51, 56)], 77)
+    # 4 workers: encodes 11-31, 12-32, 13-33; channel 31-36, 36-41, 41-46; decodes 36-56,
+    # 41-61, 46-66; copies back 56-57, 61-62, 66-67
+    assert ends[4] == ([(31, 36), (36, 41), (41, 46)], 67)

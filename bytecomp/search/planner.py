@@ -27,7 +27,7 @@ from bytecomp.search.algorithms import (
 )
 from bytecomp.search.bound import relaxed_bound
 from bytecomp.search.problem import OBJECTIVES, Group, Objective, Problem, Tensor
-from bytecomp.search.tree import build_tree, options_of
+from bytecomp.search.tree import add_exchange, build_tree, options_of
 from bytecomp.timeline.buckets import SEARCHED_CAPS_MB
 from bytecomp.timeline.simulator import simulate
 
@@ -299,6 +299,7 @@ class Planner:
         problem = self.problem
         baselines = self.baselines()
         caps = sorted(set(caps or [self.profile.bucket_cap_mb, *DEFAULT_CAPS]))
+        caps = add_exchange(self.tree, {cap: problem.buckets(cap) for cap in caps})
         view = problem.restricted(len(self.searchable))
         searchable = set(self.searchable)
         offered = [Point(list(b.assignment), b.cap_mb, math.nan) for b in baselines

@@ -13,7 +13,14 @@
                 └── allreduce | allgather | twoshot | hierarchical[-fp16|-bf16]
                     | twolevel        leaves
 
-Every leaf carries its :class:`Option`. Leaves that cannot run are kept with a
+Beside it, a plan-level choice under its own root, ``exchange``: how gradients reach
+the hook, ``exchange/per-tensor`` (bucket cap 0: DDP with one bucket per tensor, no
+tensor merged with another, each exchanged as soon as its gradient is ready) or
+``exchange/buckets <cap> MB`` (DDP's buckets at that cap, MergeComp-style merging
+inside each). A cap whose buckets are exactly those of a smaller candidate is pruned
+(the same plans, searched once).
+
+Every leaf of the per-tensor tree carries its :class:`Option`. Leaves that cannot run are kept with a
 ``pruned`` reason and are not offered to the search: a scheme the compressor
 does not support (summable, gatherable, chunkable: two-level needs what
 two-shot does), the hierarchical and two-level schemes without both several
@@ -32,6 +39,8 @@ from bytecomp.model.strategy import CASTS
 from bytecomp.plan import UNCOMPRESSED, Option
 
 ROOT = "tensor"
+EXCHANGE = "exchange"  # the plan-level root: per-tensor or DDP buckets at a cap
+SAME_BUCKETS = "a bucket cap whose DDP buckets a smaller candidate cap already gives"
 ALL_CASTS = frozenset(CASTS.values())
 
 
@@ -91,8 +100,34 @@ def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
     return tree
 
 
-def leaves(tree: nx.DiGraph) -> list[str]:
-    return [node for node in nx.dfs_preorder_nodes(tree, ROOT) if tree.out_degree(node) == 0]
+def exchange_leaf(cap_mb: float) -> str:
+    """The exchange leaf of a bucket cap: ``exchange/per-tensor`` for 0."""
+    return f"{EXCHANGE}/per-tensor" if cap_mb == 0 else f"{EXCHANGE}/buckets {cap_mb:g} MB"
+
+
+def add_exchange(tree: nx.DiGraph, bucketings: dict[float, list[list[int]]]) -> list[float]:
+    """Replace the tree's exchange choices by one leaf per candidate cap (``bucketings``:
+    each cap's DDP buckets), pruning a cap whose buckets a smaller one gives; returns the
+    caps left, ascending."""
+    if EXCHANGE in tree:
+        tree.remove_nodes_from([EXCHANGE, *tree.successors(EXCHANGE)])
+    tree.add_node(EXCHANGE)
+    kept: list[float] = []
+    seen: set[tuple] = set()
+    for cap in sorted(bucketings):
+        leaf = exchange_leaf(cap)
+        tree.add_edge(EXCHANGE, leaf)
+        tree.nodes[leaf]["cap_mb"] = cap
+        key = tuple(tuple(bucket) for bucket in bucketings[cap])
+        tree.nodes[leaf]["pruned"] = SAME_BUCKETS if key in seen else None
+        if key not in seen:
+            seen.add(key)
+            kept.append(cap)
+    return kept
+
+
+def leaves(tree: nx.DiGraph, root: str = ROOT) -> list[str]:
+    return [node for node in nx.dfs_preorder_nodes(tree, root) if tree.out_degree(node) == 0]
 
 
 def options_of(tree: nx.DiGraph) -> list[Option]:
@@ -102,8 +137,10 @@ def options_of(tree: nx.DiGraph) -> list[Option]:
 
 
 def pruned_counts(tree: nx.DiGraph) -> dict[str, int]:
+    """How many leaves each reason pruned (the exchange choices' too, once searched)."""
     counts: dict[str, int] = {}
-    for leaf in leaves(tree):
+    exchange = leaves(tree, EXCHANGE) if EXCHANGE in tree else []
+    for leaf in leaves(tree) + exchange:
         reason = tree.nodes[leaf].get("pruned")
         if reason is not None:
             counts[reason] = counts.get(reason, 0) + 1

@@ -395,10 +395,12 @@ def _plan_cases() -> list[Case]:
         cases.append(Case(f"plan.yaml:drop-{key}", yaml_drop(plan, key), SIMULATE_CMD))
     for key in ("predicted_ms", "search", "fidelity", "objective"):
         cases.append(Case(f"plan.yaml:drop-{key}", yaml_drop(plan, key), SIMULATE_CMD, "any"))
-    for key in ("world_size", "nodes", "ranks_per_node", "bucket_cap_mb", "format_version"):
+    for key in ("world_size", "nodes", "ranks_per_node", "bucket_cap_mb", "format_version",
+                "host_workers"):
         for name, value in BAD_NUMBERS.items():
+            valid = key == "bucket_cap_mb" and name == "zero"  # one bucket per tensor
             cases.append(Case(f"plan.yaml:{key}={name}", yaml_set(plan, key, value),
-                              SIMULATE_CMD))
+                              SIMULATE_CMD, "any" if valid else "error"))
     for name, value in (("other", "f" * 64), ("number", 5), ("null", None)):
         cases.append(Case(f"plan.yaml:model_fingerprint={name}",
                           yaml_set(plan, "model_fingerprint", value), SIMULATE_CMD))
@@ -537,6 +539,9 @@ def _mix_group(data):
 def _cluster_cases() -> list[Case]:
     config = "cluster.yaml"
     cases = []
+    for name, value in BAD_NUMBERS.items():
+        cases.append(Case(f"cluster.yaml:cpu_cores={name}", yaml_set(config, "cpu_cores", value),
+                          CLUSTER_CMD, "any" if value is None else "error"))  # null: not given
     for key in ("nodes", "ranks_per_node"):
         cases.append(Case(f"cluster.yaml:drop-{key}", yaml_drop(config, key), CLUSTER_CMD))
         for name, value in BAD_NUMBERS.items():
