@@ -246,7 +246,7 @@ def test_a_ladders_levels_are_validated_like_the_rest(cli, tmp_path):
         with pytest.raises(BytecompError, match=rf"levels\[1\]\.{key}: must be a number from"):
             load_plan(path)
     _ladder_plan(path, lambda d: d.update(bucket_cap_mb=math.nan))
-    with pytest.raises(BytecompError, match="bucket_cap_mb: must be a positive number"):
+    with pytest.raises(BytecompError, match="bucket_cap_mb: must be a number of MB from 0"):
         load_plan(path)
     _ladder_plan(path, lambda d: d.update(nodes=1, ranks_per_node=2))
     one_line(cli("simulate", PLANNED / "profile", path, "--level", "1"), "is for 1 x 2 ranks")
@@ -324,11 +324,14 @@ def test_host_options_need_cpu_timings():
 
 
 def test_a_nan_bucket_cap_in_a_plan_is_refused(tmp_path):
-    for value in (".nan", ".inf", "-1", "0"):
+    for value in (".nan", ".inf", "-1", "10000000", "0"):
         text = (PLANNED / "plan.yaml").read_text()
         path = tmp_path / "plan.yaml"
         path.write_text(text.replace("bucket_cap_mb: ", f"bucket_cap_mb: {value} #", 1))
-        with pytest.raises(BytecompError, match="bucket_cap_mb: must be a positive number"):
+        # 0 is one bucket per tensor, which this plan's merged groups contradict
+        message = ("merges no tensors" if value == "0" else
+                   "bucket_cap_mb: must be a number of MB from 0")
+        with pytest.raises(BytecompError, match=message):
             load_plan(path)
 
 

@@ -66,6 +66,10 @@ def test_tree_prunes_the_new_exchange_options_with_a_reason():
     labels = {o.label for o in options_of(tree)}
     assert {"fp32 hierarchical-fp16", "topk:ratio=0.01 twolevel @host",
             "powersgd:rank=4 hierarchical-fp16 @device"} <= labels
+    host_uncast = pruned_counts(build_tree(["topk:ratio=0.01"], 2, 4, "cuda", casts={"fp16"},
+                                           host_casts=set()))  # host groups cast on the cpu
+    assert host_uncast["a fp16 intra-node stage on the host needs the profile's cpu fp16 "
+                       "timings"] == 1
     one_node = pruned_counts(build_tree(["topk:ratio=0.01"], 1, 8, "cuda"))
     assert one_node["two-level needs several nodes and several ranks per node"] == 2
 

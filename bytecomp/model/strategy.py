@@ -75,7 +75,9 @@ class StrategyCosts:
         self._payloads: dict = {}
         self._collectives: dict[tuple, float] = {}
         self.gathers = "d2d" in compute.copies  # the profile measured memory copies
-        self.casts = cast_specs(compute.specs())  # fp16/bf16 timings: the 16-bit casts
+        # fp16/bf16 timings on the device and on the cpu (host groups cast there): the casts
+        self.casts = cast_specs({s for s, d in compute.encode if d == device_type})
+        self.host_casts = cast_specs({s for s, d in compute.encode if d == "cpu"})
 
     # -- collectives ---------------------------------------------------------------
     def _collective(self, name: str, group: str, dtype: str, nbytes: float) -> float:
@@ -151,7 +153,8 @@ class StrategyCosts:
         chunk back, then the chunk to 16 bits and the gathered tensor back."""
         if scheme not in CASTS or self.comm.ranks("intra") <= 1:
             return 0.0
-        spec = self.casts.get(CASTS[scheme])
+        table = self.host_casts if place == "host" else self.casts
+        spec = table.get(CASTS[scheme])
         if spec is None:  # the tree prunes these schemes without cast timings
             return 0.0
         device = "cpu" if place == "host" else self.device_type

@@ -172,8 +172,10 @@ class Planner:
             searched += [s for s in (fp16, powersgd) if s and s not in searched]
         host_specs = {spec for spec, device in self.compute.encode if device == "cpu"}
         tree = build_tree(searched, self.cluster.nodes, self.cluster.ranks_per_node,
-                          profile.device_type, set(cast_specs(self.compute.specs())),
-                          host_specs)
+                          profile.device_type,
+                          set(cast_specs({s for s, d in self.compute.encode
+                                          if d == profile.device_type})),
+                          host_specs, set(cast_specs(host_specs)))
         self.tree = tree
         options = options_of(tree)
         searchable = len(options)

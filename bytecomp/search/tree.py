@@ -46,7 +46,8 @@ ALL_CASTS = frozenset(CASTS.values())
 
 def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_per_node: int,
                   device_type: str, casts: frozenset = ALL_CASTS,
-                  host_specs: set[str] | None = None) -> str | None:
+                  host_specs: set[str] | None = None,
+                  host_casts: frozenset | None = None) -> str | None:
     if scheme in HIERARCHICAL and (nodes < 2 or ranks_per_node < 2):
         return "hierarchical needs several nodes and several ranks per node"
     if scheme == "twolevel" and (nodes < 2 or ranks_per_node < 2):
@@ -55,6 +56,10 @@ def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_p
         return "a single rank has nothing to exchange"
     if scheme in CASTS and CASTS[scheme] not in casts:
         return f"a {CASTS[scheme]} intra-node stage needs the profile's {CASTS[scheme]} timings"
+    if scheme in CASTS and place == "host" and host_casts is not None \
+            and CASTS[scheme] not in host_casts:
+        return (f"a {CASTS[scheme]} intra-node stage on the host needs the profile's cpu "
+                f"{CASTS[scheme]} timings")
     if spec is None:
         return None
     if place == "host" and device_type != "cuda":
@@ -69,12 +74,14 @@ def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_p
 
 def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
                device_type: str, casts=ALL_CASTS,
-               host_specs: set[str] | None = None) -> nx.DiGraph:
+               host_specs: set[str] | None = None, host_casts=None) -> nx.DiGraph:
     """The full tree, with ``pruned`` set on the leaves that cannot run. ``casts``: the
     16-bit types (``fp16``, ``bf16``) whose casts the profile timed; ``host_specs``: the
     specs that can encode on the host (the profile timed them on the cpu); default every
-    spec."""
+    spec; ``host_casts``: the 16-bit types timed on the cpu, where a host group casts
+    (default: as ``casts``)."""
     casts = frozenset(casts)
+    host = casts if host_casts is None else frozenset(host_casts)
     tree = nx.DiGraph()
     tree.add_node(ROOT)
     tree.add_edge(ROOT, "keep")
@@ -96,7 +103,7 @@ def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
                 tree.nodes[leaf]["option"] = Option(spec, place, scheme)
                 tree.nodes[leaf]["pruned"] = _prune_reason(spec, place, scheme, nodes,
                                                            ranks_per_node, device_type, casts,
-                                                           host_specs)
+                                                           host_specs, host)
     return tree
 
 
