@@ -62,6 +62,7 @@ LARGE_MODEL = ("48-layer transformer", transformer_shapes(), 400.0)
 CLASSIC_MODELS = [("MLP", mlp_shapes(5, 1024)), ("ResNet-50-like", resnet50_shapes()),
                   ("48-layer transformer", transformer_shapes())]
 ONE = ["topk:ratio=0.01"]
+LONG_EVALUATIONS = 10**9  # the long search: as many as --long-seconds allows
 
 
 def v100(inter_gbps: float):
@@ -76,25 +77,31 @@ def clusters():
 
 
 def timed(profile, cluster, specs, repeats: int, budget_s: float | None = None):
-    """The median search time of ``repeats`` searches, and the last result."""
-    times, result, planner = [], None, None
+    """The median search time of ``repeats`` searches, the last result, its planner, and
+    whether every repeat gave the same plan (the search is deterministic)."""
+    times, results, planner = [], [], None
     for _ in range(repeats):
         planner = Planner(profile, cluster, specs)
-        result = planner.search(budget_s=budget_s)
-        times.append(result.search_ms)
-    return statistics.median(times), result, planner
+        results.append(planner.search(budget_s=budget_s))
+        times.append(results[-1].search_ms)
+    same = all((r.assignment, r.cap_mb, r.value) ==
+               (results[0].assignment, results[0].cap_mb, results[0].value) for r in results)
+    return statistics.median(times), results[-1], planner, same
 
 
 def scale_row(name, shapes, backward_ms, cluster, allowed, specs, args) -> dict:
     profile = synthetic_profile(shapes, world_size=8, nodes=1, backward_ms=backward_ms)
-    search_ms, default, planner = timed(profile, cluster, specs, args.repeats)
+    search_ms, default, planner, same = timed(profile, cluster, specs, args.repeats)
     row = {"model": name, "tensors": len(shapes), "cluster": cluster.name, "allowed": allowed,
            "options": len(planner.searchable), "search_ms": search_ms,
            "plan_ms": default.value, "cap": cap_label(default.cap_mb),
+           "evaluations": default.evaluations, "same": same,
            "bound_ms": default.lower_bound_ms}
     if args.long_seconds > 0:
-        long = Planner(profile, cluster, specs).search(budget_s=args.long_seconds)
-        row.update(long_ms=long.value, bound_ms=max(default.lower_bound_ms, long.lower_bound_ms))
+        long = Planner(profile, cluster, specs).search(evaluations=LONG_EVALUATIONS,
+                                                       budget_s=args.long_seconds)
+        row.update(long_ms=long.value, long_evaluations=long.evaluations,
+                   bound_ms=max(default.lower_bound_ms, long.lower_bound_ms))
     best = min(default.baselines, key=lambda b: b.value)
     row.update(fp32_ms=next(b.value for b in default.baselines if b.name == "fp32 DDP"),
                best_baseline=f"{best.name} ({best.value:.2f})")
@@ -102,9 +109,10 @@ def scale_row(name, shapes, backward_ms, cluster, allowed, specs, args) -> dict:
 
 
 def scale(args, console: Console) -> list[str]:
-    headers = ["model", "tensors", "cluster", "allowed", "options", "search ms", "plan ms",
-               "cap", f"{args.long_seconds:g} s search ms", "default vs long", "lower bound ms", "gap",
-               "gap of long", "fp32 DDP ms", "best baseline"]
+    headers = ["model", "tensors", "cluster", "allowed", "options", "search ms", "evaluations",
+               "same plan each repeat", "plan ms", "cap", f"{args.long_seconds:g} s search ms",
+               "its evaluations", "default vs long", "lower bound ms", "gap", "gap of long",
+               "fp32 DDP ms", "best baseline"]
     rows = []
     for name, shapes, backward_ms in SCALE_MODELS:
         if args.models and name not in args.models:
@@ -119,8 +127,8 @@ def scale(args, console: Console) -> list[str]:
         name, shapes, backward_ms = LARGE_MODEL
         profile = synthetic_profile(shapes, world_size=8, nodes=1, backward_ms=backward_ms)
         for allowed, specs in (("top-k", ONE), ("all", None)):
-            search_ms, result, _ = timed(profile, v100(100.0), specs, args.repeats)
-            large.append((allowed, search_ms, result))
+            search_ms, result, _, same = timed(profile, v100(100.0), specs, args.repeats)
+            large.append((allowed, search_ms, result, same))
     return _scale_report(rows, large, headers, args, console)
 
 
@@ -145,8 +153,10 @@ def _scale_report(rows, large, headers, args, console) -> list[str]:
         if long:
             longs.append(row["plan_ms"] / long - 1)
         cells = [row["model"], str(row["tensors"]), row["cluster"], row["allowed"],
-                 str(row["options"]), f"{row['search_ms']:.0f}", f"{row['plan_ms']:.2f}",
+                 str(row["options"]), f"{row['search_ms']:.0f}", f"{row['evaluations']:,}",
+                 "yes" if row["same"] else "NO", f"{row['plan_ms']:.2f}",
                  row["cap"], f"{long:.2f}" if long else "-",
+                 f"{row['long_evaluations']:,}" if long else "-",
                  f"{100 * (row['plan_ms'] / long - 1):+.2f}%" if long else "-",
                  f"{row['bound_ms']:.2f}", f"{100 * gap:.1f}%",
                  f"{100 * (long / row['bound_ms'] - 1):.1f}%" if long else "-",
@@ -166,9 +176,12 @@ def _scale_report(rows, large, headers, args, console) -> list[str]:
         by_size.setdefault(row["tensors"], []).append(row["search_ms"])
     for tensors, times in sorted(by_size.items()):
         summary.append(f"default search at {tensors} tensors: {min(times):.0f}-{max(times):.0f} ms")
-    for allowed, search_ms, result in large:
+    for allowed, search_ms, result, same in large:
         summary.append(f"default search at {len(result.problem.tensors)} tensors (48-layer "
-                       f"transformer, 8x8 V100 100G, {allowed}): {search_ms:.0f} ms")
+                       f"transformer, 8x8 V100 100G, {allowed}): {search_ms:.0f} ms, plan "
+                       f"{result.value:.2f} ms, lower bound {result.lower_bound_ms:.2f} ms, "
+                       f"{result.evaluations:,} evaluations, same plan each repeat: "
+                       f"{'yes' if same else 'NO'}")
     for line in summary:
         console.print(line)
     return lines + [""] + summary

@@ -146,6 +146,8 @@ class Point:
 MOVES = (("tensor", 0.35), ("bucket", 0.25), ("class", 0.15), ("join", 0.2), ("cap", 0.05))
 HOT, COLD = 0.02, 2e-4  # the temperature: a relative loss accepted with probability 1/e
 DESCENT_SHARE = 0.15  # of a round's evaluations kept for its descent
+ROUND_EVALUATIONS = 20_000  # at most, so that a long budget (or one cut by a deadline)
+# runs several cooled rounds rather than one that never cools
 
 
 class Budget:
@@ -252,10 +254,11 @@ class Annealer:
         return Point(assignment, cap, self.evaluate(assignment, cap))
 
     def round(self, start: Point) -> Point:
-        """Annealing for most of the evaluations left (the temperature falls from
-        ``HOT`` to ``COLD`` over them), then a descent from the best point."""
+        """Annealing for most of the evaluations left, at most ``ROUND_EVALUATIONS`` (the
+        temperature falls from ``HOT`` to ``COLD`` over them), then a descent from the
+        best point."""
         problem, rng, budget = self.problem, self.rng, self.budget
-        span = max(1, int(budget.left * (1 - DESCENT_SHARE)))
+        span = max(1, int(min(budget.left, ROUND_EVALUATIONS) * (1 - DESCENT_SHARE)))
         current = best = start
         stale, patience = 0, max(300, 20 * len(problem.tensors))
         for step in range(span):
