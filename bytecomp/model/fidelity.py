@@ -12,7 +12,7 @@ The weights (``WEIGHTS``):
   update counts alike, as with Adam and other optimizers that normalize each
   parameter's step, where a small layer's bad gradient hurts as much as a large
   one's. Measured on a character-level transformer trained with Adam (see the
-  README's time-to-accuracy benchmark), this order of the strategies matched
+  time-to-accuracy benchmark in docs/benchmarks.md), this order of the strategies matched
   their steps to the target loss; the norm-weighted one did not (a plan that
   kept the dominant output layer exact but sent random-k and ACP-SGD on most
   other layers scored 0.92 by norm and 0.62 by parameters, and needed 1.49x

@@ -2,7 +2,7 @@
 
 A compressor's gain (:mod:`bytecomp.profile.fidelity`) says how much of one
 step's gradient it keeps; it does not say how many steps training then needs.
-Measured on a character-level transformer and a digits convnet (README, time
+Measured on a character-level transformer and a digits convnet (docs/benchmarks.md, time
 to accuracy), PowerSGD kept 0.71 of the gradient and needed 1.2x fp32's steps
 on one, and kept 0.89 and needed 1.4-1.6x on the other; int8 kept 0.9997 and
 needed 1.05x. So the profile also trains: fp32 DDP and every compressor on
