@@ -141,6 +141,11 @@ def _rank_entry(fn, args, rank, nproc, port, backend, timeout_s, errors, parent)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc),
                       GROUP_RANK="0")
+    # Each rank gets its share of the cores: torch's default (every core to each rank)
+    # oversubscribes the machine, and one busy core then slows every rank many times over.
+    import torch
+
+    torch.set_num_threads(threads_per_rank(nproc))
     try:
         init_from_env(backend, timeout_s)
         fn(*args)
@@ -180,7 +185,8 @@ def _terminate_as_interrupt():
 
 def spawn(fn: Callable, args: tuple, nproc: int, backend: str, timeout_s: float,
           on_stop: Callable[[], None] = lambda: None) -> None:
-    """Run ``fn(*args)`` on ``nproc`` spawned ranks; raise if any of them fails."""
+    """Run ``fn(*args)`` on ``nproc`` spawned ranks, each with its share of the cores as
+    torch threads (:func:`threads_per_rank`); raise if any of them fails."""
     if nproc < 1:
         raise BytecompError(f"--nproc must be at least 1, got {nproc}")
     context = multiprocessing.get_context("spawn")
@@ -293,7 +299,9 @@ def run_job(fn: Callable, args: tuple, nproc: int | None, backend: str, timeout_
 
 
 def _spawned(fn: Callable, args: tuple, nproc: int) -> None:
-    import torch
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     fn(*args, 1, nproc)
+
+
+def threads_per_rank(nproc: int) -> int:
+    """The torch threads a spawned rank uses: its share of this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // nproc)

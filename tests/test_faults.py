@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 import bytecomp
 from bytecomp.comm.topology import Topology, job_timeout
 from bytecomp.errors import BytecompError
-from bytecomp.launch import RankFailed, spawn
+from bytecomp.launch import RankFailed, spawn, threads_per_rank
 from bytecomp.plan import Adaptive, Option, ladder_for_model, plan_for_model
 
 from ranks import free_port, run_ranks
@@ -327,3 +327,17 @@ def test_a_corrupted_checkpoint_fails_alike_on_every_rank():
     first, second = run_ranks(corrupted_state, 2)
     assert first == second, (first, second)
     assert all(outcome.startswith("this executor state is corrupted") for outcome in first), first
+
+
+def _record_threads(folder: str) -> None:
+    Path(folder, os.environ["RANK"]).write_text(str(torch.get_num_threads()))
+
+
+def test_spawned_ranks_share_the_cores(tmp_path):
+    """Each spawned rank runs torch on its share of the cores, not on every core (two
+    ranks of torch's default on two cores ran a notebook's training 30x slower while a
+    third process held one core)."""
+    spawn(_record_threads, (str(tmp_path),), 2, "gloo", 60)
+    assert [int((tmp_path / str(rank)).read_text()) for rank in range(2)] == \
+        [threads_per_rank(2)] * 2
+    assert threads_per_rank(2) == max(1, (os.cpu_count() or 1) // 2)

@@ -34,6 +34,24 @@ def test_communication_overlaps_the_backward_pass_in_fifo_order():
     assert result.iteration_ms == 10 + 120 + 5
 
 
+def test_the_gantt_chart_leaves_the_caller_s_matplotlib_backend_alone(tmp_path):
+    """A notebook plotting inline keeps doing so after a Gantt chart is drawn."""
+    import matplotlib
+
+    from bytecomp.timeline.render import draw_gantt
+
+    result = simulate(IterationModel(10, 100, 5, [20, 50, 90]),
+                      [SimGroup(b, GroupCost(0, 30, 0)) for b in range(3)], record=True)
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        draw_gantt(result, tmp_path / "gantt.png", "three buckets")
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)
+    assert (tmp_path / "gantt.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_a_device_encode_delays_every_later_gradient():
     model = IterationModel(0, 100, 0, [20, 50, 90])
     groups = [SimGroup(b, GroupCost(5, 10, 5)) for b in range(3)]

@@ -42,31 +42,32 @@ def gantt_png(result: SimResult, path, title: str = "bytecomp timeline") -> Path
 
 
 def draw_gantt(result: SimResult, path, title: str = "bytecomp timeline") -> None:
-    """A Gantt chart of the compute, channel, host and copy lanes, saved as a PNG."""
-    import matplotlib
+    """A Gantt chart of the compute, channel, host and copy lanes, saved as a PNG.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    It draws on a figure of its own (matplotlib's object API, no pyplot), so it
+    leaves the caller's backend and figures alone (a notebook keeps plotting inline).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     used = [lane for lane in LANES if any(e.resource == lane for e in result.events)]
-    figure, axes = plt.subplots(figsize=(12, 1.0 + 0.7 * len(used)))
-    try:
-        for row, lane in enumerate(reversed(used)):
-            bars = [(e.start, e.duration) for e in result.events if e.resource == lane]
-            colors = [COLORS.get(e.op, OTHER) for e in result.events if e.resource == lane]
-            axes.broken_barh(bars, (row - 0.35, 0.7), facecolors=colors, edgecolor="white",
-                             linewidth=0.3)
-        axes.set_yticks(range(len(used)), list(reversed(used)))
-        axes.set_xlabel("ms from the start of the iteration")
-        axes.set_xlim(0, result.iteration_ms * 1.01)
-        axes.set_title(f"{title}: {result.iteration_ms:.1f} ms per iteration")
-        order = {op: index for index, op in enumerate(COLORS)}
-        ops = sorted({e.op for e in result.events}, key=lambda op: (order.get(op, len(order)), op))
-        axes.legend(handles=[Patch(color=COLORS.get(op, OTHER), label=op) for op in ops],
-                    loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(used) < 3 else -0.2),
-                    ncol=len(ops), frameon=False)
-        figure.tight_layout()
-        figure.savefig(path, dpi=110, format="png")
-    finally:
-        plt.close(figure)
+    figure = Figure(figsize=(12, 1.0 + 0.7 * len(used)))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    for row, lane in enumerate(reversed(used)):
+        bars = [(e.start, e.duration) for e in result.events if e.resource == lane]
+        colors = [COLORS.get(e.op, OTHER) for e in result.events if e.resource == lane]
+        axes.broken_barh(bars, (row - 0.35, 0.7), facecolors=colors, edgecolor="white",
+                         linewidth=0.3)
+    axes.set_yticks(range(len(used)), list(reversed(used)))
+    axes.set_xlabel("ms from the start of the iteration")
+    axes.set_xlim(0, result.iteration_ms * 1.01)
+    axes.set_title(f"{title}: {result.iteration_ms:.1f} ms per iteration")
+    order = {op: index for index, op in enumerate(COLORS)}
+    ops = sorted({e.op for e in result.events}, key=lambda op: (order.get(op, len(order)), op))
+    axes.legend(handles=[Patch(color=COLORS.get(op, OTHER), label=op) for op in ops],
+                loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(used) < 3 else -0.2),
+                ncol=len(ops), frameon=False)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, format="png")
