@@ -304,9 +304,6 @@ def _print_fits(planner) -> None:
 
 
 def _print_plan(result, written) -> None:
-    from collections import Counter
-
-    fp32 = next(b for b in result.baselines if b.name == "fp32 DDP")
     known = result.fidelity is not None
     effective = result.objective.name == "effective"
     title = f"predicted on {result.cluster.name} ({result.cluster.nodes} x " \
@@ -320,23 +317,17 @@ def _print_plan(result, written) -> None:
     columns += ["vs fp32 DDP"]
     for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
-
-    def row(name: str, entry) -> list[str]:
-        cells = [name, cap_label(entry.cap_mb), f"{entry.time_ms:.2f}"]
+    for number, row in enumerate(result.strategy_rows()):
+        cells = [row["strategy"], cap_label(row["cap_mb"]), f"{row['time_ms']:.2f}"]
         if known:
-            below = effective and entry.fidelity < result.objective.min_fidelity - 1e-12
-            cells += [f"{entry.fidelity:.3f}" + (" (below)" if below else ""),
-                      f"{entry.effective_ms:.2f}"]
-        ratio = fp32.effective_ms / entry.effective_ms if effective else \
-            fp32.time_ms / entry.time_ms
-        return cells + [f"{ratio:.2f}x"]
-
-    table.add_row(*[f"[bold]{cell}[/]" for cell in row("bytecomp plan", result)])
-    for baseline in result.baselines:
-        table.add_row(*row(baseline.name, baseline))
+            cells += [f"{row['fidelity']:.3f}" + (" (below)" if row["below"] else ""),
+                      f"{row['effective_ms']:.2f}"]
+        cells.append(f"{row['vs_fp32']:.2f}x")
+        if number == 0:  # the plan
+            cells = [f"[bold]{cell}[/]" for cell in cells]
+        table.add_row(*cells)
     console.print(table)
-    counts = Counter(result.problem.options[o].label for o in result.assignment)
-    console.print("plan: " + ", ".join(f"{n} x {label}" for label, n in counts.most_common()))
+    console.print("plan: " + result.composition())
     console.print(f"search: {result.algorithm}, {result.search_ms:.0f} ms, "
                   f"{result.evaluations} simulations; lower bound {result.lower_bound_ms:.2f} ms "
                   f"(gap <= {100 * result.gap:.1f}%)")

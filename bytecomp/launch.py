@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from bytecomp.errors import BytecompError
@@ -143,8 +144,6 @@ def _rank_entry(fn, args, rank, nproc, port, backend, timeout_s, errors, parent)
                       GROUP_RANK="0")
     # Each rank gets its share of the cores: torch's default (every core to each rank)
     # oversubscribes the machine, and one busy core then slows every rank many times over.
-    import torch
-
     torch.set_num_threads(threads_per_rank(nproc))
     try:
         init_from_env(backend, timeout_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -101,6 +102,33 @@ class PlanResult:
         on iteration time, hence on effective time too: fidelity is at most 1)."""
         value = self.value if self.value == self.value else self.time_ms
         return max(0.0, value / self.lower_bound_ms - 1.0) if self.lower_bound_ms else 0.0
+
+    def strategy_rows(self) -> list[dict]:
+        """The rows of ``bytecomp plan``'s table, the plan first, then every baseline:
+        strategy, cap_mb, time_ms, fidelity, effective_ms, below (under the minimum
+        fidelity of an effective-time objective) and vs_fp32 (fp32 DDP's objective over
+        the row's: effective time, or iteration time)."""
+        fp32 = next(b for b in self.baselines if b.name == "fp32 DDP")
+        effective = self.objective.name == "effective"
+        entries: list[tuple[str, PlanResult | Baseline]] = [("bytecomp plan", self)]
+        entries += [(baseline.name, baseline) for baseline in self.baselines]
+        rows = []
+        for name, entry in entries:
+            below = effective and entry.fidelity is not None and \
+                entry.fidelity < self.objective.min_fidelity - 1e-12
+            reference, value = (fp32.effective_ms, entry.effective_ms) if effective else \
+                (fp32.time_ms, entry.time_ms)
+            assert reference is not None and value is not None  # effective time has fidelity
+            ratio = reference / value
+            rows.append({"strategy": name, "cap_mb": entry.cap_mb, "time_ms": entry.time_ms,
+                         "fidelity": entry.fidelity, "effective_ms": entry.effective_ms,
+                         "below": below, "vs_fp32": ratio})
+        return rows
+
+    def composition(self) -> str:
+        """The plan's strategies, most used first: ``"26 x fp32 allreduce, 16 x ..."``."""
+        counts = Counter(self.problem.options[o].label for o in self.assignment)
+        return ", ".join(f"{n} x {label}" for label, n in counts.most_common())
 
 
 def parse_shape(text) -> tuple:
