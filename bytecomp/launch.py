@@ -104,6 +104,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def backend_for(device_type: str) -> str:
+    """The process-group backend for a job whose tensors live on ``device_type``. A CUDA
+    job gets NCCL for its CUDA tensors and gloo for its CPU ones (host-placed payloads,
+    timings and counters that ranks agree on): an NCCL-only group refuses CPU tensors."""
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+
+
 def init_from_env(backend: str, timeout_s: float) -> None:
     """Join the job described by the environment; a rendezvous that fails (a peer that
     never comes, a bad address) is a one-line error."""

@@ -38,6 +38,28 @@ def _tensors_of(state) -> list[torch.Tensor]:
     return []
 
 
+def _assert_same_result(name: str, x: torch.Tensor, on_gpu: torch.Tensor,
+                        on_cpu: torch.Tensor) -> None:
+    """What a deterministic compressor transmits (error feedback on) is the same on both
+    devices, up to what the devices may legitimately do differently: top-k keeps any of
+    the elements tied at its k-th magnitude (16-bit gradients have many ties), and a
+    quantizer's code can differ by one step where the scaled value lies within rounding
+    of a half."""
+    gpu, cpu = on_gpu.float(), on_cpu.float()
+    tolerance = 1e-5 if x.dtype == torch.float32 else 2e-2
+    if name == "topk":  # tied elements swap places (in the residuals too): same |values|
+        assert int((gpu != 0).sum()) == int((cpu != 0).sum())
+        assert torch.equal(gpu.abs().sort().values, cpu.abs().sort().values)
+        return
+    if name == "int8":
+        step = float((cpu.max() - cpu.min()) / 255)  # of the compensated gradient
+        differing = (gpu - cpu).abs() > tolerance
+        assert float((gpu - cpu).abs().max()) <= step * 1.001 + tolerance
+        assert int(differing.sum()) <= max(1, x.numel() // 1000)
+        return
+    assert torch.allclose(gpu, cpu, rtol=tolerance, atol=tolerance), name
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("spec", default_specs())
 def test_compressor_on_cuda_matches_the_cpu(spec, dtype):
@@ -51,12 +73,16 @@ def test_compressor_on_cuda_matches_the_cpu(spec, dtype):
         on_gpu, sent_gpu = roundtrip(compressor, x.reshape(-1).to(CUDA), state_gpu)
         assert on_gpu.device.type == "cuda" and on_gpu.dtype == on_cpu.dtype
         assert on_gpu.shape == on_cpu.shape and bool(on_gpu.isfinite().all())
-        assert sent_gpu == sent_cpu  # the same payload sizes
+        if compressor.fixed_size:
+            assert sent_gpu == sent_cpu  # the same payload sizes
+        elif compressor.name == "dgc":  # at most k pass its sampled threshold
+            bound = compressor.payload_bytes(x.numel(), x.element_size())
+            assert max(sent_gpu, sent_cpu) <= bound, spec
+        # (ExDyna's count follows a threshold started from a sample: it varies around
+        # its target, differently with each device's draw)
         assert all(t.device.type == "cuda" for t in _tensors_of(state_gpu))
         if compressor.name in DETERMINISTIC:
-            tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-            assert torch.allclose(on_gpu.float().cpu(), on_cpu.float(), rtol=tolerance,
-                                  atol=tolerance), spec
+            _assert_same_result(compressor.name, x.reshape(-1), on_gpu.cpu(), on_cpu)
         else:  # random draws differ between devices: what they keep must not
             assert gain(x.reshape(-1).float().to(CUDA), on_gpu.float()) == pytest.approx(
                 gain(x.reshape(-1).float(), on_cpu.float()), abs=0.1), spec
@@ -124,6 +150,26 @@ def test_apply_plan_on_cuda_is_repeatable_and_agrees_across_ranks(world, host_sh
     second = run_ranks(_train_on_cuda, world, host_share)
     assert all(torch.equal(first[0], other) for other in first + second)
     assert bool(first[0].isfinite().all())
+
+
+def _train_and_save(path: str, host_share: int) -> None:
+    torch.save(_train_on_cuda(0, 1, host_share), path)
+
+
+@pytest.mark.parametrize("host_share", [0, 2])
+def test_apply_plan_on_the_nccl_and_gloo_group_bytecomp_launches(tmp_path, host_share):
+    """bytecomp's own CUDA jobs (profile, bench) run on one group with NCCL for CUDA
+    tensors and gloo for CPU ones (an NCCL-only group refused the profiler's CPU
+    tensors): the executor there (NCCL's in-kernel average, host payloads on gloo)
+    trains as on gloo alone. One rank: NCCL cannot put two ranks on one GPU."""
+    from bytecomp.launch import backend_for, spawn
+
+    out = tmp_path / "parameters.pt"
+    spawn(_train_and_save, (str(out), host_share), 1, backend_for("cuda"), 120)
+    on_nccl = torch.load(out)
+    on_gloo = run_ranks(_train_on_cuda, 1, host_share)[0]
+    assert backend_for("cuda") == "cpu:gloo,cuda:nccl" and backend_for("cpu") == "gloo"
+    assert torch.equal(on_nccl, on_gloo)
 
 
 def test_the_profiler_on_one_gpu(tmp_path):

@@ -457,6 +457,12 @@ def test_plan_errors_are_one_line(bytecomp, tmp_path):
                       "latency_us: 5}}\n")
     one_line_error(bytecomp("plan", "profiles/cnn", "--cluster", str(config)),
                    str(config), "bandwidth_gbps > 0")
+    single = tmp_path / "single.yaml"  # (it raised a ValueError from deep in the search)
+    single.write_text("nodes: 1\nranks_per_node: 1\nlinks: {intra: {bandwidth_gbps: 10, "
+                      "latency_us: 5}}\n")
+    for args in ([], ["--compressor", "powersgd:rank=4"]):
+        one_line_error(bytecomp("plan", "profiles/cnn", "--cluster", str(single), *args),
+                       "a single rank has nothing to exchange", "--cluster")
     one_line_error(bytecomp("plan", "profiles/cnn", "--compressor", "topk:ratio=0.2"),
                    "topk:ratio=0.2 has no cpu timings", "--compressor topk:ratio=0.2")
     one_line_error(bytecomp("plan", "profiles/cnn", "--compressor", "topk:ratio=9"),

@@ -15,7 +15,7 @@ import torch
 from bytecomp.bench.runner import BenchConfig, bench_rank
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, check_outputs_spare_inputs
-from bytecomp.launch import run_job
+from bytecomp.launch import backend_for, run_job
 from bytecomp.model.clusters import cluster_file, load_cluster
 from bytecomp.plan import load_plan
 from bytecomp.profile.convergence import ConvergenceConfig
@@ -57,7 +57,7 @@ def run_bench(config: BenchConfig, nproc: int | None = None, timeout_s: float = 
     inputs += [config_file] if config_file is not None else []
     check_outputs_spare_inputs({"--out": config.out}, inputs)
     out = check_new_directory(config.out, config.force, inputs=inputs)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = backend_for("cuda" if torch.cuda.is_available() else "cpu")
     run_job(_rank, (config,), nproc, backend, timeout_s)
     return out
 

@@ -58,14 +58,17 @@ def divide_first(tensor: torch.Tensor, async_op: bool = False) -> bool:
     return async_op or tensor.element_size() < 4
 
 
-def averages_in_reduction(group: dist.ProcessGroup) -> bool:
-    """NCCL averages inside its reduction kernel (ReduceOp.AVG): no pass to divide."""
-    return dist.get_backend(group) == "nccl" and hasattr(dist.ReduceOp, "AVG")
+def averages_in_reduction(tensor: torch.Tensor, group: dist.ProcessGroup) -> bool:
+    """NCCL averages inside its reduction kernel (ReduceOp.AVG): no pass to divide. A
+    group may map CUDA to NCCL and the CPU to gloo ("cpu:gloo,cuda:nccl"): the tensor's
+    device says which of them runs the allreduce."""
+    return tensor.is_cuda and "nccl" in str(dist.get_backend(group)) and \
+        hasattr(dist.ReduceOp, "AVG")
 
 
 def allreduce_average(tensor: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
     """Start the allreduce that averages ``tensor``; returns (work, divide afterwards?)."""
-    if averages_in_reduction(group):
+    if averages_in_reduction(tensor, group):
         return dist.all_reduce(tensor, op=dist.ReduceOp.AVG, group=group, async_op=async_op), \
             False
     if divide_first(tensor, async_op):

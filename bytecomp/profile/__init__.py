@@ -13,7 +13,7 @@ import torch
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, remove_stale_temporaries
-from bytecomp.launch import run_job
+from bytecomp.launch import backend_for, run_job
 from bytecomp.profile.runner import ProfileConfig, pick_device, run_rank
 from bytecomp.profile.store import Profile, load_profile, save_profile
 from bytecomp.profile.workloads import BUILTINS, load_workload
@@ -31,7 +31,7 @@ def run_profile(config: ProfileConfig, nproc: int | None = None) -> Path:
                               inputs=[workload.source] if workload.source else [])
     if config.device == "cuda" and not torch.cuda.is_available():
         raise BytecompError("--device cuda but no CUDA device is available")
-    backend = "nccl" if pick_device(config.device, 0).type == "cuda" else "gloo"
+    backend = backend_for(pick_device(config.device, 0).type)
     run_job(run_rank, (config,), nproc, backend, config.timeout_s,
             on_stop=lambda: _remove_partial_output(out))
     return out

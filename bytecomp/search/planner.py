@@ -184,6 +184,10 @@ class Planner:
                  fidelity_weights: str = "params", calibrate: bool = True) -> None:
         self.profile = profile
         self.cluster = cluster or profiled_cluster(profile)
+        if self.cluster.world_size < 2:
+            raise BytecompError(f"{self.cluster.name}: a single rank has nothing to exchange, "
+                                f"so there is nothing to plan; plan for a cluster of several "
+                                f"ranks (--cluster, or a profile taken on several ranks)")
         self.compute = ComputeModel(profile)
         self.comm = CommModel(profile, self.cluster)
         self.specs = choose_specs(profile, specs, self.compute)
