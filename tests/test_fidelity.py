@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,30 @@ def test_the_minimum_fidelity_is_never_violated(min_fidelity):
         assert result.fidelity >= min_fidelity - 1e-12
         fp32 = next(b for b in result.baselines if b.name == "fp32 DDP")
         assert result.value <= fp32.value + 1e-9
+
+
+def test_the_evaluator_skips_what_it_need_not_simulate():
+    """A plan below the minimum fidelity is infinite without a simulation, and a plan
+    evaluated before is looked up; both count as evaluations (what a search spends
+    and finds does not depend on them), and the values are those of a simulation."""
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=1.0,
+                                fidelity=True)
+    problem = Planner(profile, None, ["topk:ratio=0.01"]).problem
+    topk = next(i for i, o in enumerate(problem.options) if o.spec == "topk:ratio=0.01")
+    simulated = []
+    original = problem.simulate
+    problem.simulate = lambda *args, **kwargs: simulated.append(args) or original(*args, **kwargs)
+    lossy, mild = problem.uniform(topk), problem.uniform(0)
+    mild[0] = topk
+    before = problem.evaluations
+    assert problem.evaluate(lossy, 25.0) == math.inf and not simulated
+    first = problem.evaluate(mild, 25.0)
+    assert first == problem.evaluate(mild, 25.0) and len(simulated) == 1
+    assert first == original(mild, 25.0).iteration_ms / problem.fidelity(mild)
+    assert problem.evaluations == before + 4  # three evaluations and the check's simulation
+    problem.set_fidelity(problem._gain_of, [w[-1] for w in problem._weights],
+                         replace(problem.objective, min_fidelity=0.0))
+    assert problem.evaluate(lossy, 25.0) < math.inf  # a new objective: nothing looked up
 
 
 def test_the_time_objective_plans_as_before():

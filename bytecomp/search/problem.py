@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
@@ -26,6 +27,7 @@ from bytecomp.timeline.simulator import (
 )
 
 UNASSIGNED = -1
+MAX_REMEMBERED = 50_000  # evaluated plans kept for lookup (a few MB at 1,500 tensors)
 OBJECTIVES = ("effective", "time")
 
 
@@ -104,6 +106,7 @@ class Problem:
         self._group_costs: dict[tuple, GroupCost] = {}
         self._labels = [o.label for o in options]
         self.screens: dict[tuple, list[int]] = {}  # search.algorithms.screened_options
+        self._values: dict[tuple[float, bytes], float] = {}  # evaluate's, by plan
         self.objective = Objective()
         self._gain_of: Callable[[Tensor, Option], float] | None = None
         # per tensor: share * gain^2 for each option, then the share alone (gain 1), so
@@ -245,21 +248,43 @@ class Problem:
 
     def evaluate(self, assignment, cap_mb: float) -> float:
         """The objective's value: predicted iteration time, or effective time (infinite
-        for a plan below the minimum fidelity)."""
-        return self.objective_of(self.simulate(assignment, cap_mb).iteration_ms, assignment)
+        for a plan below the minimum fidelity, found without simulating it). A plan
+        evaluated before is looked up, not simulated again; either way it counts as
+        an evaluation, so what a search spends does not depend on the lookups."""
+        key = (cap_mb, array("i", assignment).tobytes())
+        value = self._values.get(key)
+        if value is not None:
+            self.evaluations += 1
+            return value
+        divisor = self._objective_divisor(assignment)
+        if divisor is None:
+            self.evaluations += 1
+            value = math.inf
+        else:
+            value = self.simulate(assignment, cap_mb).iteration_ms / divisor
+        if len(self._values) >= MAX_REMEMBERED:
+            self._values.clear()
+        self._values[key] = value
+        return value
 
     def objective_of(self, time_ms: float, assignment) -> float:
         """The objective's value for an assignment predicted at ``time_ms``. For a partial
         assignment (UNASSIGNED tensors counted uncompressed) it is a lower bound of
         every completion's, given a lower bound ``time_ms`` of their times."""
+        divisor = self._objective_divisor(assignment)
+        return math.inf if divisor is None else time_ms / divisor
+
+    def _objective_divisor(self, assignment) -> float | None:
+        """What the objective divides the time by: 1, or the plan's fidelity; None for a
+        plan below the minimum fidelity (its objective is infinite)."""
         if not self.objective.uses_fidelity:
-            return time_ms
+            return 1.0
         fidelity = self.fidelity(assignment)
         if fidelity is None:
             raise ValueError("the effective-time objective needs the tensors' gains")
         if fidelity < self.objective.min_fidelity - 1e-12 or fidelity <= 0:
-            return math.inf
-        return time_ms / fidelity
+            return None
+        return fidelity
 
     # -- fidelity ------------------------------------------------------------------------
     def set_fidelity(self, gain_of: Callable[[Tensor, Option], float], shares: list[float],
@@ -270,6 +295,7 @@ class Problem:
         self._weights = [[share * gain_of(tensor, option) ** 2 for option in self.options]
                          + [share] for tensor, share in zip(self.tensors, shares)]
         self.objective = objective
+        self._values = {}
 
     def fidelity(self, assignment) -> float | None:
         """The plan's fidelity, ``sqrt(sum(weight * gain^2))`` (None: gains unknown)."""
@@ -306,6 +332,7 @@ class Problem:
         view.low_rank = self.low_rank[:count]
         view._labels = self._labels[:count]
         view.screens = {}  # screens depend on the options offered
+        view._values = {}
         if view._native is not None and view._native >= count:
             view._native = None
         return view
