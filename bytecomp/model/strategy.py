@@ -189,9 +189,12 @@ class StrategyCosts:
         cost = self._cache.get(key)
         if cost is None:
             path = path_of(option)
-            cost = self._cache[key] = replace(self._cost(option, numel, shapes),
-                                              hook_ms=self.executor.hook_ms[path],
-                                              tail_ms=self.executor.tail_ms[path])
+            c = self._cost(option, numel, shapes)
+            # the constructor, not dataclasses.replace: this runs thousands of times a search
+            cost = self._cache[key] = GroupCost(
+                c.encode_ms, c.channel_ms, c.decode_ms, c.host, c.copy_in_ms, c.copy_out_ms,
+                c.wire_bytes, c.intra_ms, self.executor.hook_ms[path],
+                self.executor.tail_ms[path])
         return cost
 
     def _cost(self, option: Option, numel: int, shapes) -> GroupCost:

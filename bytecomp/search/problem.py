@@ -301,7 +301,7 @@ class Problem:
         """The plan's fidelity, ``sqrt(sum(weight * gain^2))`` (None: gains unknown)."""
         if self._weights is None:
             return None
-        return math.sqrt(sum(w[o] for w, o in zip(self._weights, assignment)))
+        return math.sqrt(sum(map(list.__getitem__, self._weights, assignment)))
 
     def group_gain(self, members, option: int) -> float:
         """The gain of ``members`` (positions) alone under ``option`` (1 if unknown)."""
