@@ -557,6 +557,33 @@ def test_a_bad_interference_in_a_profile_is_named(tmp_path, interference):
         load_profile(broken)
 
 
+def test_gathered_payloads_are_priced_by_the_profiles_aggregation_sweep(tmp_path):
+    """An allgather's decode averages every rank's payload: priced from aggregation.csv
+    (one payload, then each further one) where the profile has it, else as that many
+    decodes (profiles before the sweep); the table round-trips through the files."""
+    import pandas as pd
+
+    from bytecomp.plan import Option
+    from bytecomp.profile import save_profile
+
+    profile = synthetic_profile(mlp_shapes(), world_size=8, nodes=2)
+    numels = sorted(set(profile.compressors.numel))
+    rows = [{"spec": "int8", "device": "cuda", "numel": n, "one_ms": 1e-5 * n,
+             "each_ms": 2e-5 * n} for n in numels]
+    with_sweep = replace(profile, aggregation=pd.DataFrame(rows))
+    save_profile(with_sweep, tmp_path / "profile")
+    loaded = load_profile(tmp_path / "profile")
+    assert loaded.aggregation.to_dict("records") == rows
+    option, numel = Option("int8", "device", "allgather"), numels[-1]
+    before = Planner(profile).problem.costs
+    after = Planner(loaded).problem.costs
+    decode = before.compute.decode_ms("int8", "cuda", numel)
+    assert before.cost(option, numel).decode_ms == pytest.approx(8 * decode)
+    assert after.cost(option, numel).decode_ms == pytest.approx(1e-5 * numel + 7 * 2e-5 * numel)
+    summable = Option("fp16", "device", "allreduce")  # decoded once: no aggregation
+    assert after.cost(summable, numel).decode_ms == before.cost(summable, numel).decode_ms
+
+
 # -- the executor's fixed costs ---------------------------------------------------------------
 
 FIXED = {"bucket_ms": 0.5, "paths": {"direct": {"hook_ms": 0.2, "tail_ms": 0.3},

@@ -109,6 +109,43 @@ def test_every_collective_and_compressor_row_is_present_and_positive(mlp_profile
         assert (rows.payload_bytes > 0).all(), spec
 
 
+def test_the_aggregation_of_gathered_payloads_is_swept(mlp_profile):
+    """The executor's decode of a gathered exchange, for the one-round gatherable specs
+    only, at every sweep size; it loads back and prices allgather decodes."""
+    from bytecomp.model.costs import ComputeModel
+    from bytecomp.profile.sweeps import gathered_specs
+
+    table = mlp_profile.aggregation
+    numels = mlp_profile.meta["sweep"]["numels"]
+    assert set(table.spec) == set(gathered_specs(default_specs())) != set(default_specs())
+    for spec in set(table.spec):
+        rows = table[table.spec == spec]
+        assert list(rows.numel) == numels and (rows.one_ms > 0).all(), spec
+        assert (rows.each_ms >= 0).all(), spec
+    model = ComputeModel(mlp_profile)
+    one = table[(table.spec == "int8") & (table.numel == numels[-1])].iloc[0]
+    assert model.aggregate_ms("int8", "cpu", numels[-1], 4) == \
+        pytest.approx(one.one_ms + 3 * one.each_ms)
+
+
+def test_an_older_profile_gets_the_aggregation_sweep_added(mlp_profile, tmp_path):
+    """benchmarks/add_aggregation.py measures the sweep for a profile that predates it,
+    on the profile's ranks and sizes, and writes a table that loads."""
+    import shutil
+
+    older = tmp_path / "older"
+    shutil.copytree(mlp_profile.path, older)
+    (older / "aggregation.csv").unlink()
+    assert load_profile(older).aggregation.empty
+    script = Path(__file__).parents[1] / "benchmarks" / "add_aggregation.py"
+    result = subprocess.run([sys.executable, str(script), str(older), "--nproc", "2"],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    added = load_profile(older).aggregation
+    assert set(added.spec) == set(mlp_profile.aggregation.spec)
+    assert set(added.numel) == set(mlp_profile.meta["sweep"]["numels"])
+
+
 def test_cheap_collectives_get_more_samples_per_round():
     assert samples_per_round(0.3) == EXTRA_SAMPLES  # sub-millisecond: heavy-tailed times
     assert samples_per_round(0.9) == 2

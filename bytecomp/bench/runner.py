@@ -186,8 +186,10 @@ def scaled_compute(profile: Profile, factor: float) -> Profile:
     tensors = profile.tensors.assign(ready_ms=profile.tensors["ready_ms"] * factor)
     compressors = profile.compressors.assign(encode_ms=profile.compressors["encode_ms"] * factor,
                                              decode_ms=profile.compressors["decode_ms"] * factor)
+    aggregation = profile.aggregation.assign(one_ms=profile.aggregation["one_ms"] * factor,
+                                             each_ms=profile.aggregation["each_ms"] * factor)
     return Profile(meta, tensors, profile.collectives, compressors, profile.copies, profile.path,
-                   profile.fidelity, profile.probe)
+                   profile.fidelity, profile.probe, aggregation)
 
 
 def timing_optimizer(parameters) -> torch.optim.Optimizer:

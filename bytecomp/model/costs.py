@@ -174,6 +174,12 @@ class ComputeModel:
             self.payload[(spec, device)] = fit_linear(rows["numel"], rows["payload_bytes"])
         self.copies = {direction: fit_linear(rows["bytes"], rows["time_ms"])
                        for direction, rows in profile.copies.groupby("direction")}
+        # the executor's decode of a gathered exchange (profiles before it: decode_ms x
+        # payloads)
+        self.aggregate: dict[tuple[str, str], tuple[PiecewiseFit, PiecewiseFit]] = {
+            (spec, device): (fit_piecewise(rows["numel"], rows["one_ms"]),
+                             fit_piecewise(rows["numel"], rows["each_ms"]))
+            for (spec, device), rows in profile.aggregation.groupby(["spec", "device"])}
 
     def specs(self) -> set[str]:
         return {spec for spec, _ in self.encode}
@@ -190,6 +196,17 @@ class ComputeModel:
 
     def decode_ms(self, spec: str, device: str, numel: float) -> float:
         return self.decode[(spec, device)](numel)
+
+    def aggregate_ms(self, spec: str, device: str, numel: float, payloads: int) -> float:
+        """Decompress ``payloads`` payloads of ``numel`` elements and average them, as the
+        executor does for a gathered exchange: from the profile's aggregation sweep where
+        it has one (a float32 sum, the average and the copy out cost passes of their
+        own), else ``payloads`` decodes."""
+        fits = self.aggregate.get((spec, device))
+        if fits is None:
+            return payloads * self.decode_ms(spec, device, numel)
+        one, each = fits
+        return one(numel) + (payloads - 1) * each(numel)
 
     def measured_payload(self, spec: str, device: str, numel: float) -> float:
         return self.payload[(spec, device)](numel)

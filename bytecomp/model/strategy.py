@@ -214,6 +214,9 @@ class StrategyCosts:
         def decode(n):
             return self.compute.decode_ms(spec, device, n)
 
+        def aggregate(n, payloads):  # decode and average every rank's payload
+            return self.compute.aggregate_ms(spec, device, n, payloads)
+
         world = self.comm.ranks("world")
         scheme = option.collective
         intra = 0.0
@@ -221,14 +224,14 @@ class StrategyCosts:
             encode_ms = encode(numel)
             channel = self.exchange_ms(spec, numel, "world", scheme, shapes)
             gathers = scheme == "allgather" or compressor.collectives_of_rounds()[-1] == "allgather"
-            decode_ms = decode(numel) * (world if gathers else 1)
+            decode_ms = aggregate(numel, world) if gathers else decode(numel)
             wire = sum(self._payload(spec, numel, shapes))
         elif scheme == "twoshot":
             chunk = math.ceil(numel / world)
             payload = sum(self._payload(spec, chunk, None))
             encode_ms = world * encode(chunk)
             channel = (self._collective("alltoall", "world", "uint8", world * payload)
-                       + world * decode(chunk) + encode(chunk)
+                       + aggregate(chunk, world) + encode(chunk)
                        + self._gather("world", world, payload, True, 0))
             if not compressor.fixed_size:
                 counts = world * COUNT_BYTES * 2
@@ -238,7 +241,7 @@ class StrategyCosts:
             wire = 2 * world * payload
         elif scheme == "twolevel":
             encode_ms, channel, decode_ms, wire, intra = self._two_level(spec, numel, encode,
-                                                                         decode)
+                                                                         decode, aggregate)
         else:  # the hierarchical schemes
             per_node = self.comm.ranks("intra")
             nodes = self.comm.ranks("inter")
@@ -248,7 +251,7 @@ class StrategyCosts:
             channel = (intra + self.casts_ms(numel, scheme, option.place)
                        + self.exchange_ms(spec, chunk, "inter", native))
             encode_ms = encode(chunk)
-            decode_ms = decode(chunk) * (nodes if native == "allgather" else 1)
+            decode_ms = aggregate(chunk, nodes) if native == "allgather" else decode(chunk)
             wire = 2 * numel * (2 if scheme in CASTS else self.element_size) \
                 + sum(self._payload(spec, chunk, None))
         host = option.place == "host"
@@ -257,7 +260,7 @@ class StrategyCosts:
                          self.compute.copy_ms("d2h", copies) if host else 0.0,
                          self.compute.copy_ms("h2d", copies) if host else 0.0, wire, intra)
 
-    def _two_level(self, spec: str, numel: float, encode, decode):
+    def _two_level(self, spec: str, numel: float, encode, decode, aggregate):
         """(encode, channel, decode, wire bytes, intra-node channel) of the two-level
         scheme: every chunk encoded; on the channel an intra-node alltoall of the
         payloads, their average, the inter-node exchange of this rank's chunk (its
@@ -273,11 +276,11 @@ class StrategyCosts:
             counts = per_node * COUNT_BYTES * 2
             intra += (self._collective("alltoall", "intra", "uint8", counts)
                       + self._collective("allgather", "intra", "uint8", counts))
-        channel = intra + per_node * decode(chunk) + encode(chunk)
+        channel = intra + aggregate(chunk, per_node) + encode(chunk)
         wire = (per_node + 1) * payload
         if nodes > 1:
             native = native_scheme(compressor)
             channel += (encode(chunk) + self.exchange_ms(spec, chunk, "inter", native)
-                        + decode(chunk) * (nodes if native == "allgather" else 1))
+                        + (aggregate(chunk, nodes) if native == "allgather" else decode(chunk)))
             wire += payload
         return per_node * encode(chunk), channel, per_node * decode(chunk), wire, intra

@@ -24,11 +24,13 @@ from bytecomp.profile.fidelity import measure_fidelity
 from bytecomp.profile.overheads import measure_executor_costs, model_charges
 from bytecomp.profile.probe import COLUMNS as PROBE_COLUMNS
 from bytecomp.profile.probe import run_probe
-from bytecomp.profile.store import FORMAT_VERSION, Profile, save_profile
+from bytecomp.profile.store import FORMAT_VERSION, TABLES, Profile, save_profile
 from bytecomp.profile.sweeps import (
     SweepSettings,
+    aggregation_steps,
     collective_steps,
     compressor_steps,
+    sweep_aggregation,
     sweep_collectives,
     sweep_compressors,
     sweep_copies,
@@ -168,6 +170,9 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         compressors = sweep_compressors(
             config.specs, devices, sweep,
             reporter.phase("compressor sweeps", compressor_steps(config.specs, devices, sweep)))
+        aggregation = sweep_aggregation(
+            config.specs, devices, sweep,
+            reporter.phase("aggregation sweeps", aggregation_steps(config.specs, devices, sweep)))
         copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
         charges = model_charges(collectives, device, nodes, ranks_per_node)
         rounds = 2 * training.iterations
@@ -226,7 +231,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
     profile = Profile(meta, tensors, pd.DataFrame(collectives), pd.DataFrame(compressors),
                       pd.DataFrame(copies, columns=["direction", "bytes", "time_ms"]),
                       fidelity=pd.DataFrame(fidelity, columns=FIDELITY_COLUMNS),
-                      probe=pd.DataFrame(probe, columns=PROBE_COLUMNS))
+                      probe=pd.DataFrame(probe, columns=PROBE_COLUMNS),
+                      aggregation=pd.DataFrame(aggregation, columns=list(TABLES["aggregation"])))
     path = save_profile(profile, config.out, config.force)
     reporter.print(_summary(profile, path))
     return path

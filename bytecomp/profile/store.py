@@ -52,10 +52,13 @@ TABLES = {
     "fidelity": {"tensor": str, "spec": str, "gain": float, "gain_p10": float,
                  "gain_p90": float, "norm_share": float},
     "probe": {"spec": str, "steps_factor": float, "steps": int},
+    "aggregation": {"spec": str, "device": str, "numel": int, "one_ms": float,
+                    "each_ms": float},
 }
-OPTIONAL_TABLES = ("copies", "fidelity", "probe")  # profiles without them still load
+OPTIONAL_TABLES = ("copies", "fidelity", "probe", "aggregation")  # profiles without them load
 NON_NEGATIVE = {"numel", "bytes", "ready_ms", "ranks", "time_ms", "p10_ms", "p90_ms",
-                "encode_ms", "decode_ms", "payload_bytes", "steps_factor", "steps"}
+                "encode_ms", "decode_ms", "payload_bytes", "steps_factor", "steps",
+                "one_ms", "each_ms"}
 FRACTIONS = {"gain", "gain_p10", "gain_p90", "norm_share"}  # between 0 and 1
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "format_version": int, "model": dict, "device": dict, "backend": str, "world_size": int,
@@ -76,6 +79,7 @@ class Profile:
     path: Path | None = None
     fidelity: pd.DataFrame = field(default_factory=lambda: empty_table("fidelity"))
     probe: pd.DataFrame = field(default_factory=lambda: empty_table("probe"))
+    aggregation: pd.DataFrame = field(default_factory=lambda: empty_table("aggregation"))
 
     @property
     def has_fidelity(self) -> bool:
@@ -387,7 +391,14 @@ def load_profile(directory) -> Profile:
         _fail(directory / "fidelity.csv", f"tensor {sorted(unknown)[0]!r} is not in tensors.csv")
     probe = _load_table(directory, "probe", required=False)
     _check_probe(directory / "probe.csv", probe)
-    return Profile(meta, tensors, collectives, compressors, copies, directory, fidelity, probe)
+    aggregation = _load_table(directory, "aggregation", required=False)
+    _check_specs(directory / "aggregation.csv", aggregation, "spec")
+    _row_fail(directory / "aggregation.csv", aggregation,
+              ~aggregation["device"].isin(["cpu", "cuda"]), "device", "is not cpu or cuda")
+    _row_fail(directory / "aggregation.csv", aggregation, aggregation["numel"] < 1, "numel",
+              "must be at least 1")
+    return Profile(meta, tensors, collectives, compressors, copies, directory, fidelity, probe,
+                   aggregation)
 
 
 def _check_probe(path: Path, probe: pd.DataFrame) -> None:

@@ -250,6 +250,88 @@ def compressor_steps(specs: list[str], devices: list, settings: SweepSettings) -
     return len(specs) * len(devices) + settings.compressor_repeats
 
 
+MORE_PAYLOADS = 3  # the aggregation sweep's second point (one payload is the first)
+
+
+def gathered_specs(specs: list[str]) -> list[str]:
+    """The specs whose payloads a gathered exchange sums from every rank (allgather,
+    two-shot, two-level): one-round compressors that can be gathered."""
+    return [spec for spec in specs
+            if from_spec(spec).gatherable and from_spec(spec).rounds == 1]
+
+
+def _time_aggregation(compressor, x, other, clock, reverse: bool = False) -> tuple[float, float]:
+    """The executor's decode of a gathered exchange (``aggregate_into``: decompress every
+    rank's payload, sum in float32, average, write out) of one payload and of
+    ``MORE_PAYLOADS``; ``reverse`` times them in the other order."""
+    state: dict = {}
+    encode(compressor, other, state)
+    encoded = encode(compressor, x, state)
+    out = torch.empty_like(x)
+    counts = (MORE_PAYLOADS, 1) if reverse else (1, MORE_PAYLOADS)
+    times = {}
+    for count in counts:
+        # once untimed: the first call on new buffers pays their pages (steps do not)
+        compressor.aggregate_into([encoded.payload] * count, encoded.ctx, out)
+        clock.sync()
+        start = clock.mark()
+        compressor.aggregate_into([encoded.payload] * count, encoded.ctx, out)
+        end = clock.mark()
+        clock.sync()
+        times[count] = clock.elapsed_ms(start, end)
+    return times[1], times[MORE_PAYLOADS]
+
+
+def sweep_aggregation(specs: list[str], devices: list[torch.device], settings: SweepSettings,
+                      progress=None) -> list[dict]:
+    """Rows of aggregation.csv: spec, device, numel, one_ms, each_ms: the executor's
+    decode of a gathered exchange costs ``one_ms + (payloads - 1) * each_ms``, more than
+    ``payloads x decode_ms`` (a float32 sum, the average and the copy out are passes of
+    their own). ``each_ms`` is the slope between one payload and ``MORE_PAYLOADS``
+    (timed in alternating order, so neither is always the first). For
+    :func:`gathered_specs` only; the compressor sweep's sizes and samples, the slowest
+    rank's per sample."""
+    specs = gathered_specs(specs)
+    inputs = {(device, numel): (torch.randn(numel, device=device),
+                                torch.randn(numel, device=device))
+              for device in devices for numel in settings.numels}
+    cases = []
+    for device in devices:
+        clock = Clock(device)
+        for spec in specs:
+            compressor = from_spec(spec)
+            series = [(device, compressor, numel) for numel in settings.numels]
+            pilot = [sum(_time_aggregation(compressor, *inputs[(device, numel)], clock))
+                     for _, _, numel in series]
+            pilot = _reduce([pilot], dist.ReduceOp.MAX, torch.device("cpu"))[0]
+            cases += _within_budget(series, pilot, settings.budget_s)
+            if progress:
+                progress()
+    one_ms: list[list[float]] = [[] for _ in cases]
+    more_ms: list[list[float]] = [[] for _ in cases]
+    for repeat in range(settings.compressor_repeats):
+        for index, (device, compressor, numel) in enumerate(cases):
+            one, more = _time_aggregation(compressor, *inputs[(device, numel)], Clock(device),
+                                          reverse=repeat % 2 == 1)
+            one_ms[index].append(one)
+            more_ms[index].append(more)
+        if progress:
+            progress()
+    one_ms = _reduce(one_ms, dist.ReduceOp.MAX, torch.device("cpu"))
+    more_ms = _reduce(more_ms, dist.ReduceOp.MAX, torch.device("cpu"))
+    rows = []
+    for i, (device, compressor, numel) in enumerate(cases):
+        one, more = float(np.median(one_ms[i])), float(np.median(more_ms[i]))
+        rows.append({"spec": compressor.spec, "device": device.type, "numel": numel,
+                     "one_ms": round(one, 5),
+                     "each_ms": round(max(0.0, (more - one) / (MORE_PAYLOADS - 1)), 5)})
+    return rows
+
+
+def aggregation_steps(specs: list[str], devices: list, settings: SweepSettings) -> int:
+    return len(gathered_specs(specs)) * len(devices) + settings.compressor_repeats
+
+
 def sweep_copies(device: torch.device, settings: SweepSettings, progress=None) -> list[dict]:
     """Rows of copies.csv: direction, bytes, time_ms. ``d2d`` is a copy within the device's
     memory (what gathering a merged group's scattered tensors costs; every rank copies

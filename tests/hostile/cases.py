@@ -295,6 +295,10 @@ def _profile_yaml_cases() -> list[Case]:
 TABLE_COLUMNS = TABLES
 # The shipped profile has no convergence probe: its cases first write this one.
 PROBE_CSV = "spec,steps_factor,steps\nfp16,1.02,100\ntopk:ratio=0.01,1.8,100\n"
+# Nor an aggregation sweep (it predates it): likewise.
+AGGREGATION_CSV = ("spec,device,numel,one_ms,each_ms\ntopk:ratio=0.01,cpu,1024,0.02,0.001\n"
+                   "topk:ratio=0.01,cpu,262144,0.09,0.01\n")
+WRITTEN_FIRST = {"probe": PROBE_CSV, "aggregation": AGGREGATION_CSV}
 ALLOW_NEGATIVE = {"bucket"}
 BAD_STRINGS = {
     "tensors": {"name": "", "shape": "axb", "dtype": "int64"},
@@ -303,14 +307,15 @@ BAD_STRINGS = {
     "copies": {"direction": "sideways"},
     "fidelity": {"tensor": "no.such.tensor", "spec": "topk:ratio=7"},
     "probe": {"spec": "zip:level=9"},
+    "aggregation": {"spec": "zip:level=9", "device": "tpu"},
 }
 
 
-def _with_probe(mutate: Callable[[Path], None]) -> Callable[[Path], None]:
-    def with_probe(root: Path) -> None:
-        (root / "profile" / "probe.csv").write_text(PROBE_CSV)
+def _written_first(table: str, mutate: Callable[[Path], None]) -> Callable[[Path], None]:
+    def with_table(root: Path) -> None:
+        (root / "profile" / f"{table}.csv").write_text(WRITTEN_FIRST[table])
         mutate(root)
-    return with_probe
+    return with_table
 
 
 def _table_cases() -> list[Case]:
@@ -338,7 +343,7 @@ def _table_cases() -> list[Case]:
                                                                            value), PLAN_CMD))
         for kind in ("fifo", "zero", "directory", "dangling", "huge"):
             cases.append(Case(f"{table}.csv:special-{kind}", special(relative, kind), PLAN_CMD))
-        optional = table in ("copies", "fidelity", "probe")
+        optional = table in ("copies", "fidelity", "probe", "aggregation")
         cases += [
             Case(f"{table}.csv:missing", lambda root, r=relative: (root / r).unlink(), PLAN_CMD,
                  "any" if optional else "error"),
@@ -366,8 +371,9 @@ def _table_cases() -> list[Case]:
             PLAN_CMD),
     ]
     for case in cases:
-        if case.id.startswith("probe.csv:"):
-            case.mutate = _with_probe(case.mutate)
+        table = case.id.split(".csv:")[0]
+        if table in WRITTEN_FIRST:
+            case.mutate = _written_first(table, case.mutate)
     cases += [
         Case("tensors.csv:reversed-rows", csv_edit(
             "profile/tensors.csv", lambda rows: rows[:1] + rows[:0:-1]), PLAN_CMD),
