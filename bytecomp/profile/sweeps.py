@@ -11,6 +11,7 @@ spread over all cases instead of biasing a few. Statistics are over rounds.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -203,14 +204,15 @@ def _time_compression(compressor, x, other, clock) -> tuple[float, float, int]:
     return clock.elapsed_ms(start, middle), clock.elapsed_ms(middle, end), encoded.bytes_sent
 
 
-def sweep_compressors(specs: list[str], devices: list[torch.device], settings: SweepSettings,
-                      progress=None) -> list[dict]:
-    """Rows of compressors.csv: spec, device, numel, encode_ms, decode_ms, payload_bytes.
+def _sweep_cases(specs: list[str], devices: list[torch.device], settings: SweepSettings,
+                 timer: Callable, pilot_of: Callable, progress=None):
+    """Time every spec on every device at the sweep's sizes, as in training: every rank
+    at the same time, the slowest rank's time per sample. As for collectives, a pilot
+    pass bounds each series by the time budget, then rounds over every case.
 
-    Every rank compresses at the same time, as in training; per sample the
-    slowest rank counts. As for collectives: a pilot pass bounds each series by
-    the time budget, then rounds over every case.
-    """
+    ``timer(compressor, x, other, clock, round)`` gives ``(times, extra)``; ``pilot_of``
+    reads the pilot's time from ``times``. Returns the cases (device, compressor,
+    numel), per case the median of each time, and per case the last ``extra``."""
     inputs = {(device, numel): (torch.randn(numel, device=device),
                                 torch.randn(numel, device=device))
               for device in devices for numel in settings.numels}
@@ -220,30 +222,45 @@ def sweep_compressors(specs: list[str], devices: list[torch.device], settings: S
         for spec in specs:
             compressor = from_spec(spec)
             series = [(device, compressor, numel) for numel in settings.numels]
-            pilot = [_time_compression(compressor, *inputs[(device, numel)], clock)[0]
+            pilot = [pilot_of(timer(compressor, *inputs[(device, numel)], clock, 0)[0])
                      for _, _, numel in series]
             pilot = _reduce([pilot], dist.ReduceOp.MAX, torch.device("cpu"))[0]
             cases += _within_budget(series, pilot, settings.budget_s)
             if progress:
                 progress()
-    encode_ms: list[list[float]] = [[] for _ in cases]
-    decode_ms: list[list[float]] = [[] for _ in cases]
-    payload = [0] * len(cases)
-    for _ in range(settings.compressor_repeats):
+    samples: list[list[list[float]]] = []  # per time, per case
+    extras: list = [None] * len(cases)
+    for repeat in range(settings.compressor_repeats):
         for index, (device, compressor, numel) in enumerate(cases):
-            encode_time, decode_time, payload[index] = _time_compression(
-                compressor, *inputs[(device, numel)], Clock(device))
-            encode_ms[index].append(encode_time)
-            decode_ms[index].append(decode_time)
+            times, extras[index] = timer(compressor, *inputs[(device, numel)], Clock(device),
+                                         repeat)
+            samples = samples or [[[] for _ in cases] for _ in times]
+            for quantity, time_ms in zip(samples, times):
+                quantity[index].append(time_ms)
         if progress:
             progress()
-    encode_ms = _reduce(encode_ms, dist.ReduceOp.MAX, torch.device("cpu"))
-    decode_ms = _reduce(decode_ms, dist.ReduceOp.MAX, torch.device("cpu"))
+    medians = [[float(np.median(case)) for case in _reduce(quantity, dist.ReduceOp.MAX,
+                                                           torch.device("cpu"))]
+               for quantity in samples]
+    return cases, [tuple(per_case) for per_case in zip(*medians)], extras
+
+
+def sweep_compressors(specs: list[str], devices: list[torch.device], settings: SweepSettings,
+                      progress=None) -> list[dict]:
+    """Rows of compressors.csv: spec, device, numel, encode_ms, decode_ms, payload_bytes
+    (see :func:`_sweep_cases`; the pilot times the encode)."""
+
+    def timer(compressor, x, other, clock, _round):
+        encode_ms, decode_ms, payload = _time_compression(compressor, x, other, clock)
+        return (encode_ms, decode_ms), payload
+
+    cases, medians, payloads = _sweep_cases(specs, devices, settings, timer,
+                                            lambda times: times[0], progress)
     return [{"spec": compressor.spec, "device": device.type, "numel": numel,
-             "encode_ms": round(float(np.median(encode_ms[i])), 5),
-             "decode_ms": round(float(np.median(decode_ms[i])), 5),
-             "payload_bytes": payload[i]}
-            for i, (device, compressor, numel) in enumerate(cases)]
+             "encode_ms": round(encode_ms, 5), "decode_ms": round(decode_ms, 5),
+             "payload_bytes": payload}
+            for (device, compressor, numel), (encode_ms, decode_ms), payload
+            in zip(cases, medians, payloads)]
 
 
 def compressor_steps(specs: list[str], devices: list, settings: SweepSettings) -> int:
@@ -289,43 +306,18 @@ def sweep_aggregation(specs: list[str], devices: list[torch.device], settings: S
     ``payloads x decode_ms`` (a float32 sum, the average and the copy out are passes of
     their own). ``each_ms`` is the slope between one payload and ``MORE_PAYLOADS``
     (timed in alternating order, so neither is always the first). For
-    :func:`gathered_specs` only; the compressor sweep's sizes and samples, the slowest
-    rank's per sample."""
-    specs = gathered_specs(specs)
-    inputs = {(device, numel): (torch.randn(numel, device=device),
-                                torch.randn(numel, device=device))
-              for device in devices for numel in settings.numels}
-    cases = []
-    for device in devices:
-        clock = Clock(device)
-        for spec in specs:
-            compressor = from_spec(spec)
-            series = [(device, compressor, numel) for numel in settings.numels]
-            pilot = [sum(_time_aggregation(compressor, *inputs[(device, numel)], clock))
-                     for _, _, numel in series]
-            pilot = _reduce([pilot], dist.ReduceOp.MAX, torch.device("cpu"))[0]
-            cases += _within_budget(series, pilot, settings.budget_s)
-            if progress:
-                progress()
-    one_ms: list[list[float]] = [[] for _ in cases]
-    more_ms: list[list[float]] = [[] for _ in cases]
-    for repeat in range(settings.compressor_repeats):
-        for index, (device, compressor, numel) in enumerate(cases):
-            one, more = _time_aggregation(compressor, *inputs[(device, numel)], Clock(device),
-                                          reverse=repeat % 2 == 1)
-            one_ms[index].append(one)
-            more_ms[index].append(more)
-        if progress:
-            progress()
-    one_ms = _reduce(one_ms, dist.ReduceOp.MAX, torch.device("cpu"))
-    more_ms = _reduce(more_ms, dist.ReduceOp.MAX, torch.device("cpu"))
-    rows = []
-    for i, (device, compressor, numel) in enumerate(cases):
-        one, more = float(np.median(one_ms[i])), float(np.median(more_ms[i]))
-        rows.append({"spec": compressor.spec, "device": device.type, "numel": numel,
-                     "one_ms": round(one, 5),
-                     "each_ms": round(max(0.0, (more - one) / (MORE_PAYLOADS - 1)), 5)})
-    return rows
+    :func:`gathered_specs` only; the compressor sweep's sizes, samples and budget
+    (:func:`_sweep_cases`)."""
+
+    def timer(compressor, x, other, clock, round_):
+        return _time_aggregation(compressor, x, other, clock, reverse=round_ % 2 == 1), None
+
+    cases, medians, _ = _sweep_cases(gathered_specs(specs), devices, settings, timer, sum,
+                                     progress)
+    return [{"spec": compressor.spec, "device": device.type, "numel": numel,
+             "one_ms": round(one, 5),
+             "each_ms": round(max(0.0, (more - one) / (MORE_PAYLOADS - 1)), 5)}
+            for (device, compressor, numel), (one, more) in zip(cases, medians)]
 
 
 def aggregation_steps(specs: list[str], devices: list, settings: SweepSettings) -> int:
