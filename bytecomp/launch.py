@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import multiprocessing
 import os
 import queue
@@ -298,6 +299,9 @@ def run_job(fn: Callable, args: tuple, nproc: int | None, backend: str, timeout_
             fn(*args, shape.nodes, shape.ranks_per_node)
             dist.barrier()
         finally:
+            # the DDP models fn made sit in reference cycles: freed at exit, after their
+            # process group, they can make gloo abort the process (docs/executor.md)
+            gc.collect()
             dist.destroy_process_group()
         return
     nproc = 1 if nproc is None else nproc
