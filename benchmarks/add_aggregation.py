@@ -11,14 +11,15 @@ was taken, so that ranks share the machine as they did:
     python benchmarks/add_aggregation.py PROFILE --nproc 2
 
 It uses the profile's own sweep sizes (``sweep.numels`` in profile.yaml), its
-compressor specs and devices, and the default number of repeats (2 for a
-``--quick`` profile), and replaces PROFILE/aggregation.csv atomically.
+compressor specs and devices, and ``bytecomp profile``'s repeats and budget
+(those of ``--quick`` for a quick profile), and replaces PROFILE/aggregation.csv atomically.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -28,8 +29,9 @@ import torch.distributed as dist
 from bytecomp.files import write_text_atomic
 from bytecomp.launch import run_job
 from bytecomp.profile import load_profile
+from bytecomp.profile.runner import ProfileConfig
 from bytecomp.profile.store import TABLES
-from bytecomp.profile.sweeps import SweepSettings, sweep_aggregation
+from bytecomp.profile.sweeps import sweep_aggregation
 
 
 def _rank(profile_dir: str, nodes: int, ranks_per_node: int) -> None:
@@ -37,10 +39,8 @@ def _rank(profile_dir: str, nodes: int, ranks_per_node: int) -> None:
     if nodes * ranks_per_node != profile.world_size:
         raise SystemExit(f"the profile was taken on {profile.world_size} ranks, this job has "
                          f"{nodes * ranks_per_node}")
-    quick = bool(profile.meta.get("quick"))
-    settings = SweepSettings(numels=tuple(profile.meta["sweep"]["numels"]),
-                             compressor_repeats=2 if quick else SweepSettings.compressor_repeats,
-                             budget_s=0.2 if quick else SweepSettings.budget_s)
+    settings = replace(ProfileConfig(quick=bool(profile.meta.get("quick"))).sweep_settings(),
+                       numels=tuple(profile.meta["sweep"]["numels"]))
     devices = [torch.device(d, dist.get_rank() % torch.cuda.device_count()) if d == "cuda"
                else torch.device(d) for d in sorted(set(profile.compressors["device"]))]
     rows = sweep_aggregation(list(profile.meta["compressor_specs"]), devices, settings)

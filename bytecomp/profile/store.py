@@ -376,11 +376,7 @@ def load_profile(directory) -> Profile:
     collectives = _load_table(directory, "collectives")
     _check_collectives(directory / "collectives.csv", collectives, meta)
     compressors = _load_table(directory, "compressors")
-    _check_specs(directory / "compressors.csv", compressors, "spec")
-    _row_fail(directory / "compressors.csv", compressors,
-              ~compressors["device"].isin(["cpu", "cuda"]), "device", "is not cpu or cuda")
-    _row_fail(directory / "compressors.csv", compressors, compressors["numel"] < 1, "numel",
-              "must be at least 1")
+    _check_sweep(directory / "compressors.csv", compressors)
     copies = _load_table(directory, "copies", required=False)
     _row_fail(directory / "copies.csv", copies, ~copies["direction"].isin(COPY_DIRECTIONS),
               "direction", f"is not one of {', '.join(COPY_DIRECTIONS)}")
@@ -392,13 +388,18 @@ def load_profile(directory) -> Profile:
     probe = _load_table(directory, "probe", required=False)
     _check_probe(directory / "probe.csv", probe)
     aggregation = _load_table(directory, "aggregation", required=False)
-    _check_specs(directory / "aggregation.csv", aggregation, "spec")
-    _row_fail(directory / "aggregation.csv", aggregation,
-              ~aggregation["device"].isin(["cpu", "cuda"]), "device", "is not cpu or cuda")
-    _row_fail(directory / "aggregation.csv", aggregation, aggregation["numel"] < 1, "numel",
-              "must be at least 1")
+    _check_sweep(directory / "aggregation.csv", aggregation)
     return Profile(meta, tensors, collectives, compressors, copies, directory, fidelity, probe,
                    aggregation)
+
+
+def _check_sweep(path: Path, table: pd.DataFrame) -> None:
+    """A compressor sweep's rows (compressors.csv, aggregation.csv): known specs, a cpu
+    or cuda device, at least one element."""
+    _check_specs(path, table, "spec")
+    _row_fail(path, table, ~table["device"].isin(["cpu", "cuda"]), "device",
+              "is not cpu or cuda")
+    _row_fail(path, table, table["numel"] < 1, "numel", "must be at least 1")
 
 
 def _check_probe(path: Path, probe: pd.DataFrame) -> None:

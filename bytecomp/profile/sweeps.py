@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from bytecomp.comm.compat import all_gather_flat, reduce_scatter_flat
+from bytecomp.comm.schemes import supported_schemes
 from bytecomp.comm.topology import Topology
 from bytecomp.compress import from_spec
 from bytecomp.compress.local import decode, encode
@@ -272,9 +273,8 @@ MORE_PAYLOADS = 3  # the aggregation sweep's second point (one payload is the fi
 
 def gathered_specs(specs: list[str]) -> list[str]:
     """The specs whose payloads a gathered exchange sums from every rank (allgather,
-    two-shot, two-level): one-round compressors that can be gathered."""
-    return [spec for spec in specs
-            if from_spec(spec).gatherable and from_spec(spec).rounds == 1]
+    two-shot, two-level): those that can run on the allgather scheme."""
+    return [spec for spec in specs if "allgather" in supported_schemes(from_spec(spec))]
 
 
 def _time_aggregation(compressor, x, other, clock, reverse: bool = False) -> tuple[float, float]:
