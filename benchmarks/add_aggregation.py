@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from bytecomp.errors import BytecompError
 from bytecomp.files import write_text_atomic
 from bytecomp.launch import run_job
 from bytecomp.profile import load_profile
@@ -37,7 +39,7 @@ from bytecomp.profile.sweeps import sweep_aggregation
 def _rank(profile_dir: str, nodes: int, ranks_per_node: int) -> None:
     profile = load_profile(profile_dir)
     if nodes * ranks_per_node != profile.world_size:
-        raise SystemExit(f"the profile was taken on {profile.world_size} ranks, this job has "
+        raise BytecompError(f"the profile was taken on {profile.world_size} ranks, this job has "
                          f"{nodes * ranks_per_node}")
     settings = replace(ProfileConfig(quick=bool(profile.meta.get("quick"))).sweep_settings(),
                        numels=tuple(profile.meta["sweep"]["numels"]))
@@ -57,8 +59,12 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, help="local ranks (leave out under torchrun or "
                                                   "bytecomp emulate)")
     args = parser.parse_args()
-    load_profile(args.profile)  # a broken profile fails here, before any rank starts
-    run_job(_rank, (args.profile,), args.nproc, "gloo", 600)
+    try:
+        load_profile(args.profile)  # a broken profile fails here, before any rank starts
+        run_job(_rank, (args.profile,), args.nproc, "gloo", 600)
+    except BytecompError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -146,6 +146,12 @@ def test_an_older_profile_gets_the_aggregation_sweep_added(mlp_profile, tmp_path
     added = load_profile(older).aggregation
     assert set(added.spec) == set(mlp_profile.aggregation.spec)
     assert set(added.numel) == set(mlp_profile.meta["sweep"]["numels"])
+    for args, message in (([str(tmp_path / "nothing")], "does not exist"),
+                          ([str(older), "--nproc", "1"], "taken on 2 ranks")):
+        failed = subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                                text=True, timeout=120)
+        assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+        assert message in failed.stderr.strip().splitlines()[-1]
 
 
 def test_cheap_collectives_get_more_samples_per_round():
