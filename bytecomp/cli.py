@@ -205,7 +205,8 @@ def plan(
                                  "powersgd, acpsgd), for the executor to move along while "
                                  "training by the measured gain."),
     gain_threshold: float = typer.Option(0.75, help="With --adaptive: the smoothed gain a "
-                                         "level must keep (GraVAC's threshold)."),
+                                         "level must keep (GraVAC's threshold), calibrated "
+                                         "by the profile's convergence probe."),
     window: int = typer.Option(10, help="With --adaptive: steps of smoothing, and at a level "
                                "before each decision."),
     timing: str = typer.Option("measured", help="With --adaptive: score levels by step times "
@@ -268,15 +269,20 @@ def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int,
                          evaluations)
     written = to_ladder_plan(result, profile).save(out)
     level = result.levels[0]
+    start = result.adaptive.start
     table = Table(title=f"adaptive plan: {family} ladder on {level.cluster.name} "
                         f"({level.cluster.nodes} x {level.cluster.ranks_per_node} ranks), "
-                        f"bucket cap {level.cap_mb:g} MB; the executor moves up while the "
-                        f"measured gain stays >= {threshold:g}")
-    for column in ("level", "setting", "iteration ms", "profiled fidelity", "vs fp32 DDP"):
+                        f"bucket cap {level.cap_mb:g} MB; training starts at level {start} (*) "
+                        f"and the executor moves up while the calibrated gain stays "
+                        f">= {threshold:g}")
+    for column in ("level", "setting", "iteration ms", "profiled gain", "fidelity",
+                   "effective ms", "vs fp32 DDP"):
         table.add_column(column, justify="left" if column == "setting" else "right")
-    for number, setting, time_ms, fidelity, speedup in level_rows(result):
-        table.add_row(str(number), setting, f"{time_ms:.2f}",
-                      "-" if fidelity is None else f"{fidelity:.3f}", f"{speedup:.2f}x")
+    for number, setting, time_ms, gain, fidelity, speedup in level_rows(result):
+        table.add_row(f"{number}{'*' if number == start else ''}", setting,
+                      f"{time_ms:.2f}", "-" if gain is None else f"{gain:.3f}",
+                      "-" if fidelity is None else f"{fidelity:.3f}",
+                      "-" if not fidelity else f"{time_ms / fidelity:.2f}", f"{speedup:.2f}x")
     console.print(table)
     for note in result.notes:
         console.print(f"note: {note}")

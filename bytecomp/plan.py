@@ -32,10 +32,11 @@ set of entries, and the settings of the controller that moves between them
 while training (:mod:`bytecomp.runtime.controller`)::
 
     adaptive: {family: topk, threshold: 0.75, window: 10, tolerance: 0.03,
-               explore_every: 200}
+               explore_every: 200, start: 1}
     levels:
-      - {setting: none, predicted_ms: 41.0, fidelity: 1.0, tensors: [...]}
-      - {setting: topk:ratio=0.1, predicted_ms: 33.2, fidelity: 0.93, tensors: [...]}
+      - {setting: none, predicted_ms: 41.0, fidelity: 1.0, gain: 1.0, tensors: [...]}
+      - {setting: topk:ratio=0.1, predicted_ms: 33.2, fidelity: 0.93, gain: 0.95,
+         tensors: [...]}
       - ...
 
 Every level names the same tensors and shares the plan's bucket cap (DDP's
@@ -52,6 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -143,7 +145,7 @@ class PlanEntry:
 
 
 ADAPTIVE_DEFAULTS = {"threshold": 0.75, "window": 10, "tolerance": 0.03, "explore_every": 200,
-                     "timing": "measured"}
+                     "timing": "measured", "start": 0}
 TIMINGS = ("measured", "predicted")
 
 
@@ -157,7 +159,9 @@ class Adaptive:
     many steps a settled controller waits before trying the next level again.
     ``timing`` says where the step times it scores levels with come from: its own
     measurements (``measured``), or the plan's predictions (``predicted``: the same
-    decisions on every run, e.g. when training away from the cluster planned for)."""
+    decisions on every run, e.g. when training away from the cluster planned for).
+    ``start`` is the level training starts at (the planner's choice: the best
+    predicted effective time among the levels it expects to keep the threshold)."""
 
     family: str
     threshold: float = 0.75
@@ -165,27 +169,41 @@ class Adaptive:
     tolerance: float = 0.03
     explore_every: int = 200
     timing: str = "measured"
+    start: int = 0
 
     def to_dict(self) -> dict:
         return {"family": self.family, "threshold": self.threshold, "window": self.window,
                 "tolerance": self.tolerance, "explore_every": self.explore_every,
-                "timing": self.timing}
+                "timing": self.timing, "start": self.start}
 
 
 @dataclass
 class Level:
     """One level of an adaptive plan: the ladder's ``setting`` (a compressor spec of
     the family, or ``none`` / ``fp16`` for the mildest), its entries and what the
-    planner predicted for it."""
+    planner predicted for it: iteration time, ``fidelity`` (the profile's gains
+    calibrated by its convergence probe) and ``gain`` (the same gains uncalibrated:
+    what the executor measures). The controller reads a measured gain ``g`` as
+    ``g ** (log fidelity / log gain)``: the fidelity the probe's calibration gives."""
 
     setting: str
     entries: list[PlanEntry]
     predicted_ms: float | None = None
     fidelity: float | None = None
+    gain: float | None = None
+
+    @property
+    def calibration(self) -> float:
+        """The power the controller raises this level's measured gains to (1: none)."""
+        fidelity, gain = self.fidelity, self.gain
+        if fidelity is None or gain is None or not 0 < fidelity < 1 or not 0 < gain < 1:
+            return 1.0
+        return math.log(fidelity) / math.log(gain)
 
     def to_dict(self) -> dict:
         return {"setting": self.setting, "predicted_ms": self.predicted_ms,
-                "fidelity": self.fidelity, "tensors": [e.to_dict() for e in self.entries]}
+                "fidelity": self.fidelity, "gain": self.gain,
+                "tensors": [e.to_dict() for e in self.entries]}
 
 
 @dataclass
@@ -442,9 +460,13 @@ def _adaptive(reader: _Reader, data) -> Adaptive:
     if unknown:
         reader.fail(f"adaptive.{unknown[0]}", f"unknown setting; the settings are family, "
                                               f"{', '.join(ADAPTIVE_DEFAULTS)}")
+    if isinstance(values["start"], bool) or not isinstance(values["start"], int) or \
+            values["start"] < 0:
+        reader.fail("adaptive.start", f"must be a level number (0 or more), got "
+                                      f"{values['start']!r}")
     return Adaptive(family, float(values["threshold"]), int(values["window"]),
                     float(values["tolerance"]), int(values["explore_every"]),
-                    str(values["timing"]))
+                    str(values["timing"]), int(values["start"]))
 
 
 def _metered(entry: PlanEntry) -> bool:
@@ -474,9 +496,10 @@ def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
                 reader.fail(f"{where}.tensors[{index}].compressor",
                             f"{entry.compressor} has no error feedback: the controller "
                             f"measures the gain on the compensated gradient (drop ef=false)")
-        predicted, fidelity = raw.get("predicted_ms"), raw.get("fidelity")
+        predicted, fidelity, gain = raw.get("predicted_ms"), raw.get("fidelity"), \
+            raw.get("gain")
         for key, value, high in (("predicted_ms", predicted, MAX_PREDICTED_MS),
-                                 ("fidelity", fidelity, 1.0)):
+                                 ("fidelity", fidelity, 1.0), ("gain", gain, 1.0)):
             if value is not None and (isinstance(value, bool) or
                                       not isinstance(value, (int, float)) or
                                       not 0 <= value <= high):  # also false for NaN
@@ -484,7 +507,10 @@ def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
                                               f"got {value!r}")
         if levels and {e.name for e in entries} != {e.name for e in levels[0].entries}:
             reader.fail(f"{where}.tensors", "must name the same tensors as levels[0]")
-        levels.append(Level(setting, entries, predicted, fidelity))
+        levels.append(Level(setting, entries, predicted, fidelity, gain))
+    if adaptive.start >= len(levels):
+        reader.fail("adaptive.start", f"level {adaptive.start} does not exist (levels 0 to "
+                                      f"{len(levels) - 1})")
     return levels, adaptive
 
 

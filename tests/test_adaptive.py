@@ -25,10 +25,11 @@ from ranks import run_ranks
 # -- the rule, on given gains ------------------------------------------------------------------
 
 
-def controller(levels=3, predicted=(30.0, 20.0, 10.0), **settings) -> Controller:
+def controller(levels=3, predicted=(30.0, 20.0, 10.0), calibration=(), **settings) \
+        -> Controller:
     values = {"family": "topk", "window": 3, "tolerance": 0.03, "explore_every": 12,
               "timing": "predicted", **settings}
-    return Controller(Adaptive(**values), levels, list(predicted)[:levels])
+    return Controller(Adaptive(**values), levels, list(predicted)[:levels], list(calibration))
 
 
 def drive(control: Controller, gains, first_step: int = 1) -> list[int]:
@@ -74,6 +75,44 @@ def test_the_controller_settles_where_throughput_x_gain_stops_improving():
     drive(control, [lambda level: 0.8 if level == 2 else 1.0] * 12)
     assert control.level == 1 and control.mode == "settled"
     assert control.switches[-1].reason == "no better than the level below"
+
+
+def test_the_controller_goes_from_level_0_straight_to_the_plans_start():
+    control = controller(levels=5, predicted=(50.0, 40.0, 30.0, 20.0, 19.5), start=3)
+    levels = drive(control, [1.0] * 9)
+    assert levels[:3] == [0, 0, 3]  # one window at level 0 measures it, then the start
+    assert control.switches[0].reason == "the plan's start"
+    # the start scores better than level 0, and level 4 could not pay: settled there
+    assert control.level == 3 and control.mode == "settled"
+
+
+def test_a_start_that_measures_worse_than_level_0_is_left_for_level_0():
+    # predicted 20 ms, measured 45 ms at the start: level 0 (measured 30 ms) wins
+    control = controller(levels=4, predicted=(30.0, 25.0, 20.0, 19.9), start=2,
+                         timing="measured")
+    for step in range(1, 13):
+        control.observe(step, 1.0, {0: 30.0, 2: 45.0}.get(control.level, 40.0))
+    assert [(s.source, s.target) for s in control.switches] == [(0, 2), (2, 0)]
+    assert control.switches[-1].reason == "no better than the level below"
+
+
+def test_measured_gains_are_read_on_the_calibrated_scale():
+    # level 1 was planned at gain 0.64 and fidelity 0.8 (calibration log 0.8 / log 0.64 = 0.5):
+    # a measured 0.64 reads 0.8, above the threshold; uncalibrated it would fall below
+    calibrated = controller(levels=2, calibration=(1.0, 0.5))
+    drive(calibrated, [lambda level: 1.0 if level == 0 else 0.64] * 12)
+    assert calibrated.level == 1 and calibrated.gain[1] == pytest.approx(0.8)
+    raw = controller(levels=2)
+    drive(raw, [lambda level: 1.0 if level == 0 else 0.64] * 12)
+    assert raw.level == 0
+
+
+def test_a_levels_calibration_comes_from_its_fidelity_and_gain():
+    from bytecomp.plan import Level
+
+    assert Level("x", [], fidelity=0.8, gain=0.64).calibration == pytest.approx(0.5)
+    assert Level("x", [], fidelity=0.8).calibration == 1.0  # no gain recorded: none
+    assert Level("x", [], fidelity=1.0, gain=1.0).calibration == 1.0
 
 
 def test_the_controller_state_round_trips():
@@ -322,6 +361,10 @@ def _edit(data, change):
         data["adaptive"]["speed"] = 3
     elif change == "timing":
         data["adaptive"]["timing"] = "guessed"
+    elif change == "start":
+        data["adaptive"]["start"] = 3
+    elif change == "gain":
+        data["levels"][1]["gain"] = 1.2
     elif change == "adaptive without levels":
         data["tensors"] = data.pop("levels")[0]["tensors"]
     return data
@@ -337,6 +380,8 @@ def _edit(data, change):
     ("unknown", "adaptive.speed: unknown setting"),
     ("timing", "adaptive.timing: 'guessed' is not one of measured, predicted"),
     ("adaptive without levels", "adaptive: an adaptive plan needs its levels"),
+    ("start", "adaptive.start: level 3 does not exist (levels 0 to 2)"),
+    ("gain", "levels[1].gain: must be a number from 0 to 1 or null, got 1.2"),
 ])
 def test_bad_ladders_name_the_file_field_and_reason(ladder_file, change, message):
     ladder_file.write_text(yaml.safe_dump(_edit(yaml.safe_load(ladder_file.read_text()),
@@ -374,7 +419,26 @@ def test_a_ladder_has_one_plan_per_profiled_setting_mild_to_aggressive():
     plan = to_ladder_plan(result, profile)
     again = plan_from_dict(plan.to_dict())
     assert [level.setting for level in again.levels] == result.settings
-    assert again.adaptive == Adaptive("topk")
+    assert again.adaptive == Adaptive("topk", start=result.adaptive.start)
+    # the start: the best predicted effective time among the levels keeping the threshold
+    effective = {n: level.time_ms / fidelity for n, (level, fidelity) in
+                 enumerate(zip(result.levels, result.fidelities)) if n == 0 or fidelity >= 0.75}
+    assert result.adaptive.start == min(effective, key=effective.get)
+    assert [level.gain for level in again.levels] == \
+        [round(gain, 6) for gain in result.gains]
+
+
+def test_the_start_is_the_best_effective_level_that_keeps_the_threshold():
+    from types import SimpleNamespace
+
+    from bytecomp.search.ladder import best_start
+
+    levels = [SimpleNamespace(time_ms=t) for t in (100.0, 60.0, 40.0, 30.0)]
+    # effective: 100, 66.7, 50, 50 (level 3 below the threshold)
+    assert best_start(levels, [1.0, 0.9, 0.8, 0.6], 0.75) == 2
+    assert best_start(levels, [1.0, 0.9, 0.8, 0.6], 0.5) == 2  # a tie keeps the milder
+    assert best_start(levels, [1.0, 0.5, 0.4, 0.3], 0.75) == 0
+    assert best_start(levels, [None] * 4, 0.75) == 0  # fidelity unknown
 
 
 def test_a_ladder_without_profiled_settings_is_one_clear_error():

@@ -341,6 +341,27 @@ def test_calibrated_gains_compose_to_one_over_the_steps_factor(weights):
     assert FidelityModel(uncalibrated, weights).gains == raw.gains
 
 
+def test_calibrated_both_ways_the_gains_compose_to_the_probe_also_where_it_says_better():
+    """An adaptive ladder's calibration (``lower_only=False``): DGC's gains compose to
+    about 0.7 but its probe says 1.1x fp32's steps: they are raised to a power below 1."""
+    from bytecomp.model.fidelity import FidelityModel, compose
+
+    specs = ["topk:ratio=0.01", "dgc:ratio=0.01"]
+    factors = {"topk:ratio=0.01": 3.0, "dgc:ratio=0.01": 1.1}
+    profile = synthetic_profile(mlp_shapes(3, 256), world_size=2, specs=specs, fidelity=True,
+                                probe=factors)
+    raw = FidelityModel(profile, calibrate=False)
+    model = FidelityModel(profile, lower_only=False)
+    names = list(profile.tensors["name"])
+    shares = [model.shares[n] for n in names]
+    for spec, factor in factors.items():
+        spec = from_spec(spec).spec
+        assert compose(shares, [model.gain(n, spec) for n in names]) == \
+            pytest.approx(1 / factor, rel=1e-6), spec
+    assert model.powers["dgc:ratio=0.01"] < 1 < model.powers["topk:ratio=0.01"]
+    assert model.gain(names[0], "dgc:ratio=0.01") > raw.gain(names[0], "dgc:ratio=0.01")
+
+
 def test_the_calibrated_optimum_equals_brute_force():
     from bytecomp.model.fidelity import FidelityModel
 

@@ -9,19 +9,33 @@ the step's duration (one tiny allreduce), and hands both to
 :meth:`Controller.observe`. Every rank therefore sees the same numbers and
 takes the same decisions at the same step boundary.
 
-The rule, with the plan's ``threshold``, ``window``, ``tolerance`` and
-``explore_every`` (:class:`bytecomp.plan.Adaptive`):
+The gain the controller keeps is the measured one *calibrated* as the planner
+calibrated the level's fidelity: a level's measured gain ``g`` reads as
+``g ** p``, with ``p = log(fidelity) / log(gain)`` from the level's planned
+fidelity (the profile's gains calibrated by its convergence probe) and its
+planned uncalibrated gain (:attr:`bytecomp.plan.Level.calibration`). The
+threshold and the scores are on that scale: gain then stands for steps, as in
+the static planner's effective time. A level without both numbers reads its
+gain as measured (GraVAC's).
 
+The rule, with the plan's ``threshold``, ``window``, ``tolerance``,
+``explore_every`` and ``start`` (:class:`bytecomp.plan.Adaptive`):
+
+* training starts at level 0 and, after its first window, goes straight to
+  level ``start`` (the planner's best predicted effective time), unless that
+  could not beat level 0 even keeping the whole gradient: level 0's window
+  anchors the comparison with a measured step time (the plan's predictions are
+  not equally right on every level);
 * the gain and the step time of the current level are smoothed (EWMA of span
   ``window``, restarted on each visit); a decision is taken every ``window``
   steps at a level;
 * a level whose smoothed gain is below the threshold is left for the milder
   one below, where the controller settles (and keeps checking);
-* climbing (from level 0, and again every ``explore_every`` settled steps):
+* climbing (from the start, and again every ``explore_every`` settled steps):
   while the gain holds, move up one level; after a level's window, compare its
-  *score* (gain / step time: GraVAC's throughput x gain) with the level below:
-  unless it is better by more than ``tolerance``, settle on the better of the
-  two. At the top, settle. A level is never tried that could not beat the
+  *score* (gain / step time: GraVAC's throughput x gain) with the best scored
+  level below it: unless it is better by more than ``tolerance``, settle on the
+  better of the two. At the top, settle. A level is never tried that could not beat the
   current one even keeping the whole gradient (1 / its step time no better
   than the current score by more than ``tolerance``): exploring costs steps.
 
@@ -65,6 +79,7 @@ class Controller:
     settings: Adaptive
     levels: int
     predicted_ms: list[float | None]
+    calibration: list[float] = field(default_factory=list)  # per level; empty: none
     level: int = 0
     mode: str = CLIMB
     steps_here: int = 0
@@ -76,6 +91,10 @@ class Controller:
     def __post_init__(self) -> None:
         if len(self.predicted_ms) != self.levels:
             raise BytecompError("the controller needs one prediction per level")
+        self.calibration = self.calibration or [1.0] * self.levels
+        if len(self.calibration) != self.levels:
+            raise BytecompError("the controller needs one calibration per level")
+        self.start = min(self.settings.start, self.levels - 1)
         self.gain = self.gain or [None] * self.levels
         self.time_ms = self.time_ms or [None] * self.levels
 
@@ -100,7 +119,7 @@ class Controller:
     def observe(self, step: int, gain: float, time_ms: float | None) -> int:
         """The step just finished at the current level had ``gain`` (over all ranks) and
         took ``time_ms`` (None: not measured). Returns the level for step ``step``."""
-        self._smooth(self.gain, gain)
+        self._smooth(self.gain, max(0.0, gain) ** self.calibration[self.level])
         if time_ms is not None and time_ms > 0:
             self._smooth(self.time_ms, time_ms)
         self.steps_here += 1
@@ -115,8 +134,11 @@ class Controller:
         if smoothed < self.settings.threshold and current > 0:
             self._move(step, current - 1, SETTLED, "gain below the threshold")
         elif self.mode == CLIMB:
-            below = current - 1
-            if current > 0 and self.score(current) <= \
+            below = self._best_below(current)
+            if current == 0 and self.start > 1 and self.gain[self.start] is None and \
+                    self._may_pay(self.start):
+                self._move(step, self.start, CLIMB, "the plan's start")
+            elif below is not None and self.score(current) <= \
                     self.score(below) * (1 + self.settings.tolerance):
                 best = current if self.score(current) >= self.score(below) else below
                 self._move(step, best, SETTLED, "no better than the level below")
@@ -130,6 +152,11 @@ class Controller:
             else:
                 self.settled_steps = 0
         return self.level
+
+    def _best_below(self, level: int) -> int | None:
+        """The best scored level below ``level`` with a measured gain (None: none)."""
+        measured = [b for b in range(level) if self.gain[b] is not None]
+        return max(measured, key=self.score) if measured else None
 
     def _time_of(self, level: int) -> float | None:
         """A level's step time: measured; not yet measured, the plan's prediction scaled as

@@ -70,10 +70,11 @@ class Executor:
                            for i in range(len(plan.levels))]
             assert plan.adaptive is not None
             self.controller: Controller | None = Controller(
-                plan.adaptive, len(plan.levels), [level.predicted_ms for level in plan.levels])
+                plan.adaptive, len(plan.levels), [level.predicted_ms for level in plan.levels],
+                [level.calibration for level in plan.levels])
         else:
             self.ladder, self.controller = [build_groups(plan, self.params, fallback)], None
-        self._use_level(0)
+        self._use_level(self.level)
         self.pending: dict[str, torch.Tensor] = {}  # residuals to fold into the next gradients
         self._last_boundary: float | None = None
         self._reported_ms: float | None = None  # report_step_ms: the last step's duration

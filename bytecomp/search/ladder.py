@@ -6,22 +6,30 @@ profile timed (``bytecomp profile --ladder topk`` times GraVAC's ladder: ratio
 plan without the family: fp16 where that is predicted at least ``min_gain``
 faster than fp32 DDP, fp32 DDP otherwise. Each further level is the fastest plan
 that compresses with that one setting (or not at all: Espresso's rule), searched
-with the profile's timings at that setting; its fidelity is the profile's gain
-at that setting. The iteration-time objective ranks plans within a level: the
-gain is the controller's business while training, measured on the real
-gradients of the day. Every level shares one bucket cap (DDP's buckets are
-fixed when it is built): the cap the middle level's search prefers. A level
-that plans the same as the one below is dropped.
+with the profile's timings at that setting. The iteration-time objective ranks
+plans within a level: the gain is the controller's business while training,
+measured on the real gradients of the day. Every level shares one bucket cap
+(DDP's buckets are fixed when it is built): the cap the middle level's search
+prefers. A level that plans the same as the one below is dropped.
+
+Each level records its *gain* (the profile's gains composed, uncalibrated: what
+the executor will measure) and its *fidelity* (the same gains calibrated both
+ways by the profile's convergence probe: a steps factor; see
+:mod:`bytecomp.model.fidelity`). Training starts at the level with the best
+predicted effective time (iteration time / fidelity) among those whose fidelity
+keeps the threshold, level 0 if none does: the controller then adapts from the
+plan's best guess instead of paying for a climb from the mildest level.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bytecomp.compress import canonical, from_spec, ladder_place, ladder_specs
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import Cluster
+from bytecomp.model.fidelity import FidelityModel, compose
 from bytecomp.plan import NO_COMPRESSION, Adaptive, Level, Plan
 from bytecomp.profile.store import Profile
 from bytecomp.search.planner import Planner, PlanResult, to_plan
@@ -35,6 +43,8 @@ class LadderResult:
     settings: list[str]
     adaptive: Adaptive
     notes: list[str]
+    gains: list[float | None]  # per level: uncalibrated (what the executor measures)
+    fidelities: list[float | None]  # per level: calibrated by the probe, both ways
 
 
 def profiled_settings(profile: Profile, family: str) -> tuple[list[str], list[str]]:
@@ -94,7 +104,41 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
         raise BytecompError(f"{profile.label}: no {adaptive.family} setting is predicted to "
                             f"pay for compressing any tensor on this cluster: a static plan "
                             f"(bytecomp plan without --adaptive) is the answer")
-    return LadderResult(results, kept, adaptive, notes)
+    gains, fidelities = _level_fidelities(profile, results)
+    start = best_start(results, fidelities, adaptive.threshold)
+    return LadderResult(results, kept, replace(adaptive, start=start), notes, gains, fidelities)
+
+
+def _level_fidelities(profile: Profile, results: list[PlanResult]) \
+        -> tuple[list[float | None], list[float | None]]:
+    """Each level's gains composed uncalibrated, and calibrated both ways by the probe
+    (None for both without a fidelity table)."""
+    if not profile.has_fidelity:
+        return [None] * len(results), [None] * len(results)
+    raw = FidelityModel(profile, calibrate=False)
+    calibrated = FidelityModel(profile, lower_only=False)
+
+    def composed(model: FidelityModel, result: PlanResult) -> float:
+        tensors, options = result.problem.tensors, _assignment(result)
+        return compose([model.shares[t.name] for t in tensors],
+                       [model.gain(t.name, o.spec) for t, o in zip(tensors, options)])
+
+    return [composed(raw, r) for r in results], [composed(calibrated, r) for r in results]
+
+
+def best_start(results: list[PlanResult], fidelities: list[float | None],
+               threshold: float) -> int:
+    """The level with the best predicted effective time (iteration time / fidelity)
+    among those whose fidelity is at least ``threshold``; level 0 if none is, or the
+    fidelities are unknown."""
+    best, best_ms = 0, math.inf
+    for number, (result, fidelity) in enumerate(zip(results, fidelities)):
+        if fidelity is None or fidelity <= 0 or (number and fidelity < threshold):
+            continue
+        effective = result.time_ms / fidelity
+        if effective < best_ms:
+            best, best_ms = number, effective
+    return best
 
 
 def _fp32_at(planner: Planner, cap: float) -> PlanResult:
@@ -120,9 +164,10 @@ def to_ladder_plan(result: LadderResult, profile: Profile) -> Plan:
     """The plan file's content: level 0's plan with every level and the controller."""
     plans = [to_plan(level, profile) for level in result.levels]
     first = plans[0]
-    levels = [Level(setting, plan.entries, round(level.time_ms, 4),
-                    None if level.fidelity is None else round(level.fidelity, 6))
-              for setting, plan, level in zip(result.settings, plans, result.levels)]
+    levels = [Level(setting, plan.entries, round(level.time_ms, 4), _rounded(fidelity),
+                    _rounded(gain))
+              for setting, plan, level, fidelity, gain in
+              zip(result.settings, plans, result.levels, result.fidelities, result.gains)]
     fp32 = next(b.time_ms for b in result.levels[0].baselines if b.name == "fp32 DDP")
     predicted = {"plan": levels[0].predicted_ms,
                  "levels": [level.predicted_ms for level in levels],
@@ -138,9 +183,15 @@ def to_ladder_plan(result: LadderResult, profile: Profile) -> Plan:
                 levels=levels, adaptive=result.adaptive, host_workers=first.host_workers)
 
 
-def level_rows(result: LadderResult) -> list[tuple[int, str, float, float | None, float]]:
-    """(level, setting, iteration ms, fidelity, speedup over fp32 DDP) per level."""
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+def level_rows(result: LadderResult) \
+        -> list[tuple[int, str, float, float | None, float | None, float]]:
+    """(level, setting, iteration ms, gain, fidelity, speedup over fp32 DDP) per level."""
     fp32 = next(b.time_ms for b in result.levels[0].baselines if b.name == "fp32 DDP")
-    return [(number, setting, level.time_ms, level.fidelity,
+    return [(number, setting, level.time_ms, gain, fidelity,
              fp32 / level.time_ms if level.time_ms > 0 else math.inf)
-            for number, (setting, level) in enumerate(zip(result.settings, result.levels))]
+            for number, (setting, level, gain, fidelity) in
+            enumerate(zip(result.settings, result.levels, result.gains, result.fidelities))]
