@@ -428,6 +428,36 @@ def test_a_ladder_has_one_plan_per_profiled_setting_mild_to_aggressive():
         [round(gain, 6) for gain in result.gains]
 
 
+def test_a_levels_gain_is_taken_at_the_probes_gain_and_its_fidelity_at_its_factor():
+    """The controller compares what it measures while training with the gain the probe
+    measured while training (the fidelity table's come from the first iterations)."""
+    from bytecomp.model.fidelity import FidelityModel, compose
+    from bytecomp.search.ladder import plan_ladder
+    from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
+
+    specs = ["fp16", "topk:ratio=0.1", "topk:ratio=0.01"]
+    factors = {"topk:ratio=0.1": 1.2, "topk:ratio=0.01": 2.0}
+    profile = synthetic_profile(mlp_shapes(), world_size=8, nodes=2, bandwidth_gbps=0.1,
+                                specs=specs, fidelity=True, probe=factors)
+    result = plan_ladder(profile, None, Adaptive("topk"))
+    raw = FidelityModel(profile, calibrate=False)
+    names = list(profile.tensors["name"])
+    uniform = {s: compose([raw.shares[n] for n in names], [raw.gain(n, s) for n in names])
+               for s in factors}
+    before = dict(zip(result.settings, result.gains))
+    profile.probe["gain"] = [0.5 * uniform[s] for s in profile.probe["spec"]]
+    result = plan_ladder(profile, None, Adaptive("topk"))
+    checked = 0
+    for setting, gain, fidelity, level in zip(result.settings, result.gains,
+                                               result.fidelities, result.levels):
+        if setting in factors and \
+                all(level.problem.options[o].spec == setting for o in level.assignment):
+            assert gain == pytest.approx(0.5 * before[setting])  # half, as the probe's
+            assert fidelity == pytest.approx(1 / factors[setting], rel=1e-6)
+            checked += 1
+    assert checked >= 1  # a setting compresses every tensor on this slow link
+
+
 def test_the_start_is_the_best_effective_level_that_keeps_the_threshold():
     from types import SimpleNamespace
 

@@ -52,6 +52,9 @@ def test_time_to_accuracy_on_mlp(tmp_path, cli):
     assert {"fp16", "topk:ratio=0.05", "powersgd:rank=2", "dgc:ratio=0.1"} <= set(probe.index)
     assert 0.9 <= probe.steps_factor["fp16"] <= 1.1  # fp16 trains as fp32 does
     assert (probe.steps == 20).all()  # --quick
+    # the gain while training: 1 for fp16, below for top-k 5%, a fraction for every spec
+    assert probe.gain["fp16"] == 1.0 and 0 < probe.gain["topk:ratio=0.05"] < 0.99
+    assert probe.gain.between(0, 1).all()
     done = cli("plan", profile, "--out", plan)
     assert done.returncode == 0, done.stderr
     # a slow link, so that compressing pays: the ladder's levels differ

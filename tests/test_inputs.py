@@ -209,6 +209,12 @@ def test_the_probe_table_goes_through_the_same_checks(profile):
         table.write_text(good + row + "\n")
         with pytest.raises(BytecompError, match=f"probe.csv: {re.escape(reason)}"):
             load_profile(profile)
+    # the gain column (optional: probes before it had none) is a fraction
+    table.write_text("spec,steps_factor,steps,gain\nfp16,1.02,100,1.0\n")
+    assert load_profile(profile).probe_gains == {"fp16": 1.0}
+    table.write_text("spec,steps_factor,steps,gain\nfp16,1.02,100,1.5\n")
+    with pytest.raises(BytecompError, match="probe.csv: column 'gain', row 1: must be between"):
+        load_profile(profile)
     table.unlink()
     os.mkfifo(table)
     with pytest.raises(BytecompError, match="not a regular file"):

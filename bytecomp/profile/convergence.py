@@ -77,6 +77,8 @@ class Training:
     curves: dict[str, list[tuple[int, float]]]
     step_ms: dict[str, list[float]]
     levels: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
+    # a static plan applied with measure_gain: this rank's gain after every step
+    gains: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
     def typical_ms(self, name: str) -> list[float]:
         """Each step's time taken as the median of the strategy's steps at the same
@@ -109,6 +111,9 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
     times = torch.full((len(strategies), config.train_steps), math.nan, dtype=torch.float64)
     levels: dict[str, list[tuple[int, int, float]]] = {
         s.name: [] for s in strategies if s.executor is not None and s.executor.controller}
+    gains: dict[str, list[tuple[int, float]]] = {
+        s.name: [] for s in strategies if s.executor is not None and
+        s.executor.measures_gain and not s.executor.controller}
     alive = [True] * len(strategies)
     for step in range(1, config.train_steps + 1):
         inputs, target = _batch(workload, batch_size, device, config.seed, step)
@@ -127,6 +132,8 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
                 # the time between this executor's steps holds every other strategy's step
                 strategy.executor.report_step_ms(float(times[index, step - 1]))
             finite[index] = float(math.isfinite(loss.item()))
+            if strategy.name in gains:
+                gains[strategy.name].append((step, strategy.executor.last_gain()))
             if strategy.name in levels:
                 control = strategy.executor.controller
                 gain = control.gain[control.level]
@@ -150,7 +157,7 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
             progress()
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # NaN where stopped, on every rank alike
     return Training({s.name: curve for s, curve in zip(strategies, curves)},
-                    {s.name: row for s, row in zip(strategies, times.tolist())}, levels)
+                    {s.name: row for s, row in zip(strategies, times.tolist())}, levels, gains)
 
 
 def time_at(step_ms: list[float], steps: float) -> float:

@@ -56,6 +56,7 @@ TABLES = {
                     "each_ms": float},
 }
 OPTIONAL_TABLES = ("copies", "fidelity", "probe", "aggregation")  # profiles without them load
+OPTIONAL_COLUMNS = {"probe": {"gain": float}}  # tables written before they existed load
 NON_NEGATIVE = {"numel", "bytes", "ready_ms", "ranks", "time_ms", "p10_ms", "p90_ms",
                 "encode_ms", "decode_ms", "payload_bytes", "steps_factor", "steps",
                 "one_ms", "each_ms"}
@@ -85,6 +86,13 @@ class Profile:
     def has_fidelity(self) -> bool:
         """Whether the profile measured gradient fidelity (profiles before it did not)."""
         return not self.fidelity.empty
+
+    @property
+    def probe_gains(self) -> dict[str, float]:
+        """The convergence probe's gain by spec, where it recorded one."""
+        if "gain" not in self.probe.columns:
+            return {}
+        return {str(row.spec): float(row.gain) for row in self.probe.itertuples()}
 
     @property
     def steps_factors(self) -> dict[str, float]:
@@ -135,7 +143,9 @@ def save_profile(profile: Profile, directory, force: bool = False) -> Path:
             dump_yaml(profile.meta, sort_keys=False, default_flow_style=False))
         for name in TABLES:
             table = getattr(profile, name)
-            table.to_csv(temporary / f"{name}.csv", index=False, columns=list(TABLES[name]))
+            columns = list(TABLES[name]) + [c for c in OPTIONAL_COLUMNS.get(name, {})
+                                            if c in table.columns]
+            table.to_csv(temporary / f"{name}.csv", index=False, columns=columns)
     return Path(directory)
 
 
@@ -278,8 +288,11 @@ def _load_table(directory: Path, name: str, required: bool = True) -> pd.DataFra
     except Exception as error:  # pandas raises several kinds for a malformed table
         _fail(path, f"not a readable CSV table ({type(error).__name__}: "
                     f"{str(error).splitlines()[0] if str(error) else ''})")
-    for column, kind in TABLES[name].items():
+    optional = OPTIONAL_COLUMNS.get(name, {})
+    for column, kind in {**TABLES[name], **optional}.items():
         if column not in table.columns:
+            if column in optional:
+                continue
             _fail(path, f"missing column '{column}'")
         if kind is str:
             continue

@@ -51,7 +51,8 @@ class Executor:
     """Runs a plan as a DDP communication hook. Create it with :func:`apply_plan`."""
 
     def __init__(self, ddp, plan: Plan, fallback: str | None = None,
-                 host_workers: int | None = None, native: bool = True):
+                 host_workers: int | None = None, native: bool = True,
+                 measure_gain: bool = False):
         if fallback not in (None, "fp32"):
             raise BytecompError(f"fallback must be None or 'fp32', got {fallback!r}")
         if not dist.is_initialized():
@@ -81,7 +82,8 @@ class Executor:
         self._inflight: tuple | None = None  # (level, measurement, allreduce) being agreed on
         self.controller_pending: list | None = None  # an agreed measurement not yet used
         self.stats = Stats()
-        self.states = GroupStates(plan, self.device, meter=self.controller is not None)
+        self.measures_gain = measure_gain or self.controller is not None
+        self.states = GroupStates(plan, self.device, meter=self.measures_gain)
         self.worker = CommWorker()
         topology = Topology.build(plan.nodes, plan.ranks_per_node)
         self.device_path = DevicePath(topology, self.worker, self.stats, self.device)
@@ -136,6 +138,17 @@ class Executor:
             executor.report_step_ms(1000 * (time.perf_counter() - started))
         """
         self._reported_ms = float(ms)
+
+    def last_gain(self) -> float:
+        """The gain of what this rank compressed in the step just finished (``sqrt(1 -
+        ||C(x) - x||^2 / ||x||^2)`` per group on the compensated gradient, composed weighted
+        by parameters; uncompressed and 16-bit groups count 1). Needs
+        ``apply_plan(..., measure_gain=True)``; call it after each step (it takes the
+        step's measurement). An adaptive plan's controller takes them itself."""
+        if not self.measures_gain or self.controller is not None:
+            raise BytecompError("last_gain needs a static plan applied with "
+                                "measure_gain=True")
+        return math.sqrt(self._local_squared_gain())
 
     def _use_level(self, level: int) -> None:
         self.groups = self.ladder[level]
@@ -329,7 +342,8 @@ class Executor:
 
 
 def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
-               host_workers: int | None = None, native: bool = True) -> Executor:
+               host_workers: int | None = None, native: bool = True,
+               measure_gain: bool = False) -> Executor:
     """Register a communication hook on ``ddp_model`` that executes ``plan``.
 
     Every rank must call it with the same plan, before the first backward pass.
@@ -342,7 +356,9 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     cluster config gave them, else 2). A plan that allreduces every gradient in fp32 is what
     DDP does by itself: with ``native=True`` no hook is registered for it (the
     executor only counts steps and bytes); ``native=False`` runs it through the
-    hook like any other plan.
+    hook like any other plan. With ``measure_gain=True`` the compressors with error
+    feedback measure what they keep of each step's gradient (two norms per group), for
+    :meth:`Executor.last_gain` (the convergence probe records it).
 
     >>> ddp = DistributedDataParallel(model, bucket_cap_mb=plan.bucket_cap_mb)
     >>> executor = bytecomp.apply_plan(ddp, "plan.yaml")
@@ -351,4 +367,4 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     """
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
-    return Executor(ddp_model, plan, fallback, host_workers, native)
+    return Executor(ddp_model, plan, fallback, host_workers, native, measure_gain)

@@ -12,8 +12,9 @@ measured on the real gradients of the day. Every level shares one bucket cap
 (DDP's buckets are fixed when it is built): the cap the middle level's search
 prefers. A level that plans the same as the one below is dropped.
 
-Each level records its *gain* (the profile's gains composed, uncalibrated: what
-the executor will measure) and its *fidelity* (the same gains calibrated both
+Each level records its *gain* (the profile's gains composed, uncalibrated, at
+the level of the gain the convergence probe measured while training: what the
+executor will measure) and its *fidelity* (the same gains calibrated both
 ways by the profile's convergence probe: a steps factor; see
 :mod:`bytecomp.model.fidelity`). Training starts at the level with the best
 predicted effective time (iteration time / fidelity) among those whose fidelity
@@ -111,19 +112,32 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
 
 def _level_fidelities(profile: Profile, results: list[PlanResult]) \
         -> tuple[list[float | None], list[float | None]]:
-    """Each level's gains composed uncalibrated, and calibrated both ways by the probe
-    (None for both without a fidelity table)."""
+    """Each level's gain, as the executor will measure it while training, and its
+    fidelity, calibrated both ways by the probe (None for both without a fidelity
+    table). The gain is the profile's gains composed, scaled per setting to the gain
+    the convergence probe measured over the steps its steps factor comes from, where
+    it recorded one (the fidelity table's gains come from the first iterations)."""
     if not profile.has_fidelity:
         return [None] * len(results), [None] * len(results)
     raw = FidelityModel(profile, calibrate=False)
     calibrated = FidelityModel(profile, lower_only=False)
+    names = list(profile.tensors["name"])
+    scale = {}
+    for spec, gain in profile.probe_gains.items():
+        spec = canonical(spec)
+        uniform = compose([raw.shares[n] for n in names], [raw.gain(n, spec) for n in names])
+        scale[spec] = gain / uniform if uniform > 0 else 1.0
 
-    def composed(model: FidelityModel, result: PlanResult) -> float:
+    def composed(gain_of, result: PlanResult) -> float:
         tensors, options = result.problem.tensors, _assignment(result)
-        return compose([model.shares[t.name] for t in tensors],
-                       [model.gain(t.name, o.spec) for t, o in zip(tensors, options)])
+        return compose([raw.shares[t.name] for t in tensors],
+                       [gain_of(t.name, o.spec) for t, o in zip(tensors, options)])
 
-    return [composed(raw, r) for r in results], [composed(calibrated, r) for r in results]
+    def live(name: str, spec: str) -> float:
+        return min(1.0, raw.gain(name, spec) * scale.get(spec, 1.0))
+
+    return [composed(live, r) for r in results], \
+        [composed(calibrated.gain, r) for r in results]
 
 
 def best_start(results: list[PlanResult], fidelities: list[float | None],
