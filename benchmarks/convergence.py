@@ -234,16 +234,27 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = []
+    runs = {}
     for task in args.tasks:
         for bandwidth in args.bandwidths:
             folder = out / f"{task.split(':')[0]}-2x1-{bandwidth}" if args.summarize \
                 else one(task, bandwidth, out, args)
             table, lines = summarize(folder)
             table.to_csv(folder / "summary.csv", index=False)
-            sections.append("\n".join(lines) + "\n\n" + markdown(table))
-            (out / "summary.md").write_text("\n\n".join(sections) + "\n")
+            runs[folder.name] = "\n".join(lines) + "\n\n" + markdown(table)
             print("\n".join(lines), flush=True)
+            write_summary(out, runs)
+
+
+def write_summary(out: Path, runs: dict[str, str]) -> None:
+    """summary.md over every run under ``out``: those just run or summarized, and the
+    others from their summary.csv (a run of some tasks or links keeps the rest)."""
+    sections = dict(runs)
+    for folder in sorted(out.glob("*-2x1-*")):
+        if folder.name not in sections and (folder / "bench" / "convergence.csv").exists():
+            table, lines = summarize(folder)
+            sections[folder.name] = "\n".join(lines) + "\n\n" + markdown(table)
+    (out / "summary.md").write_text("\n\n".join(sections.values()) + "\n")
 
 
 if __name__ == "__main__":
