@@ -234,6 +234,11 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # summary.md keeps the sections of the runs under out that this call does not make
+    names = {f"{task.split(':')[0]}-2x1-{bandwidth}"
+             for task in args.tasks for bandwidth in args.bandwidths}
+    others = {folder.name: section(*summarize(folder)) for folder in sorted(out.glob("*-2x1-*"))
+              if folder.name not in names and (folder / "bench" / "convergence.csv").exists()}
     runs = {}
     for task in args.tasks:
         for bandwidth in args.bandwidths:
@@ -241,20 +246,14 @@ def main() -> None:
                 else one(task, bandwidth, out, args)
             table, lines = summarize(folder)
             table.to_csv(folder / "summary.csv", index=False)
-            runs[folder.name] = "\n".join(lines) + "\n\n" + markdown(table)
+            runs[folder.name] = section(table, lines)
             print("\n".join(lines), flush=True)
-            write_summary(out, runs)
+            (out / "summary.md").write_text("\n\n".join({**runs, **others}.values()) + "\n")
 
 
-def write_summary(out: Path, runs: dict[str, str]) -> None:
-    """summary.md over every run under ``out``: those just run or summarized, and the
-    others from their summary.csv (a run of some tasks or links keeps the rest)."""
-    sections = dict(runs)
-    for folder in sorted(out.glob("*-2x1-*")):
-        if folder.name not in sections and (folder / "bench" / "convergence.csv").exists():
-            table, lines = summarize(folder)
-            sections[folder.name] = "\n".join(lines) + "\n\n" + markdown(table)
-    (out / "summary.md").write_text("\n\n".join(sections.values()) + "\n")
+def section(table, lines: list[str]) -> str:
+    """A run's part of summary.md: its target lines, then its table."""
+    return "\n".join(lines) + "\n\n" + markdown(table)
 
 
 if __name__ == "__main__":

@@ -257,6 +257,7 @@ def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int,
                    out: str, evaluations: int | None = None) -> None:
     from bytecomp.plan import TIMINGS, Adaptive
     from bytecomp.search.ladder import level_rows, plan_ladder, to_ladder_plan
+    from bytecomp.search.planner import effective_ms
 
     if not 0 <= threshold <= 1:
         raise BytecompError(f"--gain-threshold must be between 0 and 1, got {threshold:g}")
@@ -282,7 +283,8 @@ def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int,
         table.add_row(f"{number}{'*' if number == start else ''}", setting,
                       f"{time_ms:.2f}", "-" if gain is None else f"{gain:.3f}",
                       "-" if fidelity is None else f"{fidelity:.3f}",
-                      "-" if not fidelity else f"{time_ms / fidelity:.2f}", f"{speedup:.2f}x")
+                      "-" if not fidelity else f"{effective_ms(time_ms, fidelity):.2f}",
+                      f"{speedup:.2f}x")
     console.print(table)
     for note in result.notes:
         console.print(f"note: {note}")

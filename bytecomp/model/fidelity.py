@@ -88,7 +88,8 @@ class FidelityModel:
             if spec in self.specs:
                 self._calibrate(spec, 1.0 / max(factor, 1.0), names)
 
-    def _uniform(self, spec: str, names: list[str]) -> float:
+    def uniform(self, spec: str, names: list[str]) -> float:
+        """``spec``'s gains composed over ``names``, as if it compressed every one."""
         return compose([self.shares[n] for n in names],
                        [self.gains.get((n, spec), 1.0) for n in names])
 
@@ -96,7 +97,7 @@ class FidelityModel:
         """Raise ``spec``'s gains to the power whose uniform composition is ``target``,
         where that is below what the gains compose to (a power of at least 1), or, not
         ``lower_only``, wherever it differs."""
-        uniform = self._uniform(spec, names)
+        uniform = self.uniform(spec, names)
         if target >= uniform if self.lower_only else (target == uniform or uniform >= 1.0):
             self.powers[spec] = 1.0
             return

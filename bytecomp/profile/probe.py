@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.profile.convergence import (
@@ -127,8 +128,6 @@ def probe_gains(gains: dict[str, list[tuple[int, float]]], specs: list[str],
                 from_step: float) -> list[float]:
     """Each spec's gain over the steps from ``from_step``: ``sqrt`` of the mean squared gain
     over those steps and every rank (collective: every rank calls it)."""
-    import torch.distributed as dist
-
     squares = torch.tensor([statistics.fmean([g * g for s, g in gains.get(spec, [])
                                               if s >= from_step and math.isfinite(g)] or [1.0])
                             for spec in specs], dtype=torch.float64)

@@ -16,10 +16,11 @@ Each level records its *gain* (the profile's gains composed, uncalibrated, at
 the level of the gain the convergence probe measured while training: what the
 executor will measure) and its *fidelity* (the same gains calibrated both
 ways by the profile's convergence probe: a steps factor; see
-:mod:`bytecomp.model.fidelity`). Training starts at the level with the best
+:mod:`bytecomp.model.fidelity`). The level with the best
 predicted effective time (iteration time / fidelity) among those whose fidelity
-keeps the threshold, level 0 if none does: the controller then adapts from the
-plan's best guess instead of paying for a climb from the mildest level.
+keeps the threshold (level 0 if none does) is the plan's ``start``: after one
+window at level 0, the controller goes there and adapts from the plan's best
+guess instead of paying for a climb from the mildest level.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def _level_fidelities(profile: Profile, results: list[PlanResult]) \
     scale = {}
     for spec, gain in profile.probe_gains.items():
         spec = canonical(spec)
-        uniform = compose([raw.shares[n] for n in names], [raw.gain(n, spec) for n in names])
+        uniform = raw.uniform(spec, names)
         scale[spec] = gain / uniform if uniform > 0 else 1.0
 
     def composed(gain_of, result: PlanResult) -> float:
