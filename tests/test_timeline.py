@@ -259,6 +259,24 @@ def test_linear_fit_recovers_exact_coefficients_and_reports_quality():
     assert noisy.intercept >= 0 and noisy.slope >= 0 and noisy.r2 < 1
 
 
+def test_linear_fit_reads_the_fixed_cost_of_a_noisy_sweep_as_a_median():
+    """The fp32 allreduce sweep of the digits profile at 1 Gbit/s (2 x 1 emulated, medians
+    in ms): the three smallest sizes read 0.50, 0.40 and 1.55 ms. A line through them
+    has a negative intercept (clipped to 0: small allreduces free, and a plan of one
+    allreduce per tensor predicted at a quarter of its time); the fit takes the median
+    of the small sizes' times less their bandwidth cost."""
+    sizes = [1024 * 2**i for i in range(15)]
+    times = [0.5018, 0.4045, 1.5529, 0.421, 2.2372, 1.6168, 2.9634, 1.0915, 1.8132, 3.9264,
+             8.3593, 17.1819, 34.5132, 70.6495, 141.1383]
+    fit = fit_linear(sizes, times)
+    small = np.array(times[:5]) - fit.slope * np.array(sizes[:5])
+    assert fit.intercept == pytest.approx(np.median(small))
+    assert 0.4 < fit.intercept < 0.6
+    assert fit.slope * 2**20 == pytest.approx(8.8, rel=0.02)  # ms per MiB: the link's rate
+    one_outlier = fit_linear(sizes[:6], [0.3, 0.3, 9.0, 0.3, 0.3, 0.4])
+    assert one_outlier.intercept < 0.31
+
+
 def test_piecewise_fit_passes_through_a_monotone_sweep_and_follows_superlinear_cost():
     """The top-k encode sweep of the emulated cnn profile (ns per element: 14 at 64K,
     16 at 1M, 34 at 16M): the piecewise curve passes through every point, is exact for
