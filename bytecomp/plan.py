@@ -160,9 +160,8 @@ class Adaptive:
     ``timing`` says where the step times it scores levels with come from: its own
     measurements (``measured``), or the plan's predictions (``predicted``: the same
     decisions on every run, e.g. when training away from the cluster planned for).
-    ``start`` is the level the controller goes to after one window at level 0 (the
-    planner's choice: the best predicted effective time among the levels it expects
-    to keep the threshold)."""
+    ``start`` is the level training starts at (the planner's choice: the best
+    predicted effective time among the levels it expects to keep the threshold)."""
 
     family: str
     threshold: float = 0.75

@@ -25,11 +25,12 @@ from ranks import run_ranks
 # -- the rule, on given gains ------------------------------------------------------------------
 
 
-def controller(levels=3, predicted=(30.0, 20.0, 10.0), calibration=(), **settings) \
-        -> Controller:
+def controller(levels=3, predicted=(30.0, 20.0, 10.0), calibration=(), fidelity=(),
+               **settings) -> Controller:
     values = {"family": "topk", "window": 3, "tolerance": 0.03, "explore_every": 12,
               "timing": "predicted", **settings}
-    return Controller(Adaptive(**values), levels, list(predicted)[:levels], list(calibration))
+    return Controller(Adaptive(**values), levels, list(predicted)[:levels], list(calibration),
+                      list(fidelity))
 
 
 def drive(control: Controller, gains, first_step: int = 1) -> list[int]:
@@ -77,23 +78,55 @@ def test_the_controller_settles_where_throughput_x_gain_stops_improving():
     assert control.switches[-1].reason == "no better than the level below"
 
 
-def test_the_controller_goes_from_level_0_straight_to_the_plans_start():
+def test_training_starts_at_the_plans_start():
     control = controller(levels=5, predicted=(50.0, 40.0, 30.0, 20.0, 19.5), start=3)
     levels = drive(control, [1.0] * 9)
-    assert levels[:3] == [0, 0, 3]  # one window at level 0 measures it, then the start
-    assert control.switches[0].reason == "the plan's start"
-    # the start scores better than level 0, and level 4 could not pay: settled there
-    assert control.level == 3 and control.mode == "settled"
+    assert levels == [3] * 9 and not control.switches  # no window at level 0 first
+    # the start scores better than level 0 (gain 1, never measured), and level 4 could
+    # not pay: settled there
+    assert control.mode == "settled"
 
 
 def test_a_start_that_measures_worse_than_level_0_is_left_for_level_0():
-    # predicted 20 ms, measured 45 ms at the start: level 0 (measured 30 ms) wins
+    # predicted 20 ms, measured 45 ms at the start: level 0 (predicted 30; the start's
+    # misprediction does not slow it down) wins, is measured at 30, and stays
     control = controller(levels=4, predicted=(30.0, 25.0, 20.0, 19.9), start=2,
                          timing="measured")
     for step in range(1, 13):
         control.observe(step, 1.0, {0: 30.0, 2: 45.0}.get(control.level, 40.0))
-    assert [(s.source, s.target) for s in control.switches] == [(0, 2), (2, 0)]
-    assert control.switches[-1].reason == "no better than the level below"
+    assert control.switches[0].source == 2 and control.switches[0].target == 0
+    assert control.switches[0].reason == "no better than the level below"
+    assert control.level == 0 and control.time_ms[0] == pytest.approx(30.0)
+
+
+def test_on_a_machine_slower_than_the_profile_the_start_is_taken_back():
+    # every level measures twice its prediction: level 0 looked better on its prediction,
+    # measures 60 ms in its window, and the start (40 ms) is taken back
+    control = controller(levels=3, predicted=(30.0, 25.0, 20.0), start=2, timing="measured")
+    for step in range(1, 10):
+        control.observe(step, 1.0, 2 * control.predicted_ms[control.level])
+    assert [(s.source, s.target) for s in control.switches] == [(2, 0), (0, 2)]
+    assert control.switches[-1].reason == "a level above measured better"
+    assert control.level == 2 and control.mode == "settled"
+
+
+def test_a_level_the_plan_did_not_pick_is_tried_only_once_gains_rise():
+    # level 2 is planned to keep 0.7, below the threshold: not tried while level 1 keeps
+    # the 0.95 the plan said. Once level 1 keeps 0.99 it loses a fifth of the planned
+    # 1 - 0.95^2, so level 2 is projected to lose a fifth of 1 - 0.7^2: it keeps 0.95,
+    # and pays (0.95 / 15 ms against 0.99 / 20)
+    def at(gains):
+        return lambda level: gains[level]
+
+    control = controller(levels=3, predicted=(30.0, 20.0, 15.0), start=1, explore_every=6,
+                         fidelity=(1.0, 0.95, 0.7))
+    drive(control, [at((1.0, 0.95, 0.7))] * 24)
+    assert control.level == 1 and not control.switches
+    assert control.projected_gain(2) == pytest.approx(0.7)
+    levels = drive(control, [at((1.0, 0.99, 0.95))] * 12, first_step=25)
+    assert 2 in levels and control.switches[0].reason == "exploring the next level"
+    unplanned = controller(levels=3, predicted=(30.0, 20.0, 15.0), start=1, explore_every=6)
+    assert 2 in drive(unplanned, [at((1.0, 0.95, 0.7))] * 12)  # bounded by gain 1: tried
 
 
 def test_measured_gains_are_read_on_the_calibrated_scale():

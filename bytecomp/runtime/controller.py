@@ -21,27 +21,38 @@ gain as measured (GraVAC's).
 The rule, with the plan's ``threshold``, ``window``, ``tolerance``,
 ``explore_every`` and ``start`` (:class:`bytecomp.plan.Adaptive`):
 
-* training starts at level 0 and, after its first window, goes straight to
-  level ``start`` (the planner's best predicted effective time), unless that
-  could not beat level 0 even keeping the whole gradient: level 0's window
-  anchors the comparison with a measured step time (the plan's predictions are
-  not equally right on every level);
+* training starts at level ``start`` (the planner's best predicted effective
+  time among the levels it expects to keep the threshold): measuring level 0
+  first would cost a window of its slowest steps, and level 0 (uncompressed or
+  16-bit) keeps the whole gradient, so its gain needs no measuring;
 * the gain and the step time of the current level are smoothed (EWMA of span
   ``window``, restarted on each visit); a decision is taken every ``window``
   steps at a level;
 * a level whose smoothed gain is below the threshold is left for the milder
   one below, where the controller settles (and keeps checking);
 * climbing (from the start, and again every ``explore_every`` settled steps):
-  while the gain holds, move up one level; after a level's window, compare its
-  *score* (gain / step time: GraVAC's throughput x gain) with the best scored
-  level below it: unless it is better by more than ``tolerance``, settle on the
-  better of the two. At the top, settle. A level is never tried that could not beat the
-  current one even keeping the whole gradient (1 / its step time no better
-  than the current score by more than ``tolerance``): exploring costs steps.
+  after a level's window, compare its *score* (gain / step time: GraVAC's
+  throughput x gain) with the best level below it (those measured, and level 0
+  with gain 1): unless it is better by more than ``tolerance``, settle on the
+  better of the two (level 0 not yet measured: go there and judge its window
+  too); otherwise go back to a measured level above that scores better by more
+  than ``tolerance``, or move up one level if that level may pay, else settle.
+  At the top, settle;
+* a level *may pay* when its projected score beats the current one by more than
+  ``tolerance`` and its projected gain keeps the threshold: its planned
+  fidelity ``f``, with what it loses (``1 - f^2``) scaled as the current level's
+  measured loss is to its planned one (gains that rise as training goes raise
+  every projection, the aggressive levels' most: GraVAC's reason to explore),
+  over its step time. A level
+  without a planned fidelity is projected to keep the whole gradient (an upper
+  bound: one no faster than the current score is never tried). Exploring costs
+  steps, so a level the plan does not expect to win is not tried unless the
+  measurements say the plan underrated it.
 
 Step times are the executor's own measurements; a level not yet measured is
 scored with the plan's prediction for it, scaled as the current level's
-measurement is to its prediction; with ``timing: predicted`` every level is
+measurement is to its prediction (level 0 only scaled down: a compressed level
+slower than predicted says nothing of DDP's own exchange); with ``timing: predicted`` every level is
 scored with the plan's predictions (decisions then depend on the gains alone,
 the same on every run).
 """
@@ -80,6 +91,7 @@ class Controller:
     levels: int
     predicted_ms: list[float | None]
     calibration: list[float] = field(default_factory=list)  # per level; empty: none
+    fidelity: list[float | None] = field(default_factory=list)  # planned; empty: unknown
     level: int = 0
     mode: str = CLIMB
     steps_here: int = 0
@@ -94,7 +106,11 @@ class Controller:
         self.calibration = self.calibration or [1.0] * self.levels
         if len(self.calibration) != self.levels:
             raise BytecompError("the controller needs one calibration per level")
+        self.fidelity = self.fidelity or [None] * self.levels
+        if len(self.fidelity) != self.levels:
+            raise BytecompError("the controller needs one planned fidelity per level")
         self.start = min(self.settings.start, self.levels - 1)
+        self.level = self.start  # a resumed run then loads its own (load_state_dict)
         self.gain = self.gain or [None] * self.levels
         self.time_ms = self.time_ms or [None] * self.levels
 
@@ -107,14 +123,35 @@ class Controller:
         values[self.level] = value if old is None else old + self.alpha * (value - old)
 
     def score(self, level: int) -> float:
-        """Gain per millisecond of step: the step time measured (with ``timing:
-        predicted``, or before a measurement, the plan's prediction; gain alone if
-        neither)."""
+        """Gain per millisecond of step: the smoothed gain measured (level 0 never
+        measured: 1, it keeps the whole gradient) over the step time measured (with
+        ``timing: predicted``, or before a measurement, the plan's prediction; gain
+        alone if neither)."""
         gain = self.gain[level]
+        if gain is None and level == 0:
+            gain = 1.0
         time_ms = self._time_of(level)
         if gain is None:
             return 0.0
         return gain / time_ms if time_ms else gain
+
+    def projected_gain(self, level: int) -> float | None:
+        """What ``level`` is expected to keep now (level 0: 1; None where the plan gives
+        it no fidelity): its planned fidelity ``f``, with the part it loses, ``1 - f^2``,
+        scaled as the current level's loss measures against its planned one. Gradients
+        that become more compressible as training goes shrink what every level loses
+        (GraVAC's observation), so a current level keeping more than planned raises the
+        projections above it, most for the levels that lose most."""
+        if level == 0:
+            return 1.0
+        planned = self.fidelity[level]
+        if planned is None:
+            return None
+        here, expected = self.gain[self.level], self.fidelity[self.level]
+        ratio = 1.0
+        if here is not None and expected is not None and expected < 1.0:
+            ratio = (1.0 - min(1.0, here) ** 2) / (1.0 - expected ** 2)
+        return math.sqrt(max(0.0, 1.0 - (1.0 - planned ** 2) * ratio))
 
     def observe(self, step: int, gain: float, time_ms: float | None) -> int:
         """The step just finished at the current level had ``gain`` (over all ranks) and
@@ -135,13 +172,16 @@ class Controller:
             self._move(step, current - 1, SETTLED, "gain below the threshold")
         elif self.mode == CLIMB:
             below = self._best_below(current)
-            if current == 0 and self.start > 1 and self.gain[self.start] is None and \
-                    self._may_pay(self.start):
-                self._move(step, self.start, CLIMB, "the plan's start")
-            elif below is not None and self.score(current) <= \
+            above = self._best_measured_above(current)
+            if below is not None and self.score(current) <= \
                     self.score(below) * (1 + self.settings.tolerance):
                 best = current if self.score(current) >= self.score(below) else below
-                self._move(step, best, SETTLED, "no better than the level below")
+                # level 0 not yet measured: its window is judged too (CLIMB)
+                mode = CLIMB if self.gain[best] is None else SETTLED
+                self._move(step, best, mode, "no better than the level below")
+            elif above is not None and \
+                    self.score(above) > self.score(current) * (1 + self.settings.tolerance):
+                self._move(step, above, SETTLED, "a level above measured better")
             elif current < top and self._may_pay(current + 1):
                 self._move(step, current + 1, CLIMB, "gain holds: climbing")
             else:
@@ -154,8 +194,14 @@ class Controller:
         return self.level
 
     def _best_below(self, level: int) -> int | None:
-        """The best scored level below ``level`` with a measured gain (None: none)."""
-        measured = [b for b in range(level) if self.gain[b] is not None]
+        """The best scored level below ``level`` among level 0 and those with a measured
+        gain (None: ``level`` is 0)."""
+        known = [b for b in range(level) if b == 0 or self.gain[b] is not None]
+        return max(known, key=self.score) if known else None
+
+    def _best_measured_above(self, level: int) -> int | None:
+        """The best scored level above ``level`` with a measured gain (None: none)."""
+        measured = [b for b in range(level + 1, self.levels) if self.gain[b] is not None]
         return max(measured, key=self.score) if measured else None
 
     def _time_of(self, level: int) -> float | None:
@@ -170,16 +216,25 @@ class Controller:
             return self.time_ms[level]
         here, expected = self.time_ms[self.level], self.predicted_ms[self.level]
         if predicted and here is not None and expected:
-            return predicted * here / expected
+            ratio = here / expected
+            # level 0 (DDP's own exchange or fp16) is the level predicted best: a
+            # compressed level measured slower than predicted (its compression's cost
+            # mispredicted) says nothing of level 0, a faster one (a faster machine) does
+            return predicted * (min(1.0, ratio) if level == 0 else ratio)
         return predicted
 
     def _may_pay(self, level: int) -> bool:
-        """Whether ``level`` could score better than the current level by more than the
-        tolerance even keeping the whole gradient: a level no faster is never tried."""
+        """Whether ``level``'s projected score beats the current level's by more than the
+        tolerance, with a projected gain that keeps the threshold (no projection: the
+        whole gradient, so that a level no faster is never tried)."""
+        gain = self.projected_gain(level)
+        if gain is not None and gain < self.settings.threshold:
+            return False
         time_ms = self._time_of(level)
         if not time_ms:
             return True  # nothing known of its speed: try it
-        return 1.0 / time_ms > self.score(self.level) * (1 + self.settings.tolerance)
+        bound = 1.0 if gain is None else gain
+        return bound / time_ms > self.score(self.level) * (1 + self.settings.tolerance)
 
     def _move(self, step: int, target: int, mode: str, reason: str) -> None:
         """Go to ``target`` in ``mode``; settled steps count from here."""

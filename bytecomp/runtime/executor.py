@@ -72,7 +72,8 @@ class Executor:
             assert plan.adaptive is not None
             self.controller: Controller | None = Controller(
                 plan.adaptive, len(plan.levels), [level.predicted_ms for level in plan.levels],
-                [level.calibration for level in plan.levels])
+                [level.calibration for level in plan.levels],
+                [level.fidelity for level in plan.levels])
         else:
             self.ladder, self.controller = [build_groups(plan, self.params, fallback)], None
         self._use_level(self.level)

@@ -18,9 +18,9 @@ executor will measure) and its *fidelity* (the same gains calibrated both
 ways by the profile's convergence probe: a steps factor; see
 :mod:`bytecomp.model.fidelity`). The level with the best
 predicted effective time (iteration time / fidelity) among those whose fidelity
-keeps the threshold (level 0 if none does) is the plan's ``start``: after one
-window at level 0, the controller goes there and adapts from the plan's best
-guess instead of paying for a climb from the mildest level.
+keeps the threshold (level 0 if none does) is the plan's ``start``: training
+starts there and adapts from the plan's best guess instead of paying for a
+climb from the mildest level.
 """
 
 from __future__ import annotations
