@@ -15,7 +15,12 @@ backward with communication, optimizer; after a barrier; slowest rank):
 * PyTorch's ``fp16_compress_hook`` vs a bytecomp plan with fp16 on every tensor;
 * a minimal hand-written top-k hook (bytecomp's top-k compressor with error
   feedback, values and indices allgathered asynchronously) vs a bytecomp plan
-  with the same top-k on every tensor.
+  with the same top-k on every tensor;
+* what an adaptive plan's controller costs per step: a PowerSGD plan (rank 4,
+  every tensor) vs the same with its gain metered (``measure_gain``: two
+  squared norms per group), and vs the same as the top level of an adaptive
+  plan pinned there (metering, and each step the controller's allreduce of
+  three numbers on its own gloo group and its decision).
 
 Plans group tensors by DDP's buckets in the gradient-ready order recorded from
 one backward pass, as plans made from a profile do. Target: each bytecomp
@@ -47,10 +52,11 @@ import bytecomp
 from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress import from_spec
 from bytecomp.launch import free_port
-from bytecomp.plan import Option, plan_for_model
+from bytecomp.plan import Adaptive, Option, ladder_for_model, plan_for_model
 from bytecomp.profile.workloads import load_workload
 
 TOPK = "topk:ratio=0.01"
+POWERSGD = "powersgd:rank=4"
 
 
 def topk_hook(state, bucket):
@@ -87,16 +93,27 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
         return plan_for_model(model, lambda n, p: option, world, bucket_cap_mb=cap_mb,
                               ready_order=order)
 
-    # (name, hook, plan, native): each bytecomp row is compared with the row above it
+    powersgd = Option(POWERSGD, "device", "allreduce")
+    # level 1 predicted far faster (timing: predicted) and no threshold: it never leaves
+    pinned = ladder_for_model(model, [lambda n, p: Option(), lambda n, p: powersgd], world,
+                              Adaptive("powersgd", threshold=0.0, timing="predicted", start=1),
+                              bucket_cap_mb=cap_mb, predicted_ms=[1000.0, 1.0],
+                              ready_order=order)
+    # (name, hook, plan, native, measure_gain): each odd row is compared with the row above
     return [
-        ("DDP built-in allreduce", None, None, True),
-        ("bytecomp all-fp32 plan", None, plan("none", "allreduce"), True),
-        ("PyTorch allreduce_hook", default_hooks.allreduce_hook, None, True),
-        ("bytecomp all-fp32 plan, through the hook", None, plan("none", "allreduce"), False),
-        ("PyTorch fp16_compress_hook", default_hooks.fp16_compress_hook, None, True),
-        ("bytecomp fp16 plan", None, plan("fp16", "allreduce"), True),
-        ("hand-written top-k hook", topk_hook, None, True),
-        ("bytecomp top-k plan", None, plan(TOPK, "allgather"), True),
+        ("DDP built-in allreduce", None, None, True, False),
+        ("bytecomp all-fp32 plan", None, plan("none", "allreduce"), True, False),
+        ("PyTorch allreduce_hook", default_hooks.allreduce_hook, None, True, False),
+        ("bytecomp all-fp32 plan, through the hook", None, plan("none", "allreduce"), False,
+         False),
+        ("PyTorch fp16_compress_hook", default_hooks.fp16_compress_hook, None, True, False),
+        ("bytecomp fp16 plan", None, plan("fp16", "allreduce"), True, False),
+        ("hand-written top-k hook", topk_hook, None, True, False),
+        ("bytecomp top-k plan", None, plan(TOPK, "allgather"), True, False),
+        ("bytecomp PowerSGD plan", None, plan(POWERSGD, "allreduce"), True, False),
+        ("the same, gain metered", None, plan(POWERSGD, "allreduce"), True, True),
+        ("bytecomp PowerSGD plan (again)", None, plan(POWERSGD, "allreduce"), True, False),
+        ("the same, an adaptive plan's level", None, pinned, True, False),
     ]
 
 
@@ -114,14 +131,16 @@ def rank_main(rank, world, port, model_spec, rounds, warmup, cap_mb, results):
     for handle in handles:
         handle.remove()
     runs = []
-    for name, hook, plan, native in configurations(workload.model, world, cap_mb, order):
+    for name, hook, plan, native, meter in configurations(workload.model, world, cap_mb,
+                                                          order):
         model = copy.deepcopy(workload.model)
         ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb)
         if hook is topk_hook:
             ddp.register_comm_hook({"compressor": from_spec(TOPK), "memory": {}}, hook)
         elif hook is not None:
             ddp.register_comm_hook(None, hook)
-        executor = bytecomp.apply_plan(ddp, plan, native=native) if plan is not None else None
+        executor = bytecomp.apply_plan(ddp, plan, native=native, measure_gain=meter) \
+            if plan is not None else None
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         runs.append((name, ddp, optimizer, executor, []))
     for round_number in range(warmup + rounds):
