@@ -43,18 +43,17 @@ The rule, with the plan's ``threshold``, ``window``, ``tolerance``,
   fidelity ``f``, with what it loses (``1 - f^2``) scaled as the current level's
   measured loss is to its planned one (gains that rise as training goes raise
   every projection, the aggressive levels' most: GraVAC's reason to explore),
-  over its step time. A level
-  without a planned fidelity is projected to keep the whole gradient (an upper
-  bound: one no faster than the current score is never tried). Exploring costs
-  steps, so a level the plan does not expect to win is not tried unless the
-  measurements say the plan underrated it.
+  over its step time. A level without a planned fidelity is projected to keep
+  the whole gradient (an upper bound: one no faster than the current score is
+  never tried). Exploring costs steps, so a level the plan does not expect to
+  win is not tried unless the measurements say the plan underrated it.
 
 Step times are the executor's own measurements; a level not yet measured is
 scored with the plan's prediction for it, scaled as the current level's
 measurement is to its prediction (level 0 only scaled down: a compressed level
-slower than predicted says nothing of DDP's own exchange); with ``timing: predicted`` every level is
-scored with the plan's predictions (decisions then depend on the gains alone,
-the same on every run).
+slower than predicted says nothing of DDP's own exchange); with ``timing:
+predicted`` every level is scored with the plan's predictions (decisions then
+depend on the gains alone, the same on every run).
 """
 
 from __future__ import annotations
