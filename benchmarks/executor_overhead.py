@@ -28,7 +28,12 @@ configuration within 2% of its reference (median over trials of the per-trial
 difference). The first pair measures the same code twice (a plan of fp32
 allreduce everywhere is DDP's own allreduce): its spread is the noise floor.
 
+On a GPU (``--device cuda``) each rank takes a GPU of its own, on NCCL (with gloo
+for the host-side exchanges, as bytecomp's own CUDA jobs run), and an iteration ends
+when the GPU has finished it (a synchronize before the clock stops).
+
     python benchmarks/executor_overhead.py [--model cnn] [--nproc 2] [--rounds 40]
+        [--device cuda]
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from torch.nn.parallel import DistributedDataParallel
 import bytecomp
 from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress import from_spec
-from bytecomp.launch import free_port
+from bytecomp.launch import backend_for, free_port
 from bytecomp.plan import Adaptive, Option, ladder_for_model, plan_for_model
 from bytecomp.profile.workloads import load_workload
 
@@ -117,13 +122,30 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
     ]
 
 
-def rank_main(rank, world, port, model_spec, rounds, warmup, cap_mb, results):
+def to_device(batch, device: torch.device):
+    """A batch (a tensor or a tuple of them) on ``device``."""
+    if isinstance(batch, tuple):
+        return tuple(to_device(part, device) for part in batch)
+    return batch.to(device)
+
+
+def finish(device: torch.device) -> None:
+    """Wait for the device's queued work (an iteration's time includes its GPU time)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rank_main(rank, world, port, model_spec, rounds, warmup, cap_mb, device_type, results):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("gloo", rank=rank, world_size=world,
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend_for(device_type), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     workload = load_workload(model_spec)
-    inputs, target = workload.make_batch(workload.batch_size)
+    workload.model.to(device)
+    inputs, target = to_device(workload.make_batch(workload.batch_size), device)
     order, handles = ready_order(workload.model)
     workload.loss(workload.model(*inputs if isinstance(inputs, tuple) else (inputs,)),
                   target).backward()
@@ -147,11 +169,13 @@ def rank_main(rank, world, port, model_spec, rounds, warmup, cap_mb, results):
         # every other round in reverse, so that no configuration always follows another
         order = runs if round_number % 2 == 0 else list(reversed(runs))
         for _, ddp, optimizer, _, times in order:
+            finish(device)
             dist.barrier()
             start = time.perf_counter()
             workload.loss(ddp(inputs), target).backward()
             optimizer.step()
             optimizer.zero_grad()
+            finish(device)
             elapsed = time.perf_counter() - start
             if round_number >= warmup:
                 times.append(elapsed)
@@ -169,7 +193,9 @@ def rank_main(rank, world, port, model_spec, rounds, warmup, cap_mb, results):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="cnn")
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--nproc", type=int,
+                        help="ranks (default: 2 on the CPU, every GPU on CUDA)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--bucket-cap-mb", type=float, default=1.0)
@@ -177,15 +203,25 @@ def main() -> None:
                         help="independent runs; the table gives the median of each figure")
     parser.add_argument("--markdown", help="append the table as markdown here")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("executor_overhead.py: --device cuda needs a CUDA GPU")
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    args.nproc = args.nproc or gpus or 2
+    if args.device == "cuda" and args.nproc > gpus:
+        raise SystemExit(f"executor_overhead.py: {args.nproc} ranks need {args.nproc} GPUs "
+                         f"(NCCL puts one rank on a GPU); this machine has {gpus}")
     context = mp.get_context("spawn")
     trials = []
     for _ in range(args.trials):
         results = context.Queue()
         mp.start_processes(rank_main, args=(args.nproc, free_port(), args.model, args.rounds,
-                                            args.warmup, args.bucket_cap_mb, results),
+                                            args.warmup, args.bucket_cap_mb, args.device,
+                                            results),
                            nprocs=args.nproc, start_method="spawn")
         trials.append(results.get())
-    lines = [f"{args.model} on {args.nproc} gloo ranks, bucket cap {args.bucket_cap_mb:g} MB; "
+    ranks = f"{args.nproc} gloo ranks" if args.device == "cpu" else \
+        f"{args.nproc} NCCL rank(s) on {torch.cuda.get_device_name(0)}"
+    lines = [f"{args.model} on {ranks}, bucket cap {args.bucket_cap_mb:g} MB; "
              f"each trial: median of {args.rounds} interleaved iterations; median of "
              f"{args.trials} trials:", "",
              "| configuration | iteration ms | vs reference | per trial |", "|---|---|---|---|"]

@@ -5,7 +5,10 @@
    GPU);
 2. ``benchmarks/compressors.py --device cuda``: encode and decode GB/s against a
    device copy of the same tensor, and the 50%-of-copy target;
-3. a one-GPU profile -> plan -> simulate of the transformer.
+3. ``benchmarks/executor_overhead.py --device cuda``: the executor's hooks, gain
+   metering and an adaptive plan's controller against PyTorch's hooks, per
+   iteration on one NCCL rank;
+4. a one-GPU profile -> plan -> simulate of the transformer.
 
 Writes ``benchmarks/results/gpu-check-<date>.md`` (or ``--out``) with each
 step's output; exits non-zero if a step failed. Without a GPU it says so and
@@ -27,6 +30,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BYTECOMP = [sys.executable, "-m", "bytecomp"]
+TRANSFORMER = "transformer:layers=2,width=128,heads=4,seq_len=64,vocab=256"
 
 
 def step(title: str, command: list[str], report: list[str], timeout: float = 1800) -> bool:
@@ -61,6 +65,10 @@ def main() -> None:
     results.append(step("compressor throughput on the GPU",
                         [sys.executable, "benchmarks/compressors.py", "--device", "cuda"],
                         report))
+    results.append(step("executor overhead on the GPU",
+                        [sys.executable, "benchmarks/executor_overhead.py", "--device", "cuda",
+                         "--nproc", "1", "--model", TRANSFORMER, "--trials", "3",
+                         "--rounds", "60"], report))
     with tempfile.TemporaryDirectory() as work:
         profile, plan = Path(work) / "profile", Path(work) / "plan.yaml"
         results.append(step("profile the transformer on one GPU",

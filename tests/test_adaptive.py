@@ -198,16 +198,16 @@ def topk_ladder(model, world, scheme="allgather", nodes=1, **settings):
                             bucket_cap_mb=0.01, predicted_ms=[30.0, 20.0, 10.0])
 
 
-def run_phases(rank, world, phases, settings):
-    """Train ``Crafted`` through ``phases`` ([(steps, sparse)]); the level of every step
-    and the switches."""
-    model = Crafted()
+def run_phases(rank, world, phases, settings, device="cpu"):
+    """Train ``Crafted`` (on ``device``) through ``phases`` ([(steps, sparse)]); the level
+    of every step and the switches."""
+    model = Crafted().to(device)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
     executor = bytecomp.apply_plan(ddp, topk_ladder(model, world, **settings))
     levels, step = [], 0
     for steps, sparse in phases:
         for _ in range(steps):
-            ddp(gradient(rank, step, sparse)).backward()
+            ddp(gradient(rank, step, sparse).to(device)).backward()
             levels.append(executor.level)
             model.zero_grad()
             step += 1
@@ -298,10 +298,11 @@ def test_residuals_are_conserved_across_switches(world, scheme, nodes, threshold
         assert error <= 1e-4 * scale, (moves, error, scale)
 
 
-def resume(rank, world, tmp):
-    """30 steps straight, and 12 + (saved, restored) 18: parameters and levels."""
+def resume(rank, world, tmp, device="cpu"):
+    """30 steps straight, and 12 + (saved, restored) 18 (on ``device``): parameters and
+    levels."""
     def run(stop, saved=None):
-        model = Crafted()
+        model = Crafted().to(device)
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
         executor = bytecomp.apply_plan(ddp, topk_ladder(model, world))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -314,7 +315,7 @@ def resume(rank, world, tmp):
             start = executor.step
         levels = []
         for step in range(start, stop):
-            ddp(gradient(rank, step, sparse=step >= 20)).backward()
+            ddp(gradient(rank, step, sparse=step >= 20).to(device)).backward()
             optimizer.step()
             optimizer.zero_grad()
             levels.append(executor.level)
@@ -324,7 +325,7 @@ def resume(rank, world, tmp):
                     "bytecomp": state}, path)
         switches = [s.to_list() for s in executor.switches]
         executor.close()
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), levels, \
+        return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]), levels, \
             switches, path
 
     straight, levels, switches, _ = run(30)

@@ -187,3 +187,30 @@ def test_the_profiler_on_one_gpu(tmp_path):
     assert set(profile.compressors.device) == {"cuda", "cpu"}
     assert profile.has_fidelity
     assert (profile.tensors.ready_ms >= 0).all()
+
+
+def test_an_adaptive_plan_on_cuda_takes_the_decisions_it_takes_on_the_cpu():
+    """The controller on CUDA tensors (gains metered on the device, 2 ranks over gloo on one
+    GPU): the same levels at the same steps as on the CPU, the same switches."""
+    from test_adaptive import run_phases
+
+    phases = [(15, True), (30, False), (45, True)]
+    on_gpu = run_ranks(run_phases, 2, phases, {}, "cuda")
+    on_cpu = run_ranks(run_phases, 2, phases, {}, "cpu")
+    assert on_gpu[0][1], "no switch happened: the test shows nothing"
+    assert all(run == on_gpu[0] for run in on_gpu)
+    levels = [run[0] for run in on_gpu]
+    switches = [[move[:3] for move in run[1]] for run in on_gpu]  # step, from, to
+    assert levels == [run[0] for run in on_cpu]
+    assert switches == [[move[:3] for move in run[1]] for run in on_cpu]
+    for gpu, cpu in zip(on_gpu[0][1], on_cpu[0][1]):
+        assert gpu[3] == pytest.approx(cpu[3], rel=1e-4)  # the gain at the switch
+
+
+def test_an_adaptive_plan_on_cuda_resumes_bit_for_bit_across_a_switch(tmp_path):
+    from test_adaptive import resume
+
+    for equal, same_levels, same_switches, steps in run_ranks(resume, 2, str(tmp_path),
+                                                              "cuda"):
+        assert any(s <= 12 for s in steps) and any(s > 12 for s in steps), steps
+        assert equal and same_levels and same_switches

@@ -267,14 +267,17 @@ class Executor:
         """This rank's last step: the groups' squared gains weighted by their parameters
         (a group that measured nothing, uncompressed or 16-bit, counts 1)."""
         total = sum(group.numel for group in self.groups) or 1
-        squared = 0.0
+        shares, taken = [], []
         for group in self.groups:
             measured = self.states.take_gain(group.key)
-            share = group.numel / total
-            if measured is None or measured[0] <= 0:
-                squared += share
-            else:
-                squared += share * max(0.0, 1.0 - measured[1] / measured[0])
+            shares.append(group.numel / total)
+            taken.append(measured)
+        values = iter(_read_together([t for measured in taken if measured is not None
+                                      for t in measured]))
+        squared = 0.0
+        for share, measured in zip(shares, taken):
+            norm, error = (next(values), next(values)) if measured is not None else (0.0, 0.0)
+            squared += share if norm <= 0 else share * max(0.0, 1.0 - error / norm)
         return squared
 
     def _switch(self, source: int, target: int) -> None:
@@ -340,6 +343,20 @@ class Executor:
         self.worker.close()
         if self.host_path is not None:
             self.host_path.close()
+
+
+def _read_together(tensors: list[torch.Tensor]) -> list[float]:
+    """The values of 0-d tensors, in order, read with one copy per device: each read of a
+    GPU tensor waits for the GPU, so a step's gains wait once, not twice per group."""
+    values: list[float | None] = [None] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        by_device.setdefault(tensor.device, []).append(index)
+    for indices in by_device.values():
+        read = torch.stack([tensors[i] for i in indices]).tolist()
+        for index, value in zip(indices, read):
+            values[index] = value
+    return [float(v) for v in values if v is not None]
 
 
 def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,

@@ -70,9 +70,11 @@ class GroupStates:
                 state["meter"] = True
         return state
 
-    def take_gain(self, key: str) -> tuple[float, float] | None:
+    def take_gain(self, key: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(squared norm, squared error)`` of the group's last compression, summed over
-        its chunks, removed from its state (None: nothing measured)."""
+        its chunks, removed from its state (None: nothing measured). 0-d tensors on the
+        group's device: reading them is left to the caller, once for every group (each
+        read of a GPU tensor waits for the GPU)."""
         state = self.by_group.get(key)
         if state is None:
             return None
@@ -81,8 +83,10 @@ class GroupStates:
                     if "sq_norm" in part]
         if not measured:
             return None
-        return (float(sum(float(n) for n, _ in measured)),
-                float(sum(float(e) for _, e in measured)))
+        if len(measured) == 1:
+            return measured[0]
+        norms, errors = zip(*measured)
+        return torch.stack(norms).sum(), torch.stack(errors).sum()
 
     def state_dict(self) -> dict:
         """Every rank's states gathered (collective: call it on every rank)."""
