@@ -20,7 +20,8 @@ backward with communication, optimizer; after a barrier; slowest rank):
   every tensor) vs the same with its gain metered (``measure_gain``: two
   squared norms per group), and vs the same as the top level of an adaptive
   plan pinned there (metering, and each step the controller's allreduce of
-  three numbers on its own gloo group and its decision).
+  three numbers on its own gloo group and its decision), and vs the same
+  agreeing on ten steps' measurements in one allreduce (``agree_every: 10``).
 
 Plans group tensors by DDP's buckets in the gradient-ready order recorded from
 one backward pass, as plans made from a profile do. Target: each bytecomp
@@ -100,10 +101,12 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
 
     powersgd = Option(POWERSGD, "device", "allreduce")
     # level 1 predicted far faster (timing: predicted) and no threshold: it never leaves
-    pinned = ladder_for_model(model, [lambda n, p: Option(), lambda n, p: powersgd], world,
-                              Adaptive("powersgd", threshold=0.0, timing="predicted", start=1),
-                              bucket_cap_mb=cap_mb, predicted_ms=[1000.0, 1.0],
-                              ready_order=order)
+    def pinned(agree_every: int):
+        return ladder_for_model(model, [lambda n, p: Option(), lambda n, p: powersgd], world,
+                                Adaptive("powersgd", threshold=0.0, timing="predicted",
+                                         start=1, agree_every=agree_every),
+                                bucket_cap_mb=cap_mb, predicted_ms=[1000.0, 1.0],
+                                ready_order=order)
     # (name, hook, plan, native, measure_gain): each odd row is compared with the row above
     return [
         ("DDP built-in allreduce", None, None, True, False),
@@ -118,7 +121,9 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
         ("bytecomp PowerSGD plan", None, plan(POWERSGD, "allreduce"), True, False),
         ("the same, gain metered", None, plan(POWERSGD, "allreduce"), True, True),
         ("bytecomp PowerSGD plan (again)", None, plan(POWERSGD, "allreduce"), True, False),
-        ("the same, an adaptive plan's level", None, pinned, True, False),
+        ("the same, an adaptive plan's level", None, pinned(1), True, False),
+        ("bytecomp PowerSGD plan (third)", None, plan(POWERSGD, "allreduce"), True, False),
+        ("the same, agreeing every 10 steps", None, pinned(10), True, False),
     ]
 
 

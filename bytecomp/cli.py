@@ -212,6 +212,10 @@ def plan(
     timing: str = typer.Option("measured", help="With --adaptive: score levels by step times "
                                "the executor measures, or by this plan's predictions "
                                "(predicted: the same decisions on every run)."),
+    agree_every: int = typer.Option(None, help="With --adaptive: steps whose measurements the "
+                                    "ranks agree on in one allreduce [default: enough steps "
+                                    "for about 100 ms of the start level's predicted "
+                                    "iteration, at most --window]."),
 ):
     """Search the per-tensor strategy that trains soonest: shortest predicted iteration per
     unit of gradient fidelity (or iteration time alone); write plan.yaml."""
@@ -238,7 +242,8 @@ def plan(
     if adaptive is not None:
         _plan_adaptive(loaded, _load_cluster(cluster), adaptive, gain_threshold, window, timing,
                        bucket_cap_mb or None, algorithm, budget,
-                       (5.0 if min_gain is None else min_gain) / 100, out, evaluations)
+                       (5.0 if min_gain is None else min_gain) / 100, out, evaluations,
+                       agree_every)
         return
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
                       min_fidelity, fidelity_weights, probe)
@@ -254,7 +259,8 @@ def plan(
 
 def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int, timing: str,
                    caps, algorithm: str, budget: float | None, min_gain: float,
-                   out: str, evaluations: int | None = None) -> None:
+                   out: str, evaluations: int | None = None,
+                   agree_every: int | None = None) -> None:
     from bytecomp.plan import TIMINGS, Adaptive
     from bytecomp.search.ladder import level_rows, plan_ladder, to_ladder_plan
     from bytecomp.search.planner import effective_ms
@@ -265,9 +271,11 @@ def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int,
         raise BytecompError(f"--window must be at least 1, got {window}")
     if timing not in TIMINGS:
         raise BytecompError(f"--timing must be {' or '.join(TIMINGS)}, got {timing!r}")
+    if agree_every is not None and agree_every < 1:
+        raise BytecompError(f"--agree-every must be at least 1, got {agree_every}")
     settings = Adaptive(family, threshold, window, timing=timing)
     result = plan_ladder(profile, cluster, settings, caps, algorithm, budget, min_gain,
-                         evaluations)
+                         evaluations, agree_every)
     written = to_ladder_plan(result, profile).save(out)
     level = result.levels[0]
     start = result.adaptive.start
@@ -275,7 +283,8 @@ def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int,
                         f"({level.cluster.nodes} x {level.cluster.ranks_per_node} ranks), "
                         f"bucket cap {level.cap_mb:g} MB; training starts at level {start} (*) "
                         f"and the executor moves up while the calibrated gain stays "
-                        f">= {threshold:g}")
+                        f">= {threshold:g}; the ranks agree every "
+                        f"{result.adaptive.agree_every} step(s)")
     for column in ("level", "setting", "iteration ms", "profiled gain", "fidelity",
                    "effective ms", "vs fp32 DDP"):
         table.add_column(column, justify="left" if column == "setting" else "right")

@@ -145,7 +145,7 @@ class PlanEntry:
 
 
 ADAPTIVE_DEFAULTS = {"threshold": 0.75, "window": 10, "tolerance": 0.03, "explore_every": 200,
-                     "timing": "measured", "start": 0}
+                     "timing": "measured", "start": 0, "agree_every": 1}
 TIMINGS = ("measured", "predicted")
 
 
@@ -161,7 +161,10 @@ class Adaptive:
     measurements (``measured``), or the plan's predictions (``predicted``: the same
     decisions on every run, e.g. when training away from the cluster planned for).
     ``start`` is the level training starts at (the planner's choice: the best
-    predicted effective time among the levels it expects to keep the threshold)."""
+    predicted effective time among the levels it expects to keep the threshold).
+    ``agree_every`` is how many steps' measurements the ranks agree on in one
+    allreduce (1: every step; the planner picks more for short steps, where the
+    exchange would cost a noticeable share of each step)."""
 
     family: str
     threshold: float = 0.75
@@ -170,11 +173,15 @@ class Adaptive:
     explore_every: int = 200
     timing: str = "measured"
     start: int = 0
+    agree_every: int = 1
 
     def to_dict(self) -> dict:
-        return {"family": self.family, "threshold": self.threshold, "window": self.window,
-                "tolerance": self.tolerance, "explore_every": self.explore_every,
-                "timing": self.timing, "start": self.start}
+        values = {"family": self.family, "threshold": self.threshold, "window": self.window,
+                  "tolerance": self.tolerance, "explore_every": self.explore_every,
+                  "timing": self.timing, "start": self.start}
+        if self.agree_every != 1:  # absent: every step (a plan written before it, whose
+            values["agree_every"] = self.agree_every  # digest, in checkpoints, stays)
+        return values
 
 
 @dataclass
@@ -445,7 +452,7 @@ def _adaptive(reader: _Reader, data) -> Adaptive:
         reader.fail("adaptive", "must be a mapping")
     family = reader.field(data, "family", str, "adaptive.")
     values = {key: data.get(key, default) for key, default in ADAPTIVE_DEFAULTS.items()}
-    for key in ("window", "explore_every"):
+    for key in ("window", "explore_every", "agree_every"):
         if isinstance(values[key], bool) or not isinstance(values[key], int) or values[key] < 1:
             reader.fail(f"adaptive.{key}", f"must be a positive integer, got {values[key]!r}")
     for key, low, high in (("threshold", 0.0, 1.0), ("tolerance", 0.0, 1.0)):
@@ -466,7 +473,7 @@ def _adaptive(reader: _Reader, data) -> Adaptive:
                                       f"{values['start']!r}")
     return Adaptive(family, float(values["threshold"]), int(values["window"]),
                     float(values["tolerance"]), int(values["explore_every"]),
-                    str(values["timing"]), int(values["start"]))
+                    str(values["timing"]), int(values["start"]), int(values["agree_every"]))
 
 
 def _metered(entry: PlanEntry) -> bool:

@@ -218,11 +218,23 @@ def run_phases(rank, world, phases, settings, device="cpu"):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_every_rank_takes_the_same_decisions_on_its_own_gradients(world):
+@pytest.mark.parametrize("agree_every", [1, 4])
+def test_every_rank_takes_the_same_decisions_on_its_own_gradients(world, agree_every):
     # measured step times: each rank's own clock, agreed over the ranks
-    runs = run_ranks(run_phases, world, [(15, True), (25, False)], {"timing": "measured"})
+    runs = run_ranks(run_phases, world, [(15, True), (25, False)],
+                     {"timing": "measured", "agree_every": agree_every})
     assert all(run == runs[0] for run in runs), "ranks disagree on the levels"
     assert runs[0][1], "no switch happened: the test shows nothing"
+
+
+def test_agreeing_every_few_steps_decides_only_when_a_batch_is_agreed():
+    """With ``agree_every: 4`` the ranks share four steps' measurements at once: the
+    controller observes them at the step after each fourth (steps 5, 9, ...), so every
+    move happens there; it still climbs on sparse gradients and steps back on dense ones."""
+    levels, switches = run_ranks(run_phases, 2, [(20, True), (30, False), (50, True)],
+                                 {"agree_every": 4})[0]
+    assert switches and all(step % 4 == 1 for step, *_ in switches), switches
+    assert levels[19] == 2 and min(levels[20:50]) == 0 and levels[-1] == 2, levels
 
 
 def test_the_executor_follows_the_compressibility_of_the_gradients():
@@ -298,13 +310,13 @@ def test_residuals_are_conserved_across_switches(world, scheme, nodes, threshold
         assert error <= 1e-4 * scale, (moves, error, scale)
 
 
-def resume(rank, world, tmp, device="cpu"):
+def resume(rank, world, tmp, device="cpu", settings=None):
     """30 steps straight, and 12 + (saved, restored) 18 (on ``device``): parameters and
     levels."""
     def run(stop, saved=None):
         model = Crafted().to(device)
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
-        executor = bytecomp.apply_plan(ddp, topk_ladder(model, world))
+        executor = bytecomp.apply_plan(ddp, topk_ladder(model, world, **(settings or {})))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         start = 0
         if saved is not None:
@@ -335,8 +347,10 @@ def resume(rank, world, tmp, device="cpu"):
             switches == switches_resumed, [s[0] for s in switches])
 
 
-def test_a_resumed_run_continues_bit_for_bit_across_a_switch(tmp_path):
-    for equal, same_levels, same_switches, steps in run_ranks(resume, 2, str(tmp_path)):
+@pytest.mark.parametrize("agree_every", [1, 5])  # 5: saved with two steps not yet agreed
+def test_a_resumed_run_continues_bit_for_bit_across_a_switch(tmp_path, agree_every):
+    for equal, same_levels, same_switches, steps in run_ranks(
+            resume, 2, str(tmp_path), "cpu", {"agree_every": agree_every}):
         assert any(s <= 12 for s in steps) and any(s > 12 for s in steps), steps
         assert equal and same_levels and same_switches
 
@@ -391,6 +405,8 @@ def _edit(data, change):
         data["adaptive"]["threshold"] = 1.5
     elif change == "window":
         data["adaptive"]["window"] = 0
+    elif change == "agree_every":
+        data["adaptive"]["agree_every"] = "often"
     elif change == "unknown":
         data["adaptive"]["speed"] = 3
     elif change == "timing":
@@ -411,6 +427,7 @@ def _edit(data, change):
     ("other tensors", "levels[2].tensors: must name the same tensors as levels[0]"),
     ("threshold", "adaptive.threshold: must be a number from 0 to 1, got 1.5"),
     ("window", "adaptive.window: must be a positive integer, got 0"),
+    ("agree_every", "adaptive.agree_every: must be a positive integer, got 'often'"),
     ("unknown", "adaptive.speed: unknown setting"),
     ("timing", "adaptive.timing: 'guessed' is not one of measured, predicted"),
     ("adaptive without levels", "adaptive: an adaptive plan needs its levels"),
@@ -492,6 +509,30 @@ def test_a_levels_gain_is_taken_at_the_probes_gain_and_its_fidelity_at_its_facto
     assert checked >= 1  # a setting compresses every tensor on this slow link
 
 
+def test_the_ranks_agree_every_step_on_long_steps_and_every_few_on_short_ones(tmp_path):
+    from bytecomp.search.ladder import AGREE_MS, agreement_interval, plan_ladder, to_ladder_plan
+
+    assert agreement_interval(AGREE_MS * 2, 10) == 1
+    assert agreement_interval(AGREE_MS / 4, 10) == 4
+    assert agreement_interval(AGREE_MS / 40, 10) == 10  # at most a window
+    assert agreement_interval(0.0, 10) == 1
+    profile = ladder_profile(["topk:ratio=0.1", "topk:ratio=0.01"])
+    result = plan_ladder(profile, None, Adaptive("topk"))
+    start = result.levels[result.adaptive.start]
+    assert result.adaptive.agree_every == agreement_interval(start.time_ms, 10)
+    assert plan_ladder(profile, None, Adaptive("topk"), agree_every=3).adaptive.agree_every == 3
+    path = tmp_path / "plan.yaml"
+    to_ladder_plan(plan_ladder(profile, None, Adaptive("topk"), agree_every=3),
+                   profile).save(path)
+    assert load_plan(path).adaptive.agree_every == 3
+
+
+def test_a_plan_agreeing_every_step_keeps_the_digest_it_had_before_the_setting():
+    plan = topk_ladder(Crafted(), 2)
+    assert "agree_every" not in plan.adaptive.to_dict()
+    assert topk_ladder(Crafted(), 2, agree_every=2).digest() != plan.digest()
+
+
 def test_the_start_is_the_best_effective_level_that_keeps_the_threshold():
     from types import SimpleNamespace
 
@@ -531,6 +572,22 @@ def test_simulate_takes_a_level_of_an_adaptive_plan(tmp_path, cli):
         assert shown == pytest.approx(level.predicted_ms, rel=1e-3)
     failed = cli("simulate", folder, plan, "--level", len(levels))
     assert failed.returncode == 2 and f"has no level {len(levels)}" in failed.stderr
+
+
+def test_plan_takes_the_agreement_interval_and_refuses_a_bad_one(tmp_path, cli):
+    from bytecomp.profile import save_profile
+
+    profile = ladder_profile(["fp16", "topk:ratio=0.1", "topk:ratio=0.01"])
+    folder = save_profile(profile, tmp_path / "profile")
+    plan = tmp_path / "ladder.yaml"
+    done = cli("plan", folder, "--adaptive", "topk", "--agree-every", 3, "--out", plan)
+    assert done.returncode == 0, done.stderr
+    assert "agree every 3 step(s)" in " ".join(done.stdout.split())
+    assert load_plan(plan).adaptive.agree_every == 3
+    failed = cli("plan", folder, "--adaptive", "topk", "--agree-every", 0, "--out",
+                 tmp_path / "other.yaml")
+    assert failed.returncode == 2 and "--agree-every must be at least 1" in failed.stderr
+    assert len(failed.stderr.strip().splitlines()) == 1 and not (tmp_path / "other.yaml").exists()
 
 
 def test_a_level_that_cannot_pay_is_never_tried():

@@ -13,9 +13,10 @@ keyed by the names of its tensors, and survive ``state_dict``
 
 An adaptive plan's levels each have their groups (and states, keyed by level).
 At the first bucket of every step the executor composes the gain that the
-last step's compression kept, agrees on it and on the step's duration with the
-other ranks (one small allreduce), and lets the controller
-(:mod:`bytecomp.runtime.controller`) pick this step's level. On a move, each
+last step's compression kept; every ``agree_every`` steps it agrees on those
+steps' gains and durations with the other ranks (one small allreduce), and
+the controller (:mod:`bytecomp.runtime.controller`) observes them in order and
+picks this step's level. On a move, each
 tensor's error-feedback residuals of the level it leaves are folded into its
 next gradient (never dropped): for a compressor of the same family that is
 what its own residual would have done.
@@ -80,8 +81,11 @@ class Executor:
         self.pending: dict[str, torch.Tensor] = {}  # residuals to fold into the next gradients
         self._last_boundary: float | None = None
         self._reported_ms: float | None = None  # report_step_ms: the last step's duration
-        self._inflight: tuple | None = None  # (level, measurement, allreduce) being agreed on
-        self.controller_pending: list | None = None  # an agreed measurement not yet used
+        # steps measured here and not yet shared: (level, squared gain, ms)
+        self._batch: list[tuple[int, float, float]] = []
+        self._early: list[list] = []  # of the batch, agreed early (state_dict): not yet due
+        self._inflight: tuple | None = None  # (levels, early, measurements, allreduce)
+        self.controller_pending: list[list] = []  # agreed [level, gain, ms or None], due
         self.stats = Stats()
         self.measures_gain = measure_gain or self.controller is not None
         self.states = GroupStates(plan, self.device, meter=self.measures_gain)
@@ -215,13 +219,14 @@ class Executor:
 
     # -- adaptive plans -----------------------------------------------------------------------
     def _boundary(self) -> None:
-        """Between two steps: share this rank's measurement of the step just done (an
-        allreduce issued now and completed by the next boundary), and let the controller
-        choose this step's level from the agreed measurement of the step before it.
+        """Between two steps: note this rank's measurement of the step just done; every
+        ``agree_every`` steps share the measurements noted (an allreduce issued now and
+        completed by the next boundary), and let the controller observe, in order, the
+        agreed measurements of the batch before and choose this step's level.
 
         Waiting for the agreement here would hold every rank's backward pass until the
         slowest rank got there; a step of delay costs nothing, and every rank still
-        decides alike. A measurement taken at another level than the current one (the
+        decides alike. A measurement taken at another level than the current one (a
         step before a move) is not observed."""
         assert self.controller is not None and self.control is not None
         now = time.perf_counter()
@@ -231,37 +236,56 @@ class Executor:
         self._last_boundary = now
         if self.states.step == 0:
             return  # nothing compressed yet
-        agreed = self._agreed()
-        measured = torch.tensor([self._local_squared_gain(), elapsed_ms, float(elapsed_ms > 0)],
-                                dtype=torch.float64)
-        self._inflight = (self.controller.level, measured,
-                          dist.all_reduce(measured, group=self.control, async_op=True))
-        if agreed is None or agreed[0] != self.controller.level:
-            return
-        before = self.controller.level
-        after = self.controller.observe(self.states.step, agreed[1], agreed[2])
-        if after != before:
-            self._switch(before, after)
+        due = self._due()
+        self._batch.append((self.controller.level, self._local_squared_gain(), elapsed_ms))
+        if self.states.step % self.plan_agree_every == 0:
+            self._inflight = self._share(async_op=True)
+        for level, gain, time_ms in due:
+            if level != self.controller.level:
+                continue
+            before = self.controller.level
+            after = self.controller.observe(self.states.step, gain, time_ms)
+            if after != before:
+                self._switch(before, after)
+
+    @property
+    def plan_agree_every(self) -> int:
+        assert self.plan.adaptive is not None
+        return self.plan.adaptive.agree_every
+
+    def _share(self, async_op: bool) -> tuple:
+        """Allreduce the batch's measurements (squared gain, ms, measured) over the ranks:
+        (levels, early, measurements, work); the batch starts again."""
+        levels = [level for level, _, _ in self._batch]
+        measured = torch.tensor([[squared, ms, float(ms > 0)] for _, squared, ms in self._batch],
+                                dtype=torch.float64).reshape(-1, 3)
+        early, self._batch, self._early = self._early, [], []
+        return levels, early, measured, dist.all_reduce(measured, group=self.control,
+                                                        async_op=async_op)
+
+    def _agreed_entries(self, levels: list[int], measured: torch.Tensor) -> list[list]:
+        """[level, gain, step ms or None] per step, from the ranks' summed measurements."""
+        world = dist.get_world_size()
+        return [[level, math.sqrt(max(0.0, squared / world)),
+                 ms / world if flag == world else None]
+                for level, (squared, ms, flag) in zip(levels, measured.tolist())]
 
     def _collect(self) -> None:
-        """Finish the allreduce in flight: its agreed measurement becomes the pending one,
-        [level, gain, step ms or None]."""
+        """Finish the allreduce in flight: its agreed measurements (after those agreed
+        early) are due at the next boundary."""
         if self._inflight is None:
             return
-        level, measured, work = self._inflight
+        levels, early, measured, work = self._inflight
         work.wait()
-        world = dist.get_world_size()
-        self.controller_pending = [level, math.sqrt(max(0.0, float(measured[0]) / world)),
-                                   float(measured[1]) / world
-                                   if float(measured[2]) == world else None]
+        self.controller_pending = early + self._agreed_entries(levels, measured)
         self._inflight = None
 
-    def _agreed(self) -> tuple[int, float, float | None] | None:
-        """The last measurement every rank shared, once: (level, gain, step ms or None)."""
+    def _due(self) -> list[tuple[int, float, float | None]]:
+        """The agreed measurements to observe now, once: (level, gain, step ms or None)."""
         self._collect()
-        pending, self.controller_pending = self.controller_pending, None
-        return None if pending is None else (int(pending[0]), float(pending[1]),
-                                             None if pending[2] is None else float(pending[2]))
+        due, self.controller_pending = self.controller_pending, []
+        return [(int(level), float(gain), None if ms is None else float(ms))
+                for level, gain, ms in due]
 
     def _local_squared_gain(self) -> float:
         """This rank's last step: the groups' squared gains weighted by their parameters
@@ -316,8 +340,11 @@ class Executor:
         saved = self.states.state_dict()
         if self.controller is not None:
             self._collect()  # agreed on, and kept for the next step
+            if self._batch:  # agreed now, observed when the batch would have been
+                levels, early, measured, _ = self._share(async_op=False)
+                self._early = early + self._agreed_entries(levels, measured)
             saved["controller"] = {**self.controller.state_dict(),
-                                   "pending": self.controller_pending}
+                                   "pending": self.controller_pending, "early": self._early}
         return saved
 
     def load_state_dict(self, state: dict) -> None:
@@ -329,20 +356,33 @@ class Executor:
                                     "static plan?)")
             self.controller.load_state_dict(state["controller"])
             pending = state["controller"].get("pending")
-            if pending is not None and (not isinstance(pending, list) or len(pending) != 3):
-                raise BytecompError("the executor state's controller is damaged (pending)")
-            self.controller_pending = pending
-            self._inflight = None
+            if pending is not None and len(pending) == 3 and not isinstance(pending[0], list):
+                pending = [pending]  # saved before agree_every: one measurement
+            self.controller_pending = _entries_of(pending, "pending")
+            self._early = _entries_of(state["controller"].get("early"), "early")
+            self._batch, self._inflight = [], None
             self._use_level(self.controller.level)
 
     def close(self) -> None:
         """Stop the background threads (after the last step)."""
         if self._inflight is not None:
-            self._inflight[2].wait()
+            self._inflight[3].wait()
             self._inflight = None
         self.worker.close()
         if self.host_path is not None:
             self.host_path.close()
+
+
+def _entries_of(saved, what: str) -> list[list]:
+    """Saved agreed measurements, [level, gain, ms or None] each, checked."""
+    if saved is None:
+        return []
+    if not isinstance(saved, list) or not all(
+            isinstance(e, list) and len(e) == 3 and isinstance(e[0], int) and
+            isinstance(e[1], (int, float)) and (e[2] is None or isinstance(e[2], (int, float)))
+            for e in saved):
+        raise BytecompError(f"the executor state's controller is damaged ({what})")
+    return [list(e) for e in saved]
 
 
 def _read_together(tensors: list[torch.Tensor]) -> list[float]:
