@@ -21,7 +21,10 @@ backward with communication, optimizer; after a barrier; slowest rank):
   squared norms per group), and vs the same as the top level of an adaptive
   plan pinned there (metering, and each step the controller's allreduce of
   three numbers on its own gloo group and its decision), and vs the same
-  agreeing on ten steps' measurements in one allreduce (``agree_every: 10``).
+  agreeing on ten steps' measurements in one allreduce (``agree_every: 10``);
+* an adaptive plan at its fp32 level (level 0 of the same ladder, agreeing every
+  ten steps) vs PyTorch's ``allreduce_hook`` (an adaptive plan keeps its hook
+  at every level, so a hook is its reference, not DDP's built-in allreduce).
 
 Plans group tensors by DDP's buckets in the gradient-ready order recorded from
 one backward pass, as plans made from a profile do. Target: each bytecomp
@@ -101,11 +104,13 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
 
     powersgd = Option(POWERSGD, "device", "allreduce")
     # level 1 predicted far faster (timing: predicted) and no threshold: it never leaves
-    def pinned(agree_every: int):
+    def pinned(agree_every: int, level: int = 1):
+        # the level pinned is predicted far faster (timing: predicted; no threshold)
         return ladder_for_model(model, [lambda n, p: Option(), lambda n, p: powersgd], world,
                                 Adaptive("powersgd", threshold=0.0, timing="predicted",
-                                         start=1, agree_every=agree_every),
-                                bucket_cap_mb=cap_mb, predicted_ms=[1000.0, 1.0],
+                                         start=level, agree_every=agree_every),
+                                bucket_cap_mb=cap_mb,
+                                predicted_ms=[1000.0, 1.0] if level else [1.0, 1000.0],
                                 ready_order=order)
     # (name, hook, plan, native, measure_gain): each odd row is compared with the row above
     return [
@@ -124,6 +129,8 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
         ("the same, an adaptive plan's level", None, pinned(1), True, False),
         ("bytecomp PowerSGD plan (third)", None, plan(POWERSGD, "allreduce"), True, False),
         ("the same, agreeing every 10 steps", None, pinned(10), True, False),
+        ("PyTorch allreduce_hook (again)", default_hooks.allreduce_hook, None, True, False),
+        ("an adaptive plan at its fp32 level", None, pinned(10, level=0), True, False),
     ]
 
 

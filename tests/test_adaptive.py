@@ -245,6 +245,42 @@ def test_the_executor_follows_the_compressibility_of_the_gradients():
     assert any(target < source for _, source, target, _, _ in switches)
 
 
+def at_level_0(rank, world):
+    """An adaptive plan held at level 0 (fp32: level 1 is predicted slower, so it never
+    pays) and plain DDP, 12 steps each from the same weights: parameters, steps counted."""
+    results = []
+    for adaptive in (True, False):
+        model = Crafted()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+        executor = None
+        if adaptive:
+            chooses = [lambda n, p: Option(), lambda n, p: Option("topk:ratio=0.1", "device",
+                                                                  "allgather")]
+            plan = ladder_for_model(model, chooses, world,
+                                    Adaptive("topk", window=3, timing="predicted"),
+                                    bucket_cap_mb=0.01, predicted_ms=[10.0, 30.0])
+            executor = bytecomp.apply_plan(ddp, plan)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(12):
+            ddp(gradient(rank, step, sparse=False)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        results.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        if executor is not None:
+            stats = executor.stats  # no exchange timed: PyTorch's hook exchanged
+            results.append((executor.level, executor.step, stats.steps, stats.communicate_s,
+                            stats.sent_bytes == stats.fp32_bytes > 0))
+            executor.close()
+    return results
+
+
+def test_an_adaptive_plan_at_its_fp32_level_trains_as_ddp_does():
+    # the level of fp32 allreduce everywhere takes PyTorch's allreduce hook, not the groups
+    for adaptive, (level, step, counted, timed, all_sent), plain in run_ranks(at_level_0, 2):
+        assert (level, step, counted, timed, all_sent) == (0, 12, 12, 0.0, True)
+        assert torch.equal(adaptive, plain)
+
+
 def reported_times(rank, world):
     """Steps reported as 100 + 10 x level ms (far from their wall-clock time): the
     controller's step times per level."""

@@ -19,5 +19,6 @@ def test_the_executor_overhead_benchmark_runs(tmp_path):
     assert result.returncode == 0, result.stderr
     for name in ("PyTorch allreduce_hook", "bytecomp all-fp32 plan, through the hook",
                  "hand-written top-k hook", "bytecomp top-k plan", "the same, gain metered",
-                 "the same, an adaptive plan's level", "the same, agreeing every 10 steps"):
+                 "the same, an adaptive plan's level", "the same, agreeing every 10 steps",
+                 "an adaptive plan at its fp32 level"):
         assert name in result.stdout and name in table.read_text()

@@ -5,8 +5,8 @@ Each step the executor measures the *gain* of what it compressed (per group,
 norms, since with error feedback ``C(x) - x`` is minus the new residual),
 composes the groups' gains weighted by their parameters (uncompressed and
 16-bit groups count 1), averages the squared gain over the ranks together with
-the step's duration (one tiny allreduce), and hands both to
-:meth:`Controller.observe`. Every rank therefore sees the same numbers and
+the step's duration (one tiny allreduce every ``agree_every`` steps, for all of
+them), and hands both, step by step, to :meth:`Controller.observe`. Every rank therefore sees the same numbers and
 takes the same decisions at the same step boundary.
 
 The gain the controller keeps is the measured one *calibrated* as the planner

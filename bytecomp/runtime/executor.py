@@ -16,7 +16,8 @@ At the first bucket of every step the executor composes the gain that the
 last step's compression kept; every ``agree_every`` steps it agrees on those
 steps' gains and durations with the other ranks (one small allreduce), and
 the controller (:mod:`bytecomp.runtime.controller`) observes them in order and
-picks this step's level. On a move, each
+picks this step's level. A level of fp32 allreduce everywhere hands its buckets to
+PyTorch's own allreduce hook. On a move, each
 tensor's error-feedback residuals of the level it leaves are folded into its
 next gradient (never dropped): for a compressor of the same family that is
 what its own residual would have done.
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from bytecomp.comm.schemes import take_residuals
 from bytecomp.comm.topology import Topology, new_group
@@ -158,6 +160,9 @@ class Executor:
     def _use_level(self, level: int) -> None:
         self.groups = self.ladder[level]
         self.group_of = {name: g for g in self.groups for name in g.names}
+        # an adaptive plan's level of fp32 allreduce everywhere takes a short cut (a static
+        # one is DDP's own allreduce, with no hook: see native)
+        self._plain = self.controller is not None and self._plain_allreduce()
 
     def _plain_allreduce(self) -> bool:
         """Whether the plan is fp32 allreduce of every gradient over the whole job."""
@@ -173,15 +178,15 @@ class Executor:
     def _hook(self: Executor, bucket):  # no annotations: DDP rejects postponed ones
         started = time.perf_counter()
         step = self._current
-        if self.controller is not None and not step.arrived:  # the first bucket of a step
+        if self.controller is not None and not step.started:  # the first bucket of a step
+            step.started = True
             self._boundary()
+        if self._plain:
+            return self._plain_exchange(bucket, started)
         members = [(self.group_of[self.name_of[id(p)]], self.name_of[id(p)], grad)
                    for p, grad in zip(bucket.parameters(), bucket.gradients())]
         if self.pending:
-            for _, name, grad in members:
-                carried = self.pending.pop(name, None)
-                if carried is not None:
-                    grad.add_(carried.to(grad.device, grad.dtype).view_as(grad))
+            self._fold_pending(bucket.parameters(), bucket.gradients())
         touched = list(dict.fromkeys(group.index for group, _, _ in members))
         waiting = WaitingBucket(self._new_future(), bucket.buffer(), len(touched))
         with step.lock:
@@ -201,6 +206,28 @@ class Executor:
             self._end_step(step)
         self.stats.add(hook_s=time.perf_counter() - started)
         return waiting.future
+
+    def _plain_exchange(self, bucket, started: float) -> torch.futures.Future:
+        """A level of fp32 allreduce everywhere (an adaptive plan's level 0): the bucket
+        as PyTorch's own allreduce hook exchanges it, without the groups' bookkeeping,
+        after folding in what a compressed level left."""
+        if self.pending:
+            self._fold_pending(bucket.parameters(), bucket.gradients())
+        # None: the default group, as PyTorch's own examples register this hook
+        future = default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+        if bucket.is_last():
+            self._current = Step()
+            self.states.step += 1
+            self.stats.add(steps=1, fp32_bytes=self._fp32_bytes, sent_bytes=self._fp32_bytes)
+        self.stats.add(hook_s=time.perf_counter() - started)
+        return future
+
+    def _fold_pending(self, params, gradients) -> None:
+        """Add to each gradient the residual a level left for it (after a move)."""
+        for p, grad in zip(params, gradients):
+            carried = self.pending.pop(self.name_of[id(p)], None)
+            if carried is not None:
+                grad.add_(carried.to(grad.device, grad.dtype).view_as(grad))
 
     def _new_future(self) -> torch.futures.Future:
         if self.device.type == "cuda":

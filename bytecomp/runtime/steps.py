@@ -22,6 +22,7 @@ class Step:
     """Arrivals and waiting buckets of the step in progress."""
 
     def __init__(self) -> None:
+        self.started = False  # its first bucket has come
         self.arrived: dict[int, dict[str, torch.Tensor]] = {}
         self.waiting: dict[int, list[WaitingBucket]] = {}
         self.launched: set[int] = set()
