@@ -12,7 +12,9 @@ backward with communication, optimizer; after a barrier; slowest rank):
   bytecomp's hook (``native=False``): a hook must average the bucket in an
   extra pass, which DDP's built-in path fuses into its gradient copy, so the
   second pair isolates the hook's own overhead;
-* PyTorch's ``fp16_compress_hook`` vs a bytecomp plan with fp16 on every tensor;
+* PyTorch's ``fp16_compress_hook`` vs a bytecomp plan with fp16 on every tensor
+  (which ``apply_plan`` hands to that very hook), and vs the same plan forced
+  through bytecomp's hook;
 * a minimal hand-written top-k hook (bytecomp's top-k compressor with error
   feedback, values and indices allgathered asynchronously) vs a bytecomp plan
   with the same top-k on every tensor;
@@ -121,6 +123,9 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
          False),
         ("PyTorch fp16_compress_hook", default_hooks.fp16_compress_hook, None, True, False),
         ("bytecomp fp16 plan", None, plan("fp16", "allreduce"), True, False),
+        ("PyTorch fp16_compress_hook (again)", default_hooks.fp16_compress_hook, None, True,
+         False),
+        ("bytecomp fp16 plan, through the hook", None, plan("fp16", "allreduce"), False, False),
         ("hand-written top-k hook", topk_hook, None, True, False),
         ("bytecomp top-k plan", None, plan(TOPK, "allgather"), True, False),
         ("bytecomp PowerSGD plan", None, plan(POWERSGD, "allreduce"), True, False),

@@ -245,17 +245,22 @@ def test_the_executor_follows_the_compressibility_of_the_gradients():
     assert any(target < source for _, source, target, _, _ in switches)
 
 
-def at_level_0(rank, world):
-    """An adaptive plan held at level 0 (fp32: level 1 is predicted slower, so it never
-    pays) and plain DDP, 12 steps each from the same weights: parameters, steps counted."""
+def at_level_0(rank, world, spec):
+    """An adaptive plan held at level 0 (``spec``, none or fp16: level 1 is predicted
+    slower, so it never pays) and DDP with PyTorch's hook for the same exchange, 12 steps
+    each from the same weights: parameters, steps counted, time and bytes exchanged."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
     results = []
     for adaptive in (True, False):
         model = Crafted()
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
         executor = None
+        if not adaptive and spec == "fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         if adaptive:
-            chooses = [lambda n, p: Option(), lambda n, p: Option("topk:ratio=0.1", "device",
-                                                                  "allgather")]
+            chooses = [lambda n, p: Option(spec, "device", "allreduce"),
+                       lambda n, p: Option("topk:ratio=0.1", "device", "allgather")]
             plan = ladder_for_model(model, chooses, world,
                                     Adaptive("topk", window=3, timing="predicted"),
                                     bucket_cap_mb=0.01, predicted_ms=[10.0, 30.0])
@@ -269,15 +274,17 @@ def at_level_0(rank, world):
         if executor is not None:
             stats = executor.stats  # no exchange timed: PyTorch's hook exchanged
             results.append((executor.level, executor.step, stats.steps, stats.communicate_s,
-                            stats.sent_bytes == stats.fp32_bytes > 0))
+                            stats.sent_bytes / stats.fp32_bytes))
             executor.close()
     return results
 
 
-def test_an_adaptive_plan_at_its_fp32_level_trains_as_ddp_does():
-    # the level of fp32 allreduce everywhere takes PyTorch's allreduce hook, not the groups
-    for adaptive, (level, step, counted, timed, all_sent), plain in run_ranks(at_level_0, 2):
-        assert (level, step, counted, timed, all_sent) == (0, 12, 12, 0.0, True)
+@pytest.mark.parametrize("spec,sent", [("none", 1.0), ("fp16", 0.5)])
+def test_an_adaptive_plan_at_a_level_pytorch_has_a_hook_for_trains_as_that_hook(spec, sent):
+    # fp32 or fp16 allreduce everywhere: PyTorch's hook exchanges, not the executor's groups
+    for adaptive, (level, step, counted, timed, ratio), plain in run_ranks(at_level_0, 2,
+                                                                           spec):
+        assert (level, step, counted, timed, ratio) == (0, 12, 12, 0.0, sent)
         assert torch.equal(adaptive, plain)
 
 

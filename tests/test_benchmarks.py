@@ -20,5 +20,6 @@ def test_the_executor_overhead_benchmark_runs(tmp_path):
     for name in ("PyTorch allreduce_hook", "bytecomp all-fp32 plan, through the hook",
                  "hand-written top-k hook", "bytecomp top-k plan", "the same, gain metered",
                  "the same, an adaptive plan's level", "the same, agreeing every 10 steps",
-                 "an adaptive plan at its fp32 level"):
+                 "an adaptive plan at its fp32 level",
+                 "bytecomp fp16 plan, through the hook"):
         assert name in result.stdout and name in table.read_text()

@@ -84,6 +84,45 @@ def test_fp32_plan_gives_ddp_default_gradients(world, collective, nodes):
         assert worst < 1e-5
 
 
+def fp16_plan_against_the_fp16_hook(rank, world, native):
+    """Parameters after 3 steps of an fp16-everywhere plan and of DDP with PyTorch's
+    fp16_compress_hook (same weights and batches); native or not, bytes per step."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    reference = load_workload("mlp:width=256,depth=3")
+    planned = load_workload("mlp:width=256,depth=3")
+    ddp_reference = DistributedDataParallel(reference.model, bucket_cap_mb=1)
+    ddp_reference.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    ddp_planned = DistributedDataParallel(planned.model, bucket_cap_mb=1)
+    plan = plan_for_model(planned.model, lambda n, p: Option("fp16", "device", "allreduce"),
+                          world, bucket_cap_mb=1)
+    executor = bytecomp.apply_plan(ddp_planned, plan, native=native)
+    for step in range(3):
+        inputs, target = batch(rank, step, 512)
+        for workload, ddp in ((reference, ddp_reference), (planned, ddp_planned)):
+            workload.loss(ddp(inputs), target).backward()
+            for p in workload.model.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+                p.grad = None
+    flat = [torch.cat([p.detach().reshape(-1) for p in w.model.parameters()])
+            for w in (reference, planned)]
+    summary = executor.stats.summary()
+    executor.close()
+    return executor.native, flat[0], flat[1], summary["bytes_vs_fp32"], summary["steps"]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_an_fp16_plan_is_pytorchs_fp16_hook(native):
+    # fp16 on every tensor, allreduced: apply_plan registers PyTorch's own hook for it
+    for is_native, hooked, planned, ratio, steps in run_ranks(
+            fp16_plan_against_the_fp16_hook, 2, native):
+        assert is_native == native and steps == 3 and ratio == pytest.approx(0.5)
+        if native:
+            assert torch.equal(hooked, planned)
+        else:  # the executor's own fp16 exchange: the same up to fp16 rounding
+            assert torch.allclose(hooked, planned, rtol=1e-3, atol=1e-4)
+
+
 # -- every compressor keeps ranks identical ---------------------------------------------------
 
 

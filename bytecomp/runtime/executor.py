@@ -49,6 +49,11 @@ from bytecomp.runtime.steps import Step, WaitingBucket
 
 log = logging.getLogger("bytecomp.runtime")
 
+# A level whose every group is one of these, uncompensated, allreduced on the device over
+# the job, is exactly what PyTorch's own hook (or DDP's own allreduce) does with a bucket
+BUILTIN_HOOKS = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+                 "bf16": default_hooks.bf16_compress_hook}
+
 
 class Executor:
     """Runs a plan as a DDP communication hook. Create it with :func:`apply_plan`."""
@@ -106,8 +111,12 @@ class Executor:
         # the controller's agreement travels on a group of its own, on the host
         self.control = new_group(list(range(dist.get_world_size())), backend="gloo") \
             if self.controller is not None else None
-        self.native = native and self.controller is None and self._plain_allreduce()
-        if self.native:  # DDP's own allreduce is this plan: no hook, no Python per bucket
+        builtin = self._builtin_exchange()
+        self.native = native and self.controller is None and builtin is not None
+        if self.native:  # DDP's own allreduce or PyTorch's hook is this plan: no groups
+            if builtin is not None and builtin != "none":
+                ddp.register_comm_hook(None, BUILTIN_HOOKS[builtin])
+            self._native_sent = self._fp32_bytes // (1 if builtin == "none" else 2)
             ddp.register_forward_pre_hook(self._count_native_step)
         else:
             ddp.register_comm_hook(self, Executor._hook)
@@ -160,18 +169,26 @@ class Executor:
     def _use_level(self, level: int) -> None:
         self.groups = self.ladder[level]
         self.group_of = {name: g for g in self.groups for name in g.names}
-        # an adaptive plan's level of fp32 allreduce everywhere takes a short cut (a static
-        # one is DDP's own allreduce, with no hook: see native)
-        self._plain = self.controller is not None and self._plain_allreduce()
+        # an adaptive plan's level that PyTorch's own hook is takes a short cut (a static
+        # plan is then DDP's own allreduce or that hook, without the executor: see native)
+        builtin = self._builtin_exchange() if self.controller is not None else None
+        self._plain = BUILTIN_HOOKS[builtin] if builtin is not None else None
 
-    def _plain_allreduce(self) -> bool:
-        """Whether the plan is fp32 allreduce of every gradient over the whole job."""
-        return all(g.compressor.name == "none" and g.place == "device" and
-                   g.scheme == "allreduce" for g in self.groups)
+    def _builtin_exchange(self) -> str | None:
+        """``none``, ``fp16`` or ``bf16`` where the current level is that (without error
+        feedback) on every gradient, allreduced on the device over the whole job: what
+        DDP's own allreduce or PyTorch's compress hook does; else None."""
+        names = {g.compressor.name for g in self.groups}
+        if len(names) != 1 or not names <= set(BUILTIN_HOOKS):
+            return None
+        if all(g.place == "device" and g.scheme == "allreduce" and
+               not g.compressor.error_feedback for g in self.groups):
+            return names.pop()
+        return None
 
     def _count_native_step(self, *_) -> None:
         if torch.is_grad_enabled():
-            self.stats.add(steps=1, fp32_bytes=self._fp32_bytes, sent_bytes=self._fp32_bytes)
+            self.stats.add(steps=1, fp32_bytes=self._fp32_bytes, sent_bytes=self._native_sent)
 
     # -- the hook ---------------------------------------------------------------------------------
     @staticmethod
@@ -181,7 +198,7 @@ class Executor:
         if self.controller is not None and not step.started:  # the first bucket of a step
             step.started = True
             self._boundary()
-        if self._plain:
+        if self._plain is not None:
             return self._plain_exchange(bucket, started)
         members = [(self.group_of[self.name_of[id(p)]], self.name_of[id(p)], grad)
                    for p, grad in zip(bucket.parameters(), bucket.gradients())]
@@ -208,17 +225,18 @@ class Executor:
         return waiting.future
 
     def _plain_exchange(self, bucket, started: float) -> torch.futures.Future:
-        """A level of fp32 allreduce everywhere (an adaptive plan's level 0): the bucket
-        as PyTorch's own allreduce hook exchanges it, without the groups' bookkeeping,
-        after folding in what a compressed level left."""
+        """A level that PyTorch's own hook is (an adaptive plan's level 0, fp32 or fp16):
+        the bucket as that hook exchanges it, without the groups' bookkeeping, after
+        folding in what a compressed level left."""
         if self.pending:
             self._fold_pending(bucket.parameters(), bucket.gradients())
-        # None: the default group, as PyTorch's own examples register this hook
-        future = default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+        # None: the default group, as PyTorch's own examples register these hooks
+        future = self._plain(None, bucket)  # type: ignore[arg-type, misc]
         if bucket.is_last():
             self._current = Step()
             self.states.step += 1
-            self.stats.add(steps=1, fp32_bytes=self._fp32_bytes, sent_bytes=self._fp32_bytes)
+            sent = self._fp32_bytes // (1 if self._plain is default_hooks.allreduce_hook else 2)
+            self.stats.add(steps=1, fp32_bytes=self._fp32_bytes, sent_bytes=sent)
         self.stats.add(hook_s=time.perf_counter() - started)
         return future
 
@@ -439,9 +457,12 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     ``fallback="fp32"``. Host-placed groups run on ``host_workers`` threads per rank
     (default: the plan's ``host_workers``, a node's cores shared by its ranks where the
     cluster config gave them, else 2). A plan that allreduces every gradient in fp32 is what
-    DDP does by itself: with ``native=True`` no hook is registered for it (the
-    executor only counts steps and bytes); ``native=False`` runs it through the
-    hook like any other plan. With ``measure_gain=True`` the compressors with error
+    DDP does by itself, and one that allreduces every gradient in fp16 (or bf16) is
+    PyTorch's ``fp16_compress_hook`` (``bf16_compress_hook``): with ``native=True`` no
+    hook, or PyTorch's, is registered for it (the executor only counts steps and
+    bytes); ``native=False`` runs it through the executor's hook like any other plan.
+    An adaptive plan keeps the executor's hook, which hands the buckets of such a level
+    to PyTorch's hook. With ``measure_gain=True`` the compressors with error
     feedback measure what they keep of each step's gradient (two norms per group), for
     :meth:`Executor.last_gain` (the convergence probe records it).
 
