@@ -51,8 +51,8 @@ log = logging.getLogger("bytecomp.runtime")
 
 # A level whose every group is one of these, uncompensated, allreduced on the device over
 # the job, is exactly what PyTorch's own hook (or DDP's own allreduce) does with a bucket
-BUILTIN_HOOKS = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
-                 "bf16": default_hooks.bf16_compress_hook}
+# (PyTorch's bf16_compress_hook is left out: it refuses any backend but NCCL and XCCL)
+BUILTIN_HOOKS = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook}
 
 
 class Executor:
@@ -175,9 +175,9 @@ class Executor:
         self._plain = BUILTIN_HOOKS[builtin] if builtin is not None else None
 
     def _builtin_exchange(self) -> str | None:
-        """``none``, ``fp16`` or ``bf16`` where the current level is that (without error
-        feedback) on every gradient, allreduced on the device over the whole job: what
-        DDP's own allreduce or PyTorch's compress hook does; else None."""
+        """``none`` or ``fp16`` where the current level is that (without error feedback)
+        on every gradient, allreduced on the device over the whole job: what DDP's own
+        allreduce or PyTorch's fp16 compress hook does; else None."""
         names = {g.compressor.name for g in self.groups}
         if len(names) != 1 or not names <= set(BUILTIN_HOOKS):
             return None
@@ -457,8 +457,8 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     ``fallback="fp32"``. Host-placed groups run on ``host_workers`` threads per rank
     (default: the plan's ``host_workers``, a node's cores shared by its ranks where the
     cluster config gave them, else 2). A plan that allreduces every gradient in fp32 is what
-    DDP does by itself, and one that allreduces every gradient in fp16 (or bf16) is
-    PyTorch's ``fp16_compress_hook`` (``bf16_compress_hook``): with ``native=True`` no
+    DDP does by itself, and one that allreduces every gradient in fp16 is PyTorch's
+    ``fp16_compress_hook``: with ``native=True`` no
     hook, or PyTorch's, is registered for it (the executor only counts steps and
     bytes); ``native=False`` runs it through the executor's hook like any other plan.
     An adaptive plan keeps the executor's hook, which hands the buckets of such a level
