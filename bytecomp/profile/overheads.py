@@ -75,7 +75,9 @@ class _ThroughExecutor:
         self.option, self.device = option, device
         self.model = TinyModel(groups).to(device)
         self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=cap_mb)
-        self.executor = apply_plan(self.ddp, _plan(self.model, option, nodes, cap_mb))
+        # native=False: an fp16 plan would otherwise be PyTorch's own hook, not the path
+        self.executor = apply_plan(self.ddp, _plan(self.model, option, nodes, cap_mb),
+                                   native=False)
         self.x = torch.ones(NUMEL, device=device)
         self.backward: list[float] = []
         self.hook: list[float] = []
