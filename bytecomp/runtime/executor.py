@@ -114,9 +114,10 @@ class Executor:
         builtin = self._builtin_exchange()
         self.native = native and self.controller is None and builtin is not None
         if self.native:  # DDP's own allreduce or PyTorch's hook is this plan: no groups
-            if builtin is not None and builtin != "none":
-                ddp.register_comm_hook(None, BUILTIN_HOOKS[builtin])
-            self._native_sent = self._fp32_bytes // (1 if builtin == "none" else 2)
+            hook = BUILTIN_HOOKS[builtin]  # type: ignore[index]  # native: not None
+            if hook is not default_hooks.allreduce_hook:  # fp32: DDP's own, no hook at all
+                ddp.register_comm_hook(None, hook)
+            self._native_sent = self._sent_bytes(hook)
             ddp.register_forward_pre_hook(self._count_native_step)
         else:
             ddp.register_comm_hook(self, Executor._hook)
@@ -186,6 +187,10 @@ class Executor:
             return names.pop()
         return None
 
+    def _sent_bytes(self, hook) -> int:
+        """Bytes a step sends through one of :data:`BUILTIN_HOOKS` (fp16: half)."""
+        return self._fp32_bytes // (1 if hook is default_hooks.allreduce_hook else 2)
+
     def _count_native_step(self, *_) -> None:
         if torch.is_grad_enabled():
             self.stats.add(steps=1, fp32_bytes=self._fp32_bytes, sent_bytes=self._native_sent)
@@ -235,8 +240,8 @@ class Executor:
         if bucket.is_last():
             self._current = Step()
             self.states.step += 1
-            sent = self._fp32_bytes // (1 if self._plain is default_hooks.allreduce_hook else 2)
-            self.stats.add(steps=1, fp32_bytes=self._fp32_bytes, sent_bytes=sent)
+            self.stats.add(steps=1, fp32_bytes=self._fp32_bytes,
+                           sent_bytes=self._sent_bytes(self._plain))
         self.stats.add(hook_s=time.perf_counter() - started)
         return future
 
