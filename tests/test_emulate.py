@@ -148,7 +148,8 @@ def test_profile_plan_bench_under_emulation(tmp_path):
     profile, plan, out = tmp_path / "profile", tmp_path / "plan.yaml", tmp_path / "bench"
     emulate = [*BYTECOMP, "emulate", "--nodes", "2", "--bandwidth", "1gbit", "--"]
     steps = [
-        [*emulate, *BYTECOMP, "profile", "--model", "mlp", "--quick", "--out", str(profile)],
+        [*emulate, *BYTECOMP, "profile", "--model", "mlp", "--quick", "--probe-steps", "0",
+         "--out", str(profile)],
         [*BYTECOMP, "plan", str(profile), "--out", str(plan)],
         [*emulate, *BYTECOMP, "bench", str(profile), "--plan", str(plan), "--out", str(out),
          "--iterations", "4"],

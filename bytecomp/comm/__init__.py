@@ -30,6 +30,7 @@ class Communicator:
     the same order."""
 
     def __init__(self, topology: Topology | None = None) -> None:
+        self.owns_topology = topology is None
         self.topology = topology or Topology.build()
         self.worker = CommWorker()
 
@@ -41,7 +42,10 @@ class Communicator:
         return self.worker.submit(_finish, staged, device=x.device)
 
     def close(self) -> None:
+        """Stop the background thread; destroy the groups if it built them."""
         self.worker.close()
+        if self.owns_topology:
+            self.topology.release()
 
 
 def _finish(staged: Exchange) -> torch.Tensor:

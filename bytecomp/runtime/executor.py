@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from bytecomp.comm.schemes import take_residuals
-from bytecomp.comm.topology import Topology, new_group
+from bytecomp.comm.topology import Topology, new_group, release_groups
 from bytecomp.comm.worker import CommWorker
 from bytecomp.errors import BytecompError
 from bytecomp.plan import Plan, load_plan
@@ -66,7 +66,8 @@ class Executor:
         if not dist.is_initialized():
             raise BytecompError("apply_plan needs torch.distributed initialized "
                                 "(dist.init_process_group)")
-        self.ddp = ddp
+        # no reference to ddp: DDP's C++ reducer holds this executor (the hook's state), and
+        # a cycle through C++ is never collected (the model, its groups and threads with it)
         self.plan = plan
         model = ddp.module
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
@@ -97,22 +98,29 @@ class Executor:
         self.measures_gain = measure_gain or self.controller is not None
         self.states = GroupStates(plan, self.device, meter=self.measures_gain)
         self.worker = CommWorker()
-        topology = Topology.build(plan.nodes, plan.ranks_per_node)
-        self.device_path = DevicePath(topology, self.worker, self.stats, self.device)
-        self.host_path: HostPath | None = None
-        if any(g.place == "host" for groups in self.ladder for g in groups):
-            if dist.get_backend() != "gloo":  # host payloads travel on gloo groups
-                topology = Topology.build(plan.nodes, plan.ranks_per_node, backend="gloo")
-            workers = host_workers or plan.host_workers
-            self.host_path = HostPath(topology, workers, self.worker, self.stats, self.device)
         self._fp32_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
         self._current = Step()
         check_bucket_cap(ddp, plan)
+        builtin = self._builtin_exchange()
+        self.native = native and self.controller is None and builtin is not None
+        # groups of its own, so its traffic never interleaves with DDP's (none where native)
+        self.device_path: DevicePath | None = None
+        self.host_path: HostPath | None = None
+        self.topologies: list[Topology] = []
+        if not self.native:
+            self.topologies.append(Topology.build(plan.nodes, plan.ranks_per_node))
+            self.device_path = DevicePath(self.topologies[0], self.worker, self.stats,
+                                          self.device)
+        if not self.native and any(g.place == "host" for groups in self.ladder for g in groups):
+            if dist.get_backend() != "gloo":  # host payloads travel on gloo groups
+                self.topologies.append(Topology.build(plan.nodes, plan.ranks_per_node,
+                                                      backend="gloo"))
+            workers = host_workers or plan.host_workers
+            self.host_path = HostPath(self.topologies[-1], workers, self.worker, self.stats,
+                                      self.device)
         # the controller's agreement travels on a group of its own, on the host
         self.control = new_group(list(range(dist.get_world_size())), backend="gloo") \
             if self.controller is not None else None
-        builtin = self._builtin_exchange()
-        self.native = native and self.controller is None and builtin is not None
         if self.native:  # DDP's own allreduce or PyTorch's hook is this plan: no groups
             hook = BUILTIN_HOOKS[builtin]  # type: ignore[index]  # native: not None
             if hook is not default_hooks.allreduce_hook:  # fp32: DDP's own, no hook at all
@@ -356,6 +364,7 @@ class Executor:
 
     def _switch(self, source: int, target: int) -> None:
         """Leave level ``source`` for ``target``: its residuals wait for the next gradients."""
+        assert self.device_path is not None  # an adaptive plan is never native
         for group in self.ladder[source]:
             state = self.states.by_group.get(group.key)
             residual = take_residuals(state, group.scheme, group.numel,
@@ -414,13 +423,20 @@ class Executor:
             self._use_level(self.controller.level)
 
     def close(self) -> None:
-        """Stop the background threads (after the last step)."""
+        """Stop the background threads and destroy the executor's process groups, on
+        every rank after the last step (an idle gloo group still polls its sockets)."""
         if self._inflight is not None:
             self._inflight[3].wait()
             self._inflight = None
         self.worker.close()
         if self.host_path is not None:
             self.host_path.close()
+        if self.device_path is not None:
+            self.device_path.close()
+        for topology in self.topologies:
+            topology.release()
+        release_groups(self.control)
+        self.topologies, self.control = [], None
 
 
 def _entries_of(saved, what: str) -> list[list]:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from bytecomp.comm.schemes import Exchange, FlatExchange, make_exchange, one_collective
-from bytecomp.comm.topology import Topology, new_group
+from bytecomp.comm.topology import Topology, new_group, release_groups
 from bytecomp.comm.worker import CommWorker
 from bytecomp.compress import Peers
 from bytecomp.runtime.groups import GroupSpec, flat_input, write_back
@@ -55,6 +55,10 @@ class DevicePath:
         # hook order, on a group of their own (the FIFO thread's collectives use another).
         self.direct = new_group(list(range(dist.get_world_size())))
         self.direct_peers = Peers(dist.get_rank(self.direct), dist.get_world_size(self.direct))
+
+    def close(self) -> None:
+        """Destroy the group of single-collective exchanges (after the last step)."""
+        release_groups(self.direct)
 
     def launch(self, group: GroupSpec, views: list[torch.Tensor], state: dict,
                done: Done) -> None:
