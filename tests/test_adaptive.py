@@ -522,6 +522,32 @@ def test_a_ladder_has_one_plan_per_profiled_setting_mild_to_aggressive():
         [round(gain, 6) for gain in result.gains]
 
 
+@pytest.mark.parametrize("min_gain", [0.0, 0.05, 0.99])
+def test_level_0_is_one_of_pytorchs_hooks(min_gain):
+    """fp16 allreduce of every tensor (the fp16 hook) where predicted min_gain faster than
+    fp32 DDP at the ladder's cap, else fp32 DDP: never a searched mix the executor's own
+    exchange would run."""
+    from bytecomp.plan import NO_COMPRESSION
+    from bytecomp.search.ladder import plan_ladder
+
+    profile = ladder_profile(["fp16", "topk:ratio=0.1", "topk:ratio=0.01"])
+    result = plan_ladder(profile, None, Adaptive("topk"), min_gain=min_gain)
+    level = result.levels[0]
+    fp16 = Option("fp16", "device", "allreduce")
+    used = {level.problem.options[o] for o in level.assignment}
+    fp32_ms = level.problem.simulate(level.problem.uniform(level.problem.index_of(
+        NO_COMPRESSION)), level.cap_mb).iteration_ms
+    fp16_ms = level.problem.simulate(level.problem.uniform(level.problem.index_of(fp16)),
+                                     level.cap_mb).iteration_ms
+    if fp16_ms < fp32_ms * (1 - min_gain):
+        assert used == {fp16} and result.settings[0] == "fp16"
+        assert level.time_ms == pytest.approx(fp16_ms)
+    else:
+        assert used == {NO_COMPRESSION} and result.settings[0] == "none"
+    if min_gain == 0.99:
+        assert used == {NO_COMPRESSION}
+
+
 def test_a_levels_gain_is_taken_at_the_probes_gain_and_its_fidelity_at_its_factor():
     """The controller compares what it measures while training with the gain the probe
     measured while training (the fidelity table's come from the first iterations)."""

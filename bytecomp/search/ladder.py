@@ -3,8 +3,13 @@
 ``bytecomp plan --adaptive topk`` takes the settings of the family that the
 profile timed (``bytecomp profile --ladder topk`` times GraVAC's ladder: ratio
 0.1 halving down to 1e-4), from mild to aggressive. Level 0 is the mildest
-plan without the family: fp16 where that is predicted at least ``min_gain``
-faster than fp32 DDP, fp32 DDP otherwise. Each further level is the fastest plan
+plan without the family, and one of PyTorch's own hooks: fp16 allreduce of
+every tensor (``fp16_compress_hook``) where that is predicted at least
+``min_gain`` faster than fp32 DDP, fp32 DDP otherwise. The executor hands such
+a level's buckets to that hook; a searched fp16 plan (gathered payloads, several
+groups) would run through the executor's own exchange, which on small steps
+costs more than the model charges (conv13: predicted 13% faster than fp32 DDP,
+measured 8% slower). Each further level is the fastest plan
 that compresses with that one setting (or not at all: Espresso's rule), searched
 with the profile's timings at that setting. The iteration-time objective ranks
 plans within a level: the gain is the controller's business while training,
@@ -37,7 +42,7 @@ from bytecomp.compress import canonical, from_spec, ladder_place, ladder_specs
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import Cluster
 from bytecomp.model.fidelity import FidelityModel, compose
-from bytecomp.plan import NO_COMPRESSION, Adaptive, Level, Plan
+from bytecomp.plan import NO_COMPRESSION, Adaptive, Level, Option, Plan
 from bytecomp.profile.store import Profile
 from bytecomp.search.planner import Planner, PlanResult, to_plan
 
@@ -98,8 +103,8 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
     first = Planner(profile, cluster, [fp16 or settings[0]], strict=True, objective="time")
     fp32 = _fp32_at(first, cap)
     results = [fp32]
-    if fp16:
-        candidate = first.search([cap], algorithm, budget_s, 0.0, evaluations=evaluations)
+    if fp16 and Option(fp16, "device", "allreduce") in first.problem.options:
+        candidate = _uniform_at(first, cap, Option(fp16, "device", "allreduce"), "fp16 hook")
         if candidate.time_ms < fp32.time_ms * (1 - min_gain):
             results = [candidate]
     kept = [_setting_of(results[0])]
@@ -177,11 +182,16 @@ def best_start(results: list[PlanResult], fidelities: list[float | None],
 
 def _fp32_at(planner: Planner, cap: float) -> PlanResult:
     """fp32 DDP at bucket cap ``cap`` as a search result."""
+    return _uniform_at(planner, cap, NO_COMPRESSION, "fp32 DDP")
+
+
+def _uniform_at(planner: Planner, cap: float, option: Option, name: str) -> PlanResult:
+    """``option`` on every tensor at bucket cap ``cap`` as a search result."""
     problem = planner.problem
-    assignment = problem.uniform(problem.index_of(NO_COMPRESSION))
+    assignment = problem.uniform(problem.index_of(option))
     time_ms = problem.simulate(assignment, cap).iteration_ms
     return PlanResult(problem, planner.cluster, planner.specs, assignment, cap, time_ms,
-                      planner.baselines(), "fp32 DDP", 0.0, time_ms, True, 0, [],
+                      planner.baselines(), name, 0.0, time_ms, True, 0, [],
                       problem.objective, problem.fidelity(assignment), time_ms)
 
 
