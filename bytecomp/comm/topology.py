@@ -39,11 +39,9 @@ def release_groups(*groups: dist.ProcessGroup | None) -> None:
     keeps a thread polling its sockets for the life of the process: left behind by
     every executor a process makes (a benchmark's strategies, one after another),
     they would take CPU from the training that follows."""
-    seen: set[int] = set()
     for group in groups:
-        if group is None or group is dist.GroupMember.NON_GROUP_MEMBER or id(group) in seen:
+        if group is None or group is dist.GroupMember.NON_GROUP_MEMBER:
             continue
-        seen.add(id(group))
         with contextlib.suppress(Exception):  # already destroyed, or the job is torn down
             dist.destroy_process_group(group)
 

@@ -111,13 +111,13 @@ class Executor:
             self.topologies.append(Topology.build(plan.nodes, plan.ranks_per_node))
             self.device_path = DevicePath(self.topologies[0], self.worker, self.stats,
                                           self.device)
-        if not self.native and any(g.place == "host" for groups in self.ladder for g in groups):
-            if dist.get_backend() != "gloo":  # host payloads travel on gloo groups
-                self.topologies.append(Topology.build(plan.nodes, plan.ranks_per_node,
-                                                      backend="gloo"))
-            workers = host_workers or plan.host_workers
-            self.host_path = HostPath(self.topologies[-1], workers, self.worker, self.stats,
-                                      self.device)
+            if any(g.place == "host" for groups in self.ladder for g in groups):
+                if dist.get_backend() != "gloo":  # host payloads travel on gloo groups
+                    self.topologies.append(Topology.build(plan.nodes, plan.ranks_per_node,
+                                                          backend="gloo"))
+                workers = host_workers or plan.host_workers
+                self.host_path = HostPath(self.topologies[-1], workers, self.worker,
+                                          self.stats, self.device)
         # the controller's agreement travels on a group of its own, on the host
         self.control = new_group(list(range(dist.get_world_size())), backend="gloo") \
             if self.controller is not None else None

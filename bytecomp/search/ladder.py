@@ -103,8 +103,9 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
     first = Planner(profile, cluster, [fp16 or settings[0]], strict=True, objective="time")
     fp32 = _fp32_at(first, cap)
     results = [fp32]
-    if fp16 and Option(fp16, "device", "allreduce") in first.problem.options:
-        candidate = _uniform_at(first, cap, Option(fp16, "device", "allreduce"), "fp16 hook")
+    fp16_hook = Option(fp16, "device", "allreduce") if fp16 else None
+    if fp16_hook in first.problem.options:
+        candidate = _uniform_at(first, cap, fp16_hook, "fp16 hook")
         if candidate.time_ms < fp32.time_ms * (1 - min_gain):
             results = [candidate]
     kept = [_setting_of(results[0])]
