@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -22,7 +23,8 @@ from bytecomp.plan import load_plan, plan_from_dict
 from bytecomp.profile import load_profile
 from bytecomp.search import Planner, simulate_plan, to_plan
 from bytecomp.search.algorithms import lower_bound
-from bytecomp.search.bound import relaxed_bound
+from bytecomp.search.bound import channel_floors, relaxed_bound, relaxed_bound_ceiling
+from bytecomp.search.planner import _lower_bound
 from bytecomp.search.tree import build_tree, options_of, pruned_counts
 from bytecomp.testing.synthetic import lstm_shapes, mlp_shapes, resnet50_shapes, synthetic_profile
 
@@ -220,6 +222,36 @@ def test_the_relaxed_bound_is_below_every_plan(bandwidth):
         assert bound <= problem.simulate(assignment, cap).iteration_ms + 1e-9
         uniform = problem.uniform(rng.randrange(len(problem.options)))
         assert bound <= problem.simulate(uniform, cap).iteration_ms + 1e-9
+
+
+@pytest.mark.parametrize("bandwidth", [10.0, 100.0])
+def test_the_bounds_shortcuts_change_no_bound(bandwidth):
+    """The channel bound priced from floors (cheapest floor first, stopping once no
+    floor is below the best price) equals the one that prices every option; every
+    floor is at most the option's price; the relaxed bound's ceiling (coarse grid) is
+    no less than the relaxed bound; and the plan's bound is the better of the two."""
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=1, backward_ms=100)
+    planner = Planner(profile, large_cluster(bandwidth), None)
+    problem = planner.problem.restricted(len(planner.searchable))
+    caps = [0.0, 1.0, 5.0, 25.0, 100.0]
+    floors = channel_floors(problem, caps)
+    for cap in caps:
+        assert lower_bound(problem, cap, floors) == pytest.approx(lower_bound(problem, cap),
+                                                                  abs=1e-12)
+    grid, table = floors
+    for cap in caps:
+        for members in problem.buckets(cap):
+            numel = sum(problem.tensors[p].numel for p in members)
+            column = int(np.searchsorted(grid, numel, side="right")) - 1
+            for index, option in enumerate(problem.options):
+                if problem.low_rank[index]:  # no floor: always priced
+                    continue
+                price = problem.costs.cost(option, numel, None)
+                assert table[index, column] <= price.channel_ms + 1e-12
+    relaxed = relaxed_bound(problem, caps)
+    assert relaxed_bound_ceiling(problem, caps) >= relaxed - 1e-12
+    channel = min(lower_bound(problem, cap) for cap in caps)
+    assert _lower_bound(problem, caps) == pytest.approx(max(relaxed, channel), abs=1e-12)
 
 
 def test_the_exchange_is_a_named_choice_with_its_pruning():

@@ -33,6 +33,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from bytecomp.search.problem import UNASSIGNED, Problem
 from bytecomp.timeline.simulator import simulate
 
@@ -417,8 +419,14 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
     return best_assignment, best_value, complete
 
 
-def lower_bound(problem: Problem, cap_mb: float) -> float:
-    """No plan with this bucket cap can be faster than this (see the module docstring)."""
+def lower_bound(problem: Problem, cap_mb: float, floors=None) -> float:
+    """No plan with this bucket cap can be faster than this (see the module docstring).
+
+    ``floors`` (grid, option x grid; :func:`bytecomp.search.bound.channel_floors`): a
+    lower bound of each option's channel time at each grid size. With them, a
+    bucket's options are priced cheapest floor first, and no further once the next
+    floor is no less than the cheapest price found: the same bound, with a few cost
+    model calls per bucket instead of one per option (:func:`_priced_above_floors`)."""
     model = problem.iteration_model(cap_mb)
     channel = 0.0
     ready_so_far = 0.0
@@ -426,20 +434,43 @@ def lower_bound(problem: Problem, cap_mb: float) -> float:
     for members, ready in zip(problem.buckets(cap_mb), model.bucket_ready_ms):
         numel = sum(problem.tensors[p].numel for p in members)
         shapes = tuple(problem.tensors[p].shape for p in members)
-        cheapest = min(problem.costs.cost(option, numel, shapes if low_rank else None).channel_ms
-                       for option, low_rank in distinct)
+        prices = [problem.costs.cost(problem.options[index], numel,
+                                     shapes if problem.low_rank[index] else None).channel_ms
+                  for index in distinct] if floors is None else \
+            _priced_above_floors(problem, distinct, floors, numel, shapes)
+        cheapest = min(prices)
         ready_so_far = max(ready_so_far, ready)
         channel = max(channel, ready_so_far) + cheapest
     return model.forward_ms + max(model.backward_ms, channel) + model.optimizer_ms
 
 
-def _distinct_channels(problem: Problem) -> list[tuple]:
-    """(option, low rank) for one option per distinct channel cost: the placement
-    changes only encode, decode and copies, except in the schemes that compute between
-    their collectives (two-shot, two-level, the 16-bit hierarchical schemes' casts)."""
-    distinct: dict[tuple, tuple] = {}
-    for option, low_rank in zip(problem.options, problem.low_rank):
+def _priced_above_floors(problem: Problem, distinct: list[int], floors, numel: int,
+                         shapes: tuple) -> list[float]:
+    """Channel prices of ``distinct`` options for a group, cheapest floor first, up to the
+    first floor no less than the cheapest price so far (the rest cannot be cheaper).
+    Low-rank options have no floor (their factors' sizes depend on the shapes, and two
+    unequal collectives can cost less than the square matrix's two equal ones)."""
+    grid, table = floors
+    column = int(np.searchsorted(grid, numel, side="right")) - 1
+    below = table[distinct, column] if column >= 0 else np.zeros(len(distinct))
+    below = np.where([problem.low_rank[index] for index in distinct], 0.0, below)
+    prices: list[float] = []
+    for rank in np.argsort(below, kind="stable"):
+        if prices and below[rank] >= min(prices):
+            break
+        index = distinct[rank]
+        prices.append(problem.costs.cost(problem.options[index], numel,
+                                         shapes if problem.low_rank[index] else None).channel_ms)
+    return prices
+
+
+def _distinct_channels(problem: Problem) -> list[int]:
+    """One option index per distinct channel cost: the placement changes only encode,
+    decode and copies, except in the schemes that compute between their collectives
+    (two-shot, two-level, the 16-bit hierarchical schemes' casts)."""
+    distinct: dict[tuple, int] = {}
+    for index, option in enumerate(problem.options):
         place = option.place if option.collective not in ("allreduce", "allgather",
                                                           "hierarchical") else None
-        distinct.setdefault((option.spec, option.collective, place), (option, low_rank))
+        distinct.setdefault((option.spec, option.collective, place), index)
     return list(distinct.values())

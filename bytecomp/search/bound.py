@@ -35,16 +35,22 @@ import numpy as np
 from bytecomp.search.problem import Problem
 
 GRID_STEP = 1.5  # consecutive grid sizes differ by at most this factor
+COARSE_EVERY = 3  # the coarse grid keeps every third geometric size (steps of 3.4x)
 WEIGHTS = np.linspace(0.0, 1.0, 21)  # on the compute stream; the rest on the channel
 HOST_WEIGHTS = (0.0, 0.05, 0.15, 0.3)  # on the host workers and on the copies, each
 
 
-def _grid(sizes: np.ndarray, largest: float) -> np.ndarray:
+def _grid(sizes: np.ndarray, largest: float, every: int = 1) -> np.ndarray:
+    """Every tensor size, and geometric steps from the smallest to ``largest`` (every
+    ``every``-th of them: the coarse grid's sizes are also the fine grid's)."""
     points = set(int(s) for s in sizes)
     value = max(1.0, float(sizes.min()))
+    step = 0
     while value < largest:
-        points.add(int(value))
+        if step % every == 0:
+            points.add(int(value))
         value *= GRID_STEP
+        step += 1
     points.add(int(largest))
     return np.array(sorted(p for p in points if p >= 1), dtype=float)
 
@@ -62,18 +68,47 @@ def _curves(problem: Problem, grid: np.ndarray) -> np.ndarray:
     return out
 
 
-def tensor_costs(problem: Problem, caps: list[float]) -> np.ndarray:
+def grid_curves(problem: Problem, caps: list[float],
+                coarse: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The size grid (every tensor's size, and geometric steps up to the largest bucket
+    of any of ``caps``; ``coarse``: every third step) and :func:`_curves` on it;
+    cached on the problem for its options and caps."""
+    key = (len(problem.options), tuple(caps), coarse)
+    cache = problem.__dict__.setdefault("_grid_curves", {})
+    if key not in cache:
+        sizes = np.array([t.numel for t in problem.tensors], dtype=float)
+        largest = max(1, max(sum(problem.tensors[p].numel for p in bucket)
+                             for cap in caps for bucket in problem.buckets(cap)))
+        grid = _grid(sizes, float(largest), COARSE_EVERY if coarse else 1)
+        cache[key] = grid, _curves(problem, grid)
+    return cache[key]
+
+
+def channel_floors(problem: Problem, caps: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(grid, option x grid): each option's channel time at each size of the coarse
+    grid. Channel time does not fall as a group grows, so a group of ``n`` elements
+    costs at least its option's value at the largest grid size not above ``n``
+    (low-rank options are priced square there, their smallest factors)."""
+    grid, curves = grid_curves(problem, caps, coarse=True)
+    return grid, curves[:, 0, :]
+
+
+def tensor_costs(problem: Problem, caps: list[float], upper: bool = False) -> np.ndarray:
     """(tensor, option, quantity): the least cost each tensor carries under each option
-    (channel, device work, host work, copies)."""
+    (channel, device work, host work, copies), read from the fine grid's curves.
+
+    ``upper``: not a lower bound but an upper one, from the coarse grid: the least
+    per-element cost over the grid sizes from the tensor's own up, where the least
+    over every size is what the relaxation asks (so the relaxed bound computed from
+    these is no less than the one from the exact least costs, itself no less than
+    the one from the fine grid)."""
     sizes = np.array([t.numel for t in problem.tensors], dtype=float)
-    largest = max(1, max(sum(problem.tensors[p].numel for p in bucket)
-                         for cap in caps for bucket in problem.buckets(cap)))
-    grid = _grid(sizes, float(largest))
-    curves = _curves(problem, grid)
-    # per element within each cell [grid[i], grid[i+1]]: cost(grid[i]) / grid[i+1]; and at
-    # the largest size exactly; then the cheapest from each size on
-    per_element = np.concatenate([curves[:, :, :-1] / grid[1:], curves[:, :, -1:] / grid[-1]],
-                                 axis=2)
+    grid, curves = grid_curves(problem, caps, coarse=upper)
+    if upper:  # per element at each grid size, then the cheapest from each size on
+        per_element = curves / grid
+    else:  # within each cell [grid[i], grid[i+1]]: cost(grid[i]) / grid[i+1]; the last exactly
+        per_element = np.concatenate([curves[:, :, :-1] / grid[1:],
+                                      curves[:, :, -1:] / grid[-1]], axis=2)
     cheapest_from = np.minimum.accumulate(per_element[:, :, ::-1], axis=2)[:, :, ::-1]
     at = np.searchsorted(grid, sizes)  # every size is a grid point
     rates = cheapest_from[:, :, at]  # (option, quantity, tensor)
@@ -83,17 +118,26 @@ def tensor_costs(problem: Problem, caps: list[float]) -> np.ndarray:
 def relaxed_bound(problem: Problem, caps: list[float]) -> float:
     """A lower bound on the iteration time of any assignment at any of ``caps`` (see the
     module docstring); cached on the problem for its options and caps."""
+    return _cached_relaxation(problem, caps, upper=False)
+
+
+def relaxed_bound_ceiling(problem: Problem, caps: list[float]) -> float:
+    """No less than :func:`relaxed_bound`, from a third of its cost model calls: where
+    another bound is at least this, the relaxed bound cannot improve on it."""
+    return _cached_relaxation(problem, caps, upper=True)
+
+
+def _cached_relaxation(problem: Problem, caps: list[float], upper: bool) -> float:
     if not problem.tensors:
         return problem.forward_ms + problem.backward_ms + problem.optimizer_ms
-    key = (len(problem.options), tuple(caps))
+    key = (len(problem.options), tuple(caps), upper)
     cache = problem.__dict__.setdefault("_relaxed_bounds", {})
     if key not in cache:
-        cache[key] = _relaxed_bound(problem, caps)
+        cache[key] = _relaxed_bound(problem, tensor_costs(problem, caps, upper))
     return cache[key]
 
 
-def _relaxed_bound(problem: Problem, caps: list[float]) -> float:
-    costs = tensor_costs(problem, caps)
+def _relaxed_bound(problem: Problem, costs: np.ndarray) -> float:
     channel, device, host, copies = (costs[:, :, q] for q in range(4))
     host = host / max(1, problem.host_workers)
     fixed = problem.forward_ms + problem.optimizer_ms

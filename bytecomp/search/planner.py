@@ -28,7 +28,7 @@ from bytecomp.search.algorithms import (
     greedy,
     lower_bound,
 )
-from bytecomp.search.bound import relaxed_bound
+from bytecomp.search.bound import channel_floors, relaxed_bound, relaxed_bound_ceiling
 from bytecomp.search.problem import OBJECTIVES, Group, Objective, Problem, Tensor
 from bytecomp.search.tree import add_exchange, build_tree, options_of
 from bytecomp.timeline.buckets import SEARCHED_CAPS_MB
@@ -431,16 +431,14 @@ def _collector_paused():
 
 
 def _lower_bound(problem: Problem, caps: list[float]) -> float:
-    """The better of the relaxed bound and the channel bound (the least over the caps,
-    found from the caps with the fewest buckets on, and no further once one falls
-    below the relaxed bound: the better of the two is then the relaxed one)."""
-    relaxed = relaxed_bound(problem, caps)
-    channel = math.inf
-    for cap in sorted(caps, key=lambda c: (c == 0, -c)):
-        channel = min(channel, lower_bound(problem, cap))
-        if channel <= relaxed:
-            return relaxed
-    return channel
+    """The better of the relaxed bound and the channel bound (the least over the caps).
+    The relaxed bound, the costlier, is computed only where its ceiling (from a coarse
+    grid of sizes) is above the channel bound: elsewhere it cannot be the better one."""
+    floors = channel_floors(problem, caps)
+    channel = min(lower_bound(problem, cap, floors) for cap in caps)
+    if relaxed_bound_ceiling(problem, caps) <= channel:
+        return channel
+    return max(channel, relaxed_bound(problem, caps))
 
 
 def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: float,

@@ -70,13 +70,19 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimRe
             decoded, _, duration = heappop(copies_out)
             last_finish = max(last_finish, on_copy_engine(decoded, duration))
 
+    # without interference the channel never slows the backward pass: no need to look
+    steady = model.interference == 0.0 and not model.intra_interference
+
     def finish_time(start: float, need: float) -> float:
         """When ``need`` ms of backward work started at ``start`` are done."""
         nonlocal first
+        if steady:
+            return start + need
         while first < len(channel) and channel[first][1] <= start:
             first += 1
         time = start
-        for (begin, end), slow in zip(channel[first:], rates[first:]):
+        for index in range(first, len(channel)):
+            (begin, end), slow = channel[index], rates[index]
             if begin > time:
                 if need <= begin - time:
                     return time + need
@@ -91,6 +97,8 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimRe
 
     def progress(start: float, stop: float) -> float:
         """Backward work done between ``start`` and ``stop`` with no device job."""
+        if steady:
+            return stop - start
         lost = sum(max(0.0, min(end, stop) - max(begin, start)) * (1.0 - slow)
                    for (begin, end), slow in zip(channel[first:], rates[first:]))
         return (stop - start) - lost
@@ -132,7 +140,7 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimRe
             start = max(encoded, channel_free)
             channel_free = start + cost.channel_ms + (cost.tail_ms if hooked else 0.0)
             channel.append((start, channel_free))
-            rates.append(model.channel_rate(cost))
+            rates.append(1.0 if steady else model.channel_rate(cost))
             if cost.host:
                 host_decodes.append((channel_free, cost.decode_ms, cost.copy_out_ms))
             elif cost.decode_ms > 0:
