@@ -17,13 +17,20 @@ import numpy as np
 import pytest
 import yaml
 
+import bytecomp.search.bound as bound_module
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import load_cluster
 from bytecomp.plan import load_plan, plan_from_dict
 from bytecomp.profile import load_profile
 from bytecomp.search import Planner, simulate_plan, to_plan
 from bytecomp.search.algorithms import lower_bound
-from bytecomp.search.bound import channel_floors, relaxed_bound, relaxed_bound_ceiling
+from bytecomp.search.bound import (
+    _undominated,
+    channel_floors,
+    relaxed_bound,
+    relaxed_bound_ceiling,
+    tensor_costs,
+)
 from bytecomp.search.planner import _lower_bound
 from bytecomp.search.tree import build_tree, options_of, pruned_counts
 from bytecomp.testing.synthetic import lstm_shapes, mlp_shapes, resnet50_shapes, synthetic_profile
@@ -225,11 +232,12 @@ def test_the_relaxed_bound_is_below_every_plan(bandwidth):
 
 
 @pytest.mark.parametrize("bandwidth", [10.0, 100.0])
-def test_the_bounds_shortcuts_change_no_bound(bandwidth):
+def test_the_bounds_shortcuts_change_no_bound(bandwidth, monkeypatch):
     """The channel bound priced from floors (cheapest floor first, stopping once no
     floor is below the best price) equals the one that prices every option; every
     floor is at most the option's price; the relaxed bound's ceiling (coarse grid) is
-    no less than the relaxed bound; and the plan's bound is the better of the two."""
+    no less than the relaxed bound; the plan's bound is the better of the two; and the
+    relaxation over the options no other dominates equals the one over all."""
     profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=1, backward_ms=100)
     planner = Planner(profile, large_cluster(bandwidth), None)
     problem = planner.problem.restricted(len(planner.searchable))
@@ -252,6 +260,17 @@ def test_the_bounds_shortcuts_change_no_bound(bandwidth):
     assert relaxed_bound_ceiling(problem, caps) >= relaxed - 1e-12
     channel = min(lower_bound(problem, cap) for cap in caps)
     assert _lower_bound(problem, caps) == pytest.approx(max(relaxed, channel), abs=1e-12)
+    # the relaxation over the undominated options equals the one over every option
+    for upper in (False, True):
+        costs = tensor_costs(problem, caps, upper)
+        kept = _undominated(costs)
+        assert 0 < kept.sum() < len(problem.options)
+        monkeypatch.setattr(bound_module, "_undominated",
+                            lambda c: np.ones(c.shape[1], dtype=bool))
+        everything = bound_module._relaxed_bound(problem, costs)
+        monkeypatch.undo()
+        assert bound_module._relaxed_bound(problem, costs) == pytest.approx(everything,
+                                                                             abs=1e-12)
 
 
 def test_the_exchange_is_a_named_choice_with_its_pruning():

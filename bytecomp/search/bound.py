@@ -137,7 +137,38 @@ def _cached_relaxation(problem: Problem, caps: list[float], upper: bool) -> floa
     return cache[key]
 
 
+def _undominated(costs: np.ndarray) -> np.ndarray:
+    """The options (a mask) that some tensor may take at the cheapest under some weights.
+
+    Every weighted sum is non-negative in each quantity, so an option that costs a
+    tensor at least as much as another in every quantity never needs to be looked at
+    for it. Options that work on the device (no host work, no copies) compete in
+    (channel, device work); options on the host (no device work, the same copies for
+    every such option of a tensor) in (channel, host work); per tensor, each kind's
+    Pareto frontier is kept, and every option not of either kind."""
+    tensors, options, _ = costs.shape
+    keep = np.zeros(options, dtype=bool)
+    channel, device, host, copies = (costs[:, :, q] for q in range(4))
+    on_device = ~((host > 0) | (copies > 0)).any(axis=0)
+    on_host = ~(device > 0).any(axis=0) & ~on_device
+    if on_host.any() and np.ptp(copies[:, on_host], axis=1).max() > 1e-12:
+        on_host[:] = False  # copies that differ: a third quantity, left unfiltered
+    keep |= ~(on_device | on_host)
+    for kind, work in ((on_device, device), (on_host, host)):
+        columns = np.flatnonzero(kind)
+        if columns.size == 0:
+            continue
+        x, y = channel[:, columns], work[:, columns]
+        order = np.lexsort((y, x), axis=-1)  # by channel, then by work
+        ys = np.take_along_axis(y, order, axis=1)
+        frontier = np.ones_like(ys, dtype=bool)
+        frontier[:, 1:] = ys[:, 1:] < np.minimum.accumulate(ys, axis=1)[:, :-1]
+        keep[columns[np.unique(order[frontier])]] = True
+    return keep
+
+
 def _relaxed_bound(problem: Problem, costs: np.ndarray) -> float:
+    costs = costs[:, _undominated(costs), :]
     channel, device, host, copies = (costs[:, :, q] for q in range(4))
     host = host / max(1, problem.host_workers)
     fixed = problem.forward_ms + problem.optimizer_ms
