@@ -149,10 +149,10 @@ def _undominated(costs: np.ndarray) -> np.ndarray:
     tensors, options, _ = costs.shape
     keep = np.zeros(options, dtype=bool)
     channel, device, host, copies = (costs[:, :, q] for q in range(4))
-    on_device = ~((host > 0) | (copies > 0)).any(axis=0)
-    on_host = ~(device > 0).any(axis=0) & ~on_device
+    on_device = np.asarray(~((host > 0) | (copies > 0)).any(axis=0))
+    on_host = np.asarray(~(device > 0).any(axis=0) & ~on_device)
     if on_host.any() and np.ptp(copies[:, on_host], axis=1).max() > 1e-12:
-        on_host[:] = False  # copies that differ: a third quantity, left unfiltered
+        on_host = np.zeros_like(on_host)  # copies that differ: a third quantity, unfiltered
     keep |= ~(on_device | on_host)
     for kind, work in ((on_device, device), (on_host, host)):
         columns = np.flatnonzero(kind)
