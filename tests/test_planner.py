@@ -250,11 +250,13 @@ def test_the_bounds_shortcuts_change_no_bound(bandwidth, monkeypatch):
     for cap in caps:
         for members in problem.buckets(cap):
             numel = sum(problem.tensors[p].numel for p in members)
+            shapes = tuple(problem.tensors[p].shape for p in members)
             column = int(np.searchsorted(grid, numel, side="right")) - 1
             for index, option in enumerate(problem.options):
-                if problem.low_rank[index]:  # no floor: always priced
-                    continue
-                price = problem.costs.cost(option, numel, None)
+                low_rank = problem.low_rank[index]
+                if low_rank and option.collective in ("allreduce", "allgather"):
+                    continue  # no floor: always priced
+                price = problem.costs.cost(option, numel, shapes if low_rank else None)
                 assert table[index, column] <= price.channel_ms + 1e-12
     relaxed = relaxed_bound(problem, caps)
     assert relaxed_bound_ceiling(problem, caps) >= relaxed - 1e-12
