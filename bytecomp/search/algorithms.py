@@ -39,7 +39,6 @@ from bytecomp.search.problem import UNASSIGNED, Problem
 from bytecomp.timeline.simulator import simulate
 
 EPSILON = 1e-9
-WHOLE = ("allreduce", "allgather")  # the schemes that exchange a group's tensors as they are
 
 
 def size_classes(problem: Problem) -> list[list[int]]:
@@ -448,16 +447,10 @@ def lower_bound(problem: Problem, cap_mb: float, floors=None) -> float:
 def _priced_above_floors(problem: Problem, distinct: list[int], floors, numel: int,
                          shapes: tuple) -> list[float]:
     """Channel prices of ``distinct`` options for a group, cheapest floor first, up to the
-    first floor no less than the cheapest price so far (the rest cannot be cheaper).
-    Low-rank options exchanged whole have no floor (their factors' sizes depend on the
-    shapes, and two unequal collectives can cost less than the square matrix's two
-    equal ones); in the other schemes they exchange square chunks whatever the shapes."""
+    first floor no less than the cheapest price so far (the rest cannot be cheaper)."""
     grid, table = floors
     column = int(np.searchsorted(grid, numel, side="right")) - 1
     below = table[distinct, column] if column >= 0 else np.zeros(len(distinct))
-    by_shape = [problem.low_rank[index] and problem.options[index].collective in WHOLE
-                for index in distinct]
-    below = np.where(by_shape, 0.0, below)
     prices: list[float] = []
     for rank in np.argsort(below, kind="stable"):
         if prices and below[rank] >= min(prices):

@@ -16,8 +16,10 @@ size a group holding the tensor could have, from the tensor's own up to the larg
 bucket of any candidate cap (merging amortizes latencies; superlinear compression
 costs more in a larger group). The curves are read on a grid of sizes and each
 cell's per-element cost taken at its low end's cost over its high end's size, so
-monotone costs keep it a lower bound. Low-rank compressors are priced as if every
-matrix were square (the smallest factors for its size). The executor's fixed costs,
+monotone costs keep it a lower bound. A low-rank compressor exchanged whole (its
+factors' sizes depend on the members' shapes, and two unequal collectives can cost
+less than a square matrix's two equal ones) has the channel time of one-element
+factors at every size: a floor, not an estimate. The executor's fixed costs,
 interference and the last decode are left out.
 
 Any weights on those constraints (summing to 1) give a bound (weak duality): the
@@ -35,6 +37,7 @@ import numpy as np
 from bytecomp.search.problem import Problem
 
 GRID_STEP = 1.5  # consecutive grid sizes differ by at most this factor
+WHOLE = ("allreduce", "allgather")  # the schemes that exchange a group's tensors as they are
 COARSE_EVERY = 3  # the coarse grid keeps every third geometric size (steps of 3.4x)
 WEIGHTS = np.linspace(0.0, 1.0, 21)  # on the compute stream; the rest on the channel
 HOST_WEIGHTS = (0.0, 0.05, 0.15, 0.3)  # on the host workers and on the copies, each
@@ -56,14 +59,18 @@ def _grid(sizes: np.ndarray, largest: float, every: int = 1) -> np.ndarray:
 
 
 def _curves(problem: Problem, grid: np.ndarray) -> np.ndarray:
-    """(option, quantity, size): channel, device work, host work, copies at each size."""
+    """(option, quantity, size): channel, device work, host work, copies at each size
+    (a low-rank option exchanged whole: the channel's floor, see the module docstring)."""
     out = np.zeros((len(problem.options), 4, len(grid)))
     for index, option in enumerate(problem.options):
+        by_shape = problem.low_rank[index] and option.collective in WHOLE
+        floor = problem.costs.exchange_ms(option.spec, 1, "world", option.collective) \
+            if by_shape else 0.0
         for column, numel in enumerate(grid):
             cost = problem.costs.cost(option, int(numel))
             work = cost.encode_ms + cost.decode_ms
-            out[index, :, column] = (cost.channel_ms, 0.0 if cost.host else work,
-                                     work if cost.host else 0.0,
+            out[index, :, column] = (floor if by_shape else cost.channel_ms,
+                                     0.0 if cost.host else work, work if cost.host else 0.0,
                                      cost.copy_in_ms + cost.copy_out_ms)
     return out
 
@@ -87,8 +94,7 @@ def grid_curves(problem: Problem, caps: list[float],
 def channel_floors(problem: Problem, caps: list[float]) -> tuple[np.ndarray, np.ndarray]:
     """(grid, option x grid): each option's channel time at each size of the coarse
     grid. Channel time does not fall as a group grows, so a group of ``n`` elements
-    costs at least its option's value at the largest grid size not above ``n``
-    (low-rank options are priced square there, their smallest factors)."""
+    costs at least its option's value at the largest grid size not above ``n``."""
     grid, curves = grid_curves(problem, caps, coarse=True)
     return grid, curves[:, 0, :]
 
