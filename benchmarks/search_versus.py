@@ -1,0 +1,101 @@
+"""Default search time of this checkout against another revision, side by side.
+
+Times the scale set's default searches (``benchmarks/search.py --set scale``'s
+profiles and clusters; ResNet-101 by default) with this checkout's bytecomp and
+with a revision's (checked out in a temporary git worktree), in child processes
+that alternate between the two for ``--rounds`` rounds, so that both see the same
+machine; each child reports each instance's median of ``--repeats`` searches.
+Prints, per instance, the median over rounds for each side, their ratio, and
+whether both found the same plan value.
+
+    python benchmarks/search_versus.py --against d07cb81 [--models ResNet-101]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child(models: list[str], repeats: int) -> None:
+    """In a child process: time the default searches with whichever bytecomp is first on
+    the path, and print {instance: [median ms, plan value]} as JSON."""
+    from bytecomp.model.clusters import load_cluster
+    from bytecomp.search import Planner
+    from bytecomp.testing import synthetic
+
+    shapes = {"LSTM": ("lstm_shapes", 10.0), "VGG-16": ("vgg16_shapes", 100.0),
+              "GPT-2": ("gpt2_shapes", 400.0), "BERT-base": ("bert_shapes", 200.0),
+              "ResNet-101": ("resnet101_shapes", 150.0)}
+    v100 = load_cluster("v100-nvlink-100g")
+    clusters = [replace(v100, name=f"8x8 V100 {g:g}G",
+                        inter=replace(v100.inter, bandwidth_gbps=g)) for g in (10.0, 25.0, 100.0)]
+    clusters.append(replace(load_cluster("a100-ib200"), name="4x8 A100 200G"))
+    out = {}
+    for model in models:
+        factory, backward_ms = shapes[model]
+        profile = synthetic.synthetic_profile(getattr(synthetic, factory)(), world_size=8,
+                                              nodes=1, backward_ms=backward_ms)
+        for cluster in clusters:
+            for allowed, specs in (("top-k", ["topk:ratio=0.01"]), ("all", None)):
+                results = [Planner(profile, cluster, specs).search() for _ in range(repeats)]
+                out[f"{model} {cluster.name} {allowed}"] = [
+                    statistics.median(r.search_ms for r in results), results[-1].value]
+    print(json.dumps(out))
+
+
+def run_side(tree: Path, args) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", "--repeats",
+               str(args.repeats), "--models", *args.models]
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", default="HEAD~1", help="the revision to compare with")
+    parser.add_argument("--models", nargs="+", default=["ResNet-101"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.models, args.repeats)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        other = Path(folder) / "other"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(other), args.against],
+                       cwd=ROOT, check=True)
+        try:
+            runs: dict[str, list[dict]] = {"this": [], "other": []}
+            for round_ in range(args.rounds):
+                sides = [("other", other), ("this", ROOT)]
+                for name, tree in sides if round_ % 2 == 0 else reversed(sides):
+                    runs[name].append(run_side(tree, args))
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=ROOT,
+                           check=False)
+    print(f"default search ms, this checkout vs {args.against}: median over {args.rounds} "
+          f"alternating rounds of each instance's median of {args.repeats} searches")
+    print(f"{'instance':36s} {args.against:>10s} {'this':>8s} {'ratio':>7s}  same plan value")
+    for instance in runs["this"][0]:
+        this = statistics.median(run[instance][0] for run in runs["this"])
+        theirs = statistics.median(run[instance][0] for run in runs["other"])
+        same = abs(runs["this"][0][instance][1] - runs["other"][0][instance][1]) < 1e-9
+        print(f"{instance:36s} {theirs:10.0f} {this:8.0f} {theirs / this:6.2f}x  "
+              f"{'yes' if same else 'no'}")
+
+
+if __name__ == "__main__":
+    main()
