@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,25 +27,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def child(models: list[str], repeats: int) -> None:
     """In a child process: time the default searches with whichever bytecomp is first on
-    the path, and print {instance: [median ms, plan value]} as JSON."""
-    from bytecomp.model.clusters import load_cluster
-    from bytecomp.search import Planner
-    from bytecomp.testing import synthetic
+    the path (``search.py``, beside this file, brings the scale set's profiles and
+    clusters), and print {instance: [median ms, plan value]} as JSON."""
+    import search as scale_set
 
-    shapes = {"LSTM": ("lstm_shapes", 10.0), "VGG-16": ("vgg16_shapes", 100.0),
-              "GPT-2": ("gpt2_shapes", 400.0), "BERT-base": ("bert_shapes", 200.0),
-              "ResNet-101": ("resnet101_shapes", 150.0)}
-    v100 = load_cluster("v100-nvlink-100g")
-    clusters = [replace(v100, name=f"8x8 V100 {g:g}G",
-                        inter=replace(v100.inter, bandwidth_gbps=g)) for g in (10.0, 25.0, 100.0)]
-    clusters.append(replace(load_cluster("a100-ib200"), name="4x8 A100 200G"))
+    from bytecomp.search import Planner
+    from bytecomp.testing.synthetic import synthetic_profile
+
     out = {}
-    for model in models:
-        factory, backward_ms = shapes[model]
-        profile = synthetic.synthetic_profile(getattr(synthetic, factory)(), world_size=8,
-                                              nodes=1, backward_ms=backward_ms)
-        for cluster in clusters:
-            for allowed, specs in (("top-k", ["topk:ratio=0.01"]), ("all", None)):
+    for model, shapes, backward_ms in scale_set.SCALE_MODELS:
+        if model not in models:
+            continue
+        profile = synthetic_profile(shapes, world_size=8, nodes=1, backward_ms=backward_ms)
+        for cluster in scale_set.clusters():
+            for allowed, specs in (("top-k", scale_set.ONE), ("all", None)):
                 results = [Planner(profile, cluster, specs).search() for _ in range(repeats)]
                 out[f"{model} {cluster.name} {allowed}"] = [
                     statistics.median(r.search_ms for r in results), results[-1].value]
