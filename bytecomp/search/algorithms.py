@@ -426,7 +426,7 @@ def lower_bound(problem: Problem, cap_mb: float, floors=None) -> float:
     lower bound of each option's channel time at each grid size. With them, a
     bucket's options are priced cheapest floor first, and no further once the next
     floor is no less than the cheapest price found: the same bound, with a few cost
-    model calls per bucket instead of one per option (:func:`_priced_above_floors`)."""
+    model calls per bucket instead of one per option (:func:`_cheapest_above_floors`)."""
     model = problem.iteration_model(cap_mb)
     channel = 0.0
     ready_so_far = 0.0
@@ -434,31 +434,33 @@ def lower_bound(problem: Problem, cap_mb: float, floors=None) -> float:
     for members, ready in zip(problem.buckets(cap_mb), model.bucket_ready_ms):
         numel = sum(problem.tensors[p].numel for p in members)
         shapes = tuple(problem.tensors[p].shape for p in members)
-        prices = [problem.costs.cost(problem.options[index], numel,
-                                     shapes if problem.low_rank[index] else None).channel_ms
-                  for index in distinct] if floors is None else \
-            _priced_above_floors(problem, distinct, floors, numel, shapes)
-        cheapest = min(prices)
+        cheapest = min(_channel_ms(problem, index, numel, shapes) for index in distinct) \
+            if floors is None else _cheapest_above_floors(problem, distinct, floors, numel, shapes)
         ready_so_far = max(ready_so_far, ready)
         channel = max(channel, ready_so_far) + cheapest
     return model.forward_ms + max(model.backward_ms, channel) + model.optimizer_ms
 
 
-def _priced_above_floors(problem: Problem, distinct: list[int], floors, numel: int,
-                         shapes: tuple) -> list[float]:
-    """Channel prices of ``distinct`` options for a group, cheapest floor first, up to the
-    first floor no less than the cheapest price so far (the rest cannot be cheaper)."""
+def _channel_ms(problem: Problem, index: int, numel: int, shapes: tuple) -> float:
+    option = problem.options[index]
+    return problem.costs.cost(option, numel,
+                              shapes if problem.low_rank[index] else None).channel_ms
+
+
+def _cheapest_above_floors(problem: Problem, distinct: list[int], floors, numel: int,
+                           shapes: tuple) -> float:
+    """The least channel price of ``distinct`` options for a group, pricing them cheapest
+    floor first and stopping at the first floor no less than the cheapest price found
+    (the rest cannot be cheaper)."""
     grid, table = floors
     column = int(np.searchsorted(grid, numel, side="right")) - 1
     below = table[distinct, column] if column >= 0 else np.zeros(len(distinct))
-    prices: list[float] = []
+    cheapest = math.inf
     for rank in np.argsort(below, kind="stable"):
-        if prices and below[rank] >= min(prices):
+        if below[rank] >= cheapest:
             break
-        index = distinct[rank]
-        prices.append(problem.costs.cost(problem.options[index], numel,
-                                         shapes if problem.low_rank[index] else None).channel_ms)
-    return prices
+        cheapest = min(cheapest, _channel_ms(problem, distinct[rank], numel, shapes))
+    return cheapest
 
 
 def _distinct_channels(problem: Problem) -> list[int]:
