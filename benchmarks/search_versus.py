@@ -47,12 +47,21 @@ def child(models: list[str], repeats: int) -> None:
     print(json.dumps(out))
 
 
+def scale_set_models():
+    """benchmarks/search.py's scale models (name, shapes, backward ms)."""
+    import search as scale_set
+
+    return scale_set.SCALE_MODELS
+
+
 def run_side(tree: Path, args) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--repeats",
                str(args.repeats), "--models", *args.models]
-    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
+    if done.returncode != 0:  # e.g. a revision whose bytecomp lacks what search.py imports
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"search_versus: the search failed in {tree}: {last}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -67,10 +76,18 @@ def main() -> None:
     if args.child:
         child(args.models, args.repeats)
         return
+    known = [name for name, _, _ in scale_set_models()]
+    unknown = sorted(set(args.models) - set(known))
+    if unknown:
+        raise SystemExit(f"search_versus: unknown model {', '.join(unknown)}; choose from "
+                         f"{', '.join(known)}")
     with tempfile.TemporaryDirectory() as folder:
         other = Path(folder) / "other"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(other), args.against],
-                       cwd=ROOT, check=True)
+        added = subprocess.run(["git", "worktree", "add", "--detach", "-q", str(other),
+                                args.against], cwd=ROOT, capture_output=True, text=True)
+        if added.returncode != 0:
+            raise SystemExit(f"search_versus: cannot check out {args.against!r}: "
+                             f"{added.stderr.strip().splitlines()[-1]}")
         try:
             runs: dict[str, list[dict]] = {"this": [], "other": []}
             for round_ in range(args.rounds):
