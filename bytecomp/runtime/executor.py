@@ -107,6 +107,7 @@ class Executor:
         self.device_path: DevicePath | None = None
         self.host_path: HostPath | None = None
         self.topologies: list[Topology] = []
+        self.closed = False
         if not self.native:
             self.topologies.append(Topology.build(plan.nodes, plan.ranks_per_node))
             self.device_path = DevicePath(self.topologies[0], self.worker, self.stats,
@@ -387,6 +388,8 @@ class Executor:
     def _launch(self, group: GroupSpec, views: list[torch.Tensor], done) -> None:
         """Run ``group``'s exchange; ``done(error=None)`` when its result is written back."""
         state = self.states.of(group.key, group.shapes)
+        if self.closed:
+            raise BytecompError("this executor is closed: apply the plan again to train on")
         path = self.host_path if group.place == "host" else self.device_path
         assert path is not None  # a host path exists whenever a group is on the host
         path.launch(group, views, state, done)
@@ -424,7 +427,12 @@ class Executor:
 
     def close(self) -> None:
         """Stop the background threads and destroy the executor's process groups, on
-        every rank after the last step (an idle gloo group still polls its sockets)."""
+        every rank after the last step (an idle gloo group still polls its sockets).
+
+        It also lets go of the groups: a gloo group's threads stop only once nothing
+        holds it, and one of them still tidying up after a collective (releasing the
+        Python tensors and callbacks it was given) when the interpreter exits aborts the
+        process ("terminate called without an active exception")."""
         if self._inflight is not None:
             self._inflight[3].wait()
             self._inflight = None
@@ -437,6 +445,8 @@ class Executor:
             topology.release()
         release_groups(self.control)
         self.topologies, self.control = [], None
+        self.device_path = self.host_path = None
+        self.closed = True
 
 
 def _entries_of(saved, what: str) -> list[list]:
