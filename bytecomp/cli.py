@@ -180,6 +180,10 @@ def plan(
     budget: float = typer.Option(None, help="Seconds: a wall-clock cap on the annealing "
                                  "(default: none). It only cuts a search short, and then the "
                                  "plan depends on the machine's speed."),
+    stop_gap: float = typer.Option(None, help="Percent: the search stops once its plan is "
+                                   "predicted within this of the lower bound, so of the best "
+                                   "plan there is (default 1 without --evaluations and "
+                                   "--budget, else 0: what is asked is spent)."),
     strict: bool = typer.Option(False, help="Only the --compressor specs (by default the "
                                 "fp16 and PowerSGD baselines' methods are candidates too)."),
     min_gain: float = typer.Option(None, help="Percent: unless the searched plan is predicted "
@@ -236,6 +240,9 @@ def plan(
                             f"got {evaluations}")
     if min_gain is not None and not 0 <= min_gain < 100:
         raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
+    if stop_gap is not None and not 0 <= stop_gap < 100:
+        raise BytecompError(f"--stop-gap is a percentage in [0, 100), got {stop_gap:g}")
+    gap = None if stop_gap is None else stop_gap / 100
     check_output_file(out, "--out")
     check_outputs_spare_inputs({"--out": out}, _inputs(profile, None, cluster))
     loaded = load_profile(profile)
@@ -243,14 +250,14 @@ def plan(
         _plan_adaptive(loaded, _load_cluster(cluster), adaptive, gain_threshold, window, timing,
                        bucket_cap_mb or None, algorithm, budget,
                        (5.0 if min_gain is None else min_gain) / 100, out, evaluations,
-                       agree_every)
+                       agree_every, gap)
         return
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
                       min_fidelity, fidelity_weights, probe)
     if min_gain is None:
         min_gain = MIN_GAIN[planner.problem.objective.name]
     result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100,
-                            evaluations=evaluations)
+                            evaluations=evaluations, stop_gap=gap)
     written = to_plan(result, loaded).save(out)
     if verbose:
         _print_fits(planner)
@@ -260,7 +267,7 @@ def plan(
 def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int, timing: str,
                    caps, algorithm: str, budget: float | None, min_gain: float,
                    out: str, evaluations: int | None = None,
-                   agree_every: int | None = None) -> None:
+                   agree_every: int | None = None, stop_gap: float | None = None) -> None:
     from bytecomp.plan import TIMINGS, Adaptive
     from bytecomp.search.ladder import level_rows, plan_ladder, to_ladder_plan
     from bytecomp.search.planner import effective_ms
@@ -275,7 +282,7 @@ def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int,
         raise BytecompError(f"--agree-every must be at least 1, got {agree_every}")
     settings = Adaptive(family, threshold, window, timing=timing)
     result = plan_ladder(profile, cluster, settings, caps, algorithm, budget, min_gain,
-                         evaluations, agree_every)
+                         evaluations, agree_every, stop_gap)
     written = to_ladder_plan(result, profile).save(out)
     level = result.levels[0]
     start = result.adaptive.start

@@ -72,6 +72,7 @@ def test_bad_values_and_unusable_paths_fail_before_any_work(cli, tmp_path):
         (("plan", PROFILE, "--bucket-cap-mb", "nan"), "--bucket-cap-mb must be a number of MB"),
         (("plan", PROFILE, "--evaluations", "-1"), "--evaluations must be an integer from 0"),
         (("plan", PROFILE, "--budget", "-1"), "--budget must be a non-negative"),
+        (("plan", PROFILE, "--stop-gap", "100"), "--stop-gap is a percentage in [0, 100)"),
         (("plan", PROFILE, "--out", str(tmp_path)), "is a directory; give a file name"),
         (("plan", PROFILE, "--out", under_a_file), "is a file, not a directory"),
         (("plan", PROFILE, "--cluster", str(tmp_path)), "is a directory, not a file"),

@@ -174,6 +174,31 @@ def test_the_annealing_budget_is_spent_when_asked():
     assert quick.evaluations + 100 < cut.evaluations < 10**8
 
 
+def test_the_default_search_stops_within_its_gap_of_the_lower_bound():
+    """Without --evaluations or --budget the search stops once its plan is within 1% of
+    the lower bound, so within 1% of a search that spends every evaluation; asked for
+    evaluations, it spends them."""
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=1, backward_ms=150)
+
+    def planner():
+        return Planner(profile, large_cluster(25.0), ["topk:ratio=0.01"])
+
+    stopped = planner().search()
+    full = planner().search(stop_gap=0.0)
+    assert stopped.value <= stopped.lower_bound_ms * 1.01 + 1e-9
+    assert stopped.lower_bound_ms == full.lower_bound_ms <= full.value + 1e-9
+    assert stopped.value <= full.value * 1.01 + 1e-9
+    assert "stopped within 1% of the lower bound" in stopped.algorithm
+    assert "stopped" not in full.algorithm
+    assert stopped.evaluations < full.evaluations / 3
+    greedy = planner().search(algorithm="greedy", stop_gap=0.0)
+    asked = planner().search(evaluations=300)
+    assert asked.evaluations == greedy.evaluations + 300
+    looser = planner().search(stop_gap=0.05)
+    assert looser.value <= looser.lower_bound_ms * 1.05 + 1e-9
+    assert looser.evaluations <= stopped.evaluations
+
+
 @pytest.mark.parametrize("specs,cluster", [(["topk:ratio=0.01"], 25.0), (None, 10.0)])
 def test_the_same_inputs_give_the_same_plan(specs, cluster):
     """The search is deterministic: two planners on the same profile and cluster, one of

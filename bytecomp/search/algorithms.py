@@ -99,23 +99,24 @@ def _screen(problem: Problem, members: list[int], keep: int) -> list[int]:
 
 def greedy(problem: Problem, cap_mb: float, start: list[int],
            deadline: float = float("inf"), keep: int = 3,
-           passes: int = 3) -> tuple[list[int], float]:
+           passes: int = 3, target: float = -math.inf) -> tuple[list[int], float]:
     """Espresso-style greedy over size classes; each class tries its ``keep`` screened
-    options (all of them with ``keep=0``). Passes repeat while one improves."""
+    options (all of them with ``keep=0``). Passes repeat while one improves; it stops
+    once the plan is at or below ``target``."""
     current = list(start)
     best = problem.evaluate(current, cap_mb)
     for _ in range(passes):
         before = best
-        current, best = _greedy_pass(problem, cap_mb, current, best, deadline, keep)
-        if best >= before - EPSILON:
+        current, best = _greedy_pass(problem, cap_mb, current, best, deadline, keep, target)
+        if best >= before - EPSILON or best <= target:
             break
     return current, best
 
 
-def _greedy_pass(problem, cap_mb, current, best, deadline, keep):
+def _greedy_pass(problem, cap_mb, current, best, deadline, keep, target=-math.inf):
     hidden = None
     for members in size_classes(problem):
-        if time.perf_counter() > deadline:
+        if time.perf_counter() > deadline or best <= target:
             break
         if hidden is None:  # recomputed only after the assignment changed
             hidden = _hidden(problem, current, cap_mb)
@@ -154,23 +155,35 @@ ROUND_EVALUATIONS = 20_000  # at most, so that a long budget (or one cut by a de
 
 class Budget:
     """What the annealing may spend: a number of evaluations (the search's result
-    depends on it and on nothing else), and optionally a wall-clock deadline that cuts
-    a long search short (then the result depends on the machine's speed too)."""
+    depends on it and on nothing else), optionally a wall-clock deadline that cuts
+    a long search short (then the result depends on the machine's speed too), and
+    optionally a ``target``: once a plan at or below it is found, nothing is left
+    (the default search's target is the lower bound plus its stop gap: a plan that
+    close to the bound is that close to the optimum)."""
 
-    def __init__(self, evaluations: int, deadline: float = math.inf) -> None:
+    def __init__(self, evaluations: int, deadline: float = math.inf,
+                 target: float = -math.inf) -> None:
         self.evaluations, self.deadline, self.used = max(0, evaluations), deadline, 0
+        self.target = target
+        self.best: Point | None = None  # the best plan evaluated through this budget
 
     @property
     def left(self) -> int:
-        """Evaluations left (0 also once the deadline has passed)."""
+        """Evaluations left (0 also once the deadline has passed or the target is met)."""
         if self.deadline < math.inf and time.perf_counter() >= self.deadline:
+            return 0
+        if self.best is not None and self.best.value <= self.target:
             return 0
         return self.evaluations - self.used
 
     def evaluate(self, problem: Problem, assignment: list[int], cap: float) -> float:
-        """``problem.evaluate``, counted."""
+        """``problem.evaluate``, counted; the best plan so far is kept (copied: callers
+        go on changing their lists)."""
         self.used += 1
-        return problem.evaluate(assignment, cap)
+        value = problem.evaluate(assignment, cap)
+        if self.best is None or value < self.best.value - EPSILON:
+            self.best = Point(list(assignment), cap, value)
+        return value
 
 
 class Annealer:
@@ -324,6 +337,8 @@ def anneal(problem: Problem, caps: list[float], start: Point, budget: Budget,
     screened options); ``keep``: the options screened per size class (0: all)."""
     annealer = Annealer(problem, caps, keep, random.Random(seed), restarts, budget)
     found = annealer.run(start)
+    if budget.best is not None and budget.best.value < found.value - EPSILON:
+        found = budget.best  # met the target on a point the walk had not kept yet
     return found if found.value < start.value - EPSILON else start
 
 

@@ -44,9 +44,10 @@ HOST_WEIGHTS = (0.0, 0.05, 0.15, 0.3)  # on the host workers and on the copies, 
 
 
 def _grid(sizes: np.ndarray, largest: float, every: int = 1) -> np.ndarray:
-    """Every tensor size, and geometric steps from the smallest to ``largest`` (every
-    ``every``-th of them: the coarse grid's sizes are also the fine grid's)."""
-    points = set(int(s) for s in sizes)
+    """Geometric steps from the smallest tensor size to ``largest`` and, on the fine grid
+    (``every`` 1), every tensor size; the coarse grid keeps every ``every``-th step
+    alone (its sizes are also the fine grid's)."""
+    points = set(int(s) for s in sizes) if every == 1 else set()
     value = max(1.0, float(sizes.min()))
     step = 0
     while value < largest:
@@ -78,7 +79,7 @@ def _curves(problem: Problem, grid: np.ndarray) -> np.ndarray:
 def grid_curves(problem: Problem, caps: list[float],
                 coarse: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The size grid (every tensor's size, and geometric steps up to the largest bucket
-    of any of ``caps``; ``coarse``: every third step) and :func:`_curves` on it;
+    of any of ``caps``; ``coarse``: every third step alone) and :func:`_curves` on it;
     cached on the problem for its options and caps."""
     key = (len(problem.options), tuple(caps), coarse)
     cache = problem.__dict__.setdefault("_grid_curves", {})
@@ -104,10 +105,11 @@ def tensor_costs(problem: Problem, caps: list[float], upper: bool = False) -> np
     (channel, device work, host work, copies), read from the fine grid's curves.
 
     ``upper``: not a lower bound but an upper one, from the coarse grid: the least
-    per-element cost over the grid sizes from the tensor's own up, where the least
-    over every size is what the relaxation asks (so the relaxed bound computed from
-    these is no less than the one from the exact least costs, itself no less than
-    the one from the fine grid)."""
+    per-element cost over the grid sizes from the tensor's own up (a tensor's size
+    that is not on it: from the next size up), where the least over every size is
+    what the relaxation asks (so the relaxed bound computed from these is no less
+    than the one from the exact least costs, itself no less than the one from the
+    fine grid)."""
     sizes = np.array([t.numel for t in problem.tensors], dtype=float)
     grid, curves = grid_curves(problem, caps, coarse=upper)
     if upper:  # per element at each grid size, then the cheapest from each size on
@@ -116,7 +118,7 @@ def tensor_costs(problem: Problem, caps: list[float], upper: bool = False) -> np
         per_element = np.concatenate([curves[:, :, :-1] / grid[1:],
                                       curves[:, :, -1:] / grid[-1]], axis=2)
     cheapest_from = np.minimum.accumulate(per_element[:, :, ::-1], axis=2)[:, :, ::-1]
-    at = np.searchsorted(grid, sizes)  # every size is a grid point
+    at = np.searchsorted(grid, sizes)  # the size, or (coarse grid) the next one up
     rates = cheapest_from[:, :, at]  # (option, quantity, tensor)
     return np.transpose(rates, (2, 0, 1)) * sizes[:, None, None]
 

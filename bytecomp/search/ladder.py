@@ -76,9 +76,11 @@ def profiled_settings(profile: Profile, family: str) -> tuple[list[str], list[st
 def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
                 caps: list[float] | None = None, algorithm: str = "auto",
                 budget_s: float | None = None, min_gain: float = 0.05,
-                evaluations: int | None = None, agree_every: int | None = None) -> LadderResult:
+                evaluations: int | None = None, agree_every: int | None = None,
+                stop_gap: float | None = None) -> LadderResult:
     """Search every level of ``adaptive.family``'s ladder (see the module docstring);
-    ``budget_s`` and ``evaluations`` as :meth:`Planner.search`'s, for each search;
+    ``budget_s``, ``evaluations`` and ``stop_gap`` as :meth:`Planner.search`'s, for each
+    search;
     ``agree_every`` None: chosen from the start level's predicted time."""
     settings, missing = profiled_settings(profile, adaptive.family)
     if not settings:
@@ -94,7 +96,8 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
     def search(specs: list[str] | None, cap_choices: list[float] | None,
                gain: float) -> PlanResult:
         planner = Planner(profile, cluster, specs, strict=True, objective="time")
-        return planner.search(cap_choices, algorithm, budget_s, gain, evaluations=evaluations)
+        return planner.search(cap_choices, algorithm, budget_s, gain, evaluations=evaluations,
+                              stop_gap=stop_gap)
 
     middle = settings[len(settings) // 2]
     cap = search([middle], caps, 0.0).cap_mb

@@ -36,6 +36,9 @@ from bytecomp.timeline.simulator import simulate
 
 DEFAULT_CAPS = SEARCHED_CAPS_MB  # and the profiled cap; 0: one bucket per tensor
 EXACT_MAX_SPACE = 50_000  # options ** tensors: exact search where enumeration is cheap
+# The default search stops once its plan is within this fraction of the lower bound, so
+# of the optimum (the model's own error is several percent; --min-gain asks 5-10%)
+DEFAULT_STOP_GAP = 0.01
 DEFAULT_MIN_FIDELITY = 0.75  # GraVAC's threshold on the compression gain
 
 
@@ -302,17 +305,23 @@ class Planner:
     def search(self, caps: list[float] | None = None, algorithm: str = "auto",
                budget_s: float | None = None, min_gain: float = 0.0,
                starts: list[tuple[list[int], float]] | None = None,
-               evaluations: int | None = None, seed: int = 0) -> PlanResult:
+               evaluations: int | None = None, seed: int = 0,
+               stop_gap: float | None = None) -> PlanResult:
         """Find the best assignment and bucket cap.
 
         1. Every start (each baseline whose options the search may use, and any
            ``starts`` given as (assignment, cap)) is evaluated at its cap; the greedy
-           runs from the best of them.
+           runs from the best of them. The lower bound is computed first: with a
+           ``stop_gap`` (a fraction), the greedy and the annealing stop as soon as a
+           plan is within it of the bound, hence of the optimum. Its default is
+           :data:`DEFAULT_STOP_GAP` (1%) when neither ``evaluations`` nor
+           ``budget_s`` is given, else 0 (what is asked is spent).
         2. Its result is evaluated at every candidate cap (0: one bucket per tensor);
            if another cap is better, the greedy runs again there from that result.
-        3. Unless ``algorithm == "greedy"``: simulated annealing for ``evaluations``
-           evaluations of the model (default :func:`default_evaluations`), spent in
-           full, restarting from every other start and then from random assignments
+        3. Unless ``algorithm == "greedy"`` or the plan is within the stop gap:
+           simulated annealing for ``evaluations`` evaluations of the model (default
+           :func:`default_evaluations`), spent in full unless the stop gap is met,
+           restarting from every other start and then from random assignments
            when it stalls, and a final descent (``local``: over every option, else the
            screened ones). Its random moves come from a generator seeded with
            ``seed``: the same inputs give the same plan. ``budget_s`` (default none)
@@ -332,10 +341,11 @@ class Planner:
         bound of :func:`bytecomp.search.algorithms.lower_bound`.
         """
         with _collector_paused():
-            return self._search(caps, algorithm, budget_s, min_gain, starts, evaluations, seed)
+            return self._search(caps, algorithm, budget_s, min_gain, starts, evaluations, seed,
+                                stop_gap)
 
     def _search(self, caps, algorithm, budget_s, min_gain, starts, evaluations,
-                seed) -> PlanResult:
+                seed, stop_gap) -> PlanResult:
         started = time.perf_counter()
         problem = self.problem
         baselines = self.baselines()
@@ -358,21 +368,26 @@ class Planner:
         for point in offered:
             point.value = view.evaluate(point.assignment, point.cap)
         offered.sort(key=lambda point: point.value)
+        bound = _lower_bound(view, caps)
+        if stop_gap is None:  # asked for evaluations or time: spend them
+            stop_gap = DEFAULT_STOP_GAP if evaluations is None and budget_s is None else 0.0
+        target = bound * (1 + stop_gap) if stop_gap > 0 else -math.inf
         first = offered[0]
-        assignment, value = greedy(view, first.cap, first.assignment)
+        assignment, value = greedy(view, first.cap, first.assignment, target=target)
         cap = first.cap
         best_cap = min(caps, key=lambda c: view.evaluate(assignment, c))
         if best_cap != cap:  # the assignment prefers another cap: re-run the greedy there
             cap = best_cap
-            assignment, value = greedy(view, cap, assignment)
-        if algorithm != "greedy":
+            assignment, value = greedy(view, cap, assignment, target=target)
+        if algorithm != "greedy" and value > target:
             if evaluations is None:
                 evaluations = default_evaluations(len(problem.tensors))
             deadline = math.inf if budget_s is None else time.perf_counter() + budget_s
             found = anneal(view, caps, Point(assignment, cap, value),
-                           Budget(evaluations, deadline), offered[1:],
+                           Budget(evaluations, deadline, target), offered[1:],
                            keep=0 if algorithm == "local" else 8, seed=seed)
             assignment, cap, value = found.assignment, found.cap, found.value
+        stopped = value <= target
         exact = False
         if small and algorithm in ("auto", "exact"):
             exact = True
@@ -382,10 +397,11 @@ class Planner:
                 exact &= complete
                 if found_value < value - 1e-9:
                     assignment, value, cap = found_assignment, found_value, other
-        bound = _lower_bound(view, caps)
         names = {"greedy": "greedy", "local": "greedy + annealing (every option)",
                  "auto": "greedy + annealing", "exact": "greedy + annealing"}
         name = "exact (branch and bound)" if exact else names[algorithm]
+        if stopped and not exact:
+            name += f", stopped within {100 * stop_gap:g}% of the lower bound"
         notes = self.notes + self.baseline_notes()
         by_fidelity = problem.objective.uses_fidelity
         kept = _baseline_to_keep(baselines, searchable, value, min_gain,
