@@ -24,9 +24,12 @@ Two sets (``--set``):
   annealing, 60 by default), and the lower bound. Targets: the default within 2%
   of the long search on every instance, a median gap to the lower bound of at
   most 10%, the default search under 300 ms at 314 tensors; and, on a 48-layer
-  transformer (1,500 tensors), under 2 s.
+  transformer (1,500 tensors), under 2 s. ``--long-from TABLE`` takes the long
+  searches' results from an earlier run's markdown table instead of running them
+  (40 minutes at 60 s each).
 
     python benchmarks/search.py [--set classic|scale] [--repeats 3] [--long-seconds 60]
+                                [--long-from benchmarks/results/search-scale.md]
                                 [--models LSTM VGG-16 ...] [--markdown out.md]
 """
 
@@ -34,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -97,7 +102,10 @@ def scale_row(name, shapes, backward_ms, cluster, allowed, specs, args) -> dict:
            "plan_ms": default.value, "cap": cap_label(default.cap_mb),
            "evaluations": default.evaluations, "same": same,
            "bound_ms": default.lower_bound_ms}
-    if args.long_seconds > 0:
+    if args.earlier is not None:
+        long_ms, long_evaluations = args.earlier[(name, cluster.name, allowed)]
+        row.update(long_ms=long_ms, long_evaluations=long_evaluations)
+    elif args.long_seconds > 0:
         long = Planner(profile, cluster, specs).search(evaluations=LONG_EVALUATIONS,
                                                        budget_s=args.long_seconds)
         row.update(long_ms=long.value, long_evaluations=long.evaluations,
@@ -108,9 +116,39 @@ def scale_row(name, shapes, backward_ms, cluster, allowed, specs, args) -> dict:
     return row
 
 
+def earlier_long_searches(path: str) -> tuple[str, dict]:
+    """The long searches of an earlier ``--markdown`` table of the scale set: its header
+    for them, and (model, cluster, allowed) -> (plan ms, evaluations)."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.startswith("|")]
+    if len(lines) < 3:
+        raise ValueError("no table")
+    headers = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    column = next(i for i, h in enumerate(headers) if h.endswith(" s search ms"))
+    found = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        found[(cells[0], cells[2], cells[3])] = (float(cells[column]),
+                                                 int(cells[column + 1].replace(",", "")))
+    return headers[column], found
+
+
 def scale(args, console: Console) -> list[str]:
+    long_header = f"{args.long_seconds:g} s search ms"
+    if args.long_from:
+        try:
+            header, args.earlier = earlier_long_searches(args.long_from)
+        except (OSError, ValueError, IndexError, StopIteration):
+            sys.exit(f"search.py: {args.long_from} is not a scale-set table with long "
+                     f"searches (from --markdown)")
+        long_header = f"{header} ({Path(args.long_from).name})"
+        missing = [(name, cluster.name, allowed) for name, _, _ in SCALE_MODELS
+                   if not args.models or name in args.models for cluster in clusters()
+                   for allowed in ("top-k", "all")
+                   if (name, cluster.name, allowed) not in args.earlier]
+        if missing:
+            sys.exit(f"search.py: {args.long_from} has no row for {' / '.join(missing[0])}")
     headers = ["model", "tensors", "cluster", "allowed", "options", "search ms", "evaluations",
-               "same plan each repeat", "plan ms", "cap", f"{args.long_seconds:g} s search ms",
+               "same plan each repeat", "plan ms", "cap", long_header,
                "its evaluations", "default vs long", "lower bound ms", "gap", "gap of long",
                "fp32 DDP ms", "best baseline"]
     rows = []
@@ -129,7 +167,7 @@ def scale(args, console: Console) -> list[str]:
         for allowed, specs in (("top-k", ONE), ("all", None)):
             search_ms, result, _, same = timed(profile, v100(100.0), specs, args.repeats)
             large.append((allowed, search_ms, result, same))
-    return _scale_report(rows, large, headers, args, console)
+    return _scale_report(rows, large, headers, args, console, long_header)
 
 
 def _line(row: dict) -> str:
@@ -139,7 +177,7 @@ def _line(row: dict) -> str:
             + f", bound {row['bound_ms']:.2f}")
 
 
-def _scale_report(rows, large, headers, args, console) -> list[str]:
+def _scale_report(rows, large, headers, args, console, long_header) -> list[str]:
     table = Table(title=f"search at scale (synthetic GPU-like profiles), default search time: "
                         f"median of {args.repeats}")
     for header in headers:
@@ -169,7 +207,8 @@ def _scale_report(rows, large, headers, args, console) -> list[str]:
         summary.append(f"median gap to the lower bound: {100 * statistics.median(gaps):.1f}% "
                        f"(worst {100 * max(gaps):.1f}%)")
     if longs:
-        summary.append(f"default vs {args.long_seconds:g} s search: worst {100 * max(longs):+.2f}%"
+        summary.append(f"default vs {long_header.replace(' search ms', ' search')}: worst "
+                       f"{100 * max(longs):+.2f}%"
                        f", median {100 * statistics.median(longs):+.2f}%")
     by_size: dict[int, list[float]] = {}
     for row in rows:
@@ -260,9 +299,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--long-seconds", type=float, default=60.0,
                         help="annealing budget of the long search (0: none)")
+    parser.add_argument("--long-from", help="scale set: the long searches' results from this "
+                        "earlier --markdown table instead of running them")
     parser.add_argument("--models", nargs="*", help="only these models (scale set)")
     parser.add_argument("--markdown", help="also write the table as markdown here")
     args = parser.parse_args()
+    args.earlier = None
     console = Console(width=220)
     lines = scale(args, console) if args.set == "scale" else classic(args, console)
     if args.markdown:
