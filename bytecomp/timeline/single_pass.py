@@ -48,27 +48,25 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimRe
     copies_out: list = []  # heap of (decoded at, sequence, copy-out ms)
     sequence = itertools.count()
 
-    def on_worker(request: float, duration: float) -> float:
-        start = max(request, workers[0])
-        heapreplace(workers, start + duration)
-        return start + duration
-
-    def on_copy_engine(request: float, duration: float) -> float:
-        nonlocal copy_free
-        copy_free = max(request, copy_free) + duration
-        return copy_free
-
+    # (the hot loops below use ``a if a > b else b`` for ``max(a, b)``: same value, no call)
     def decode_on_host_until(time: float) -> None:
+        """Hand every channel end before ``time`` to the first free worker."""
         while host_decodes and host_decodes[0][0] < time:
             end, decode, copy_out = host_decodes.popleft()
-            heappush(copies_out, (on_worker(end, decode), next(sequence), copy_out))
+            free = workers[0]
+            decoded = (end if end > free else free) + decode
+            heapreplace(workers, decoded)
+            heappush(copies_out, (decoded, next(sequence), copy_out))
 
     def copy_out_until(time: float) -> None:
-        nonlocal last_finish
+        """Serve the copies out (on the copy engine) of every decode done before ``time``."""
+        nonlocal last_finish, copy_free
         decode_on_host_until(time)
         while copies_out and copies_out[0][0] < time:
             decoded, _, duration = heappop(copies_out)
-            last_finish = max(last_finish, on_copy_engine(decoded, duration))
+            copy_free = (decoded if decoded > copy_free else copy_free) + duration
+            if copy_free > last_finish:
+                last_finish = copy_free
 
     # without interference the channel never slows the backward pass: no need to look
     steady = model.interference == 0.0 and not model.intra_interference
@@ -106,23 +104,27 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimRe
     def advance_to(target: float) -> None:
         nonlocal clock, work, last_finish
         while target - work > 1e-12:
-            done = finish_time(clock, target - work)
+            done = clock + (target - work) if steady else finish_time(clock, target - work)
             if decodes and decodes[0][0] < done:
                 arrival, duration = decodes.popleft()
                 if arrival > clock:
-                    work += progress(clock, arrival)
+                    work += arrival - clock if steady else progress(clock, arrival)
                     clock = arrival
                 clock += duration
-                last_finish = max(last_finish, clock)
+                if clock > last_finish:
+                    last_finish = clock
             else:
                 clock, work = done, target
-        work = max(work, target)
+        if target > work:
+            work = target
 
     ready = 0.0
     hooked = model.through_hook
     for bucket, bucket_groups in enumerate(released):
-        ready = max(ready, model.bucket_ready_ms[bucket])
-        advance_to(ready)
+        if model.bucket_ready_ms[bucket] > ready:
+            ready = model.bucket_ready_ms[bucket]
+        if ready > work:  # else advance_to does nothing
+            advance_to(ready)
         if hooked:
             clock += model.bucket_hook_ms
         for group in bucket_groups:
@@ -130,14 +132,19 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimRe
             if hooked:
                 clock += cost.hook_ms
             if cost.host:  # handed over when the hook reaches it: copy in, then a worker
-                copy_out_until(clock)
-                copied_in = on_copy_engine(clock, cost.copy_in_ms)
-                decode_on_host_until(copied_in)
-                encoded = on_worker(copied_in, cost.encode_ms)
+                if copies_out or host_decodes:
+                    copy_out_until(clock)
+                copy_free = copied_in = (clock if clock > copy_free else copy_free) + \
+                    cost.copy_in_ms
+                if host_decodes and host_decodes[0][0] < copied_in:
+                    decode_on_host_until(copied_in)
+                free = workers[0]
+                encoded = (copied_in if copied_in > free else free) + cost.encode_ms
+                heapreplace(workers, encoded)
             else:
                 clock += cost.encode_ms
                 encoded = clock
-            start = max(encoded, channel_free)
+            start = encoded if encoded > channel_free else channel_free
             channel_free = start + cost.channel_ms + (cost.tail_ms if hooked else 0.0)
             channel.append((start, channel_free))
             rates.append(1.0 if steady else model.channel_rate(cost))
@@ -145,8 +152,8 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimRe
                 host_decodes.append((channel_free, cost.decode_ms, cost.copy_out_ms))
             elif cost.decode_ms > 0:
                 decodes.append((channel_free, cost.decode_ms))
-            else:
-                last_finish = max(last_finish, channel_free)
+            elif channel_free > last_finish:
+                last_finish = channel_free
     advance_to(backward_total)
     backward_end = clock
     for arrival, duration in decodes:
