@@ -25,6 +25,7 @@ from bytecomp.timeline.simulator import (
     SimResult,
     simulate,
 )
+from bytecomp.timeline.single_pass import simulate_single_pass
 
 UNASSIGNED = -1
 MAX_REMEMBERED = 50_000  # evaluated plans kept for lookup (a few MB at 1,500 tensors)
@@ -97,7 +98,8 @@ class Problem:
         self._models: dict[tuple[float, bool], IterationModel] = {}
         self.low_rank = [_low_rank(o) for o in options]
         self.evaluations = 0
-        self._bucket_groups: dict = {}
+        self._bucket_groups: dict = {}  # (cap, gather) -> per bucket {options: groups}
+        self._bucket_entries = 0
         self._layouts: dict = {}
         self._owners: dict = {}
         self._pickers: dict[float, list] = {}
@@ -214,18 +216,32 @@ class Problem:
         """``sim_groups(groups(...))``, with each bucket's groups cached by its options.
         ``gather=False`` leaves out the cost of gathering scattered members (a partial
         assignment's groups may become contiguous later: bounds must not count it)."""
-        out: list[SimGroup] = []
+        return [group for groups in self._groups_by_bucket(assignment, cap_mb, gather)
+                for group in groups]
+
+    def _groups_by_bucket(self, assignment, cap_mb: float,
+                          gather: bool = True) -> list[list[SimGroup]]:
+        """:meth:`_fast_sim_groups` bucket by bucket (each bucket's list is cached: do
+        not modify it)."""
+        out: list[list[SimGroup]] = []
         pickers = self._pickers.get(cap_mb)
         if pickers is None:  # reads a bucket's options in one C call (this is the hot loop)
             pickers = self._pickers[cap_mb] = [itemgetter(*members, members[0])
                                                for members in self.buckets(cap_mb)]
+        caches = self._bucket_groups.get((cap_mb, gather))
+        if caches is None:  # per bucket: its groups by its members' options
+            caches = self._bucket_groups[(cap_mb, gather)] = [{} for _ in pickers]
         for index, members in enumerate(self.buckets(cap_mb)):
             picked = pickers[index](assignment)  # the members' options, then the first's again
-            key = (cap_mb, gather, index, picked)
-            cached = self._bucket_groups.get(key)
+            cache = caches[index]
+            cached = cache.get(picked)
             if cached is None:
-                if len(self._bucket_groups) > 200_000:
-                    self._bucket_groups.clear()
+                self._bucket_entries += 1
+                if self._bucket_entries > 200_000:  # a memory guard
+                    self._bucket_entries = 0
+                    for tables in self._bucket_groups.values():
+                        for table in tables:
+                            table.clear()
                 by_option: dict[int, list[int]] = {}
                 for position, option in zip(members, picked):
                     if option != UNASSIGNED:
@@ -234,17 +250,19 @@ class Problem:
                 # else members (in bucket order) are scattered unless they are a run
                 check = gather and len(by_option) > 1 and self.costs.gathers
                 place = self._place_in_bucket(cap_mb)
-                cached = self._bucket_groups[key] = [
+                cached = cache[picked] = [
                     self._sim_group(index, option, tuple(p), check and
                                     place[p[-1]] - place[p[0]] + 1 != len(p))
                     for option, p in by_option.items()]
-            out += cached
+            out.append(cached)
         return out
 
     def simulate(self, assignment, cap_mb: float, record: bool = False) -> SimResult:
         self.evaluations += 1
-        return simulate(self.iteration_model(cap_mb, self.is_native(assignment)),
-                        self._fast_sim_groups(assignment, cap_mb), record)
+        model = self.iteration_model(cap_mb, self.is_native(assignment))
+        if record:
+            return simulate(model, self._fast_sim_groups(assignment, cap_mb), record)
+        return simulate_single_pass(model, [], self._groups_by_bucket(assignment, cap_mb))
 
     def evaluate(self, assignment, cap_mb: float) -> float:
         """The objective's value: predicted iteration time, or effective time (infinite

@@ -15,7 +15,8 @@ from heapq import heappop, heappush, heapreplace
 from bytecomp.timeline.iteration import IterationModel, SimGroup, SimResult
 
 
-def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimResult:
+def simulate_single_pass(model: IterationModel, groups: list[SimGroup],
+                         by_bucket: list[list[SimGroup]] | None = None) -> SimResult:
     """The same model as :class:`~bytecomp.timeline.events.EventSimulation`, without events, in one pass over the groups.
 
     Channel completions come in group order, so decodes reach the compute stream in
@@ -32,10 +33,14 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup]) -> SimRe
     request once every earlier one is known: decodes before an encode's time, copies
     out before a copy in's time, the rest at the end. Through the hook, each bucket
     and then each group first costs its fixed time on the compute stream, and each
-    group's channel interval ends with its tail."""
-    released: list[list[SimGroup]] = [[] for _ in model.bucket_ready_ms]
-    for group in groups:
-        released[group.bucket].append(group)
+    group's channel interval ends with its tail.
+
+    ``by_bucket``: the groups already bucket by bucket (then ``groups`` is not read)."""
+    if by_bucket is None:  # (the search passes its groups already bucket by bucket)
+        by_bucket = [[] for _ in model.bucket_ready_ms]
+        for group in groups:
+            by_bucket[group.bucket].append(group)
+    released = by_bucket
     backward_total = max([model.backward_ms, *model.bucket_ready_ms])
     rates: list[float] = []  # the backward pass's speed during each channel interval
     clock = work = channel_free = last_finish = 0.0
