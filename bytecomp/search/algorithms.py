@@ -7,9 +7,10 @@
   communication is followed by an idle channel are hidden behind compute, so
   compressing them cannot help and they are not tried.
 * :func:`anneal`: simulated annealing on the fast evaluator for a number of
-  evaluations (the budget is spent, whatever happens; a seeded generator, so the
-  same inputs give the same plan; an optional wall-clock deadline only cuts a
-  long search short): moves that give one tensor, a whole
+  evaluations (spent in full unless the budget's target, a value close enough to
+  the lower bound, is met; a seeded generator, so the same inputs give the same
+  plan; an optional wall-clock deadline only cuts a long search short): moves
+  that give one tensor, a whole
   bucket or a size class another option, join a tensor to a neighbour's group,
   or change the bucket cap; worse moves are accepted with a probability that
   falls with the relative loss and the temperature; after a stretch without a
