@@ -387,9 +387,9 @@ class Executor:
 
     def _launch(self, group: GroupSpec, views: list[torch.Tensor], done) -> None:
         """Run ``group``'s exchange; ``done(error=None)`` when its result is written back."""
-        state = self.states.of(group.key, group.shapes)
         if self.closed:
             raise BytecompError("this executor is closed: apply the plan again to train on")
+        state = self.states.of(group.key, group.shapes)
         path = self.host_path if group.place == "host" else self.device_path
         assert path is not None  # a host path exists whenever a group is on the host
         path.launch(group, views, state, done)

@@ -40,7 +40,6 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup],
         by_bucket = [[] for _ in model.bucket_ready_ms]
         for group in groups:
             by_bucket[group.bucket].append(group)
-    released = by_bucket
     backward_total = max([model.backward_ms, *model.bucket_ready_ms])
     rates: list[float] = []  # the backward pass's speed during each channel interval
     clock = work = channel_free = last_finish = 0.0
@@ -125,7 +124,7 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup],
 
     ready = 0.0
     hooked = model.through_hook
-    for bucket, bucket_groups in enumerate(released):
+    for bucket, bucket_groups in enumerate(by_bucket):
         if model.bucket_ready_ms[bucket] > ready:
             ready = model.bucket_ready_ms[bucket]
         if ready > work:  # else advance_to does nothing
