@@ -6,9 +6,12 @@ with a revision's (checked out in a temporary git worktree), in child processes
 that alternate between the two for ``--rounds`` rounds, so that both see the same
 machine; each child reports each instance's median of ``--repeats`` searches.
 Prints, per instance, the median over rounds for each side, their ratio, and
-whether both found the same plan value.
+whether both found the same plan value. ``--least`` takes the least time over
+every round and repeat instead of medians: on a machine whose speed drifts
+(steal, neighbours), noise only adds time, so the least is the steadier
+estimate of what a search costs.
 
-    python benchmarks/search_versus.py --against d07cb81 [--models ResNet-101]
+    python benchmarks/search_versus.py --against d07cb81 [--models ResNet-101] [--least]
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def child(models: list[str], repeats: int) -> None:
             for allowed, specs in (("top-k", scale_set.ONE), ("all", None)):
                 results = [Planner(profile, cluster, specs).search() for _ in range(repeats)]
                 out[f"{model} {cluster.name} {allowed}"] = [
-                    statistics.median(r.search_ms for r in results), results[-1].value]
+                    statistics.median(r.search_ms for r in results), results[-1].value,
+                    min(r.search_ms for r in results)]
     print(json.dumps(out))
 
 
@@ -71,6 +75,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["ResNet-101"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--least", action="store_true",
+                        help="the least time of every round and repeat, not medians")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -97,12 +103,20 @@ def main() -> None:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=ROOT,
                            check=False)
-    print(f"default search ms, this checkout vs {args.against}: median over {args.rounds} "
-          f"alternating rounds of each instance's median of {args.repeats} searches")
+    if args.least:
+        print(f"default search ms, this checkout vs {args.against}: the least of "
+              f"{args.rounds} alternating rounds x {args.repeats} searches per instance")
+    else:
+        print(f"default search ms, this checkout vs {args.against}: median over {args.rounds} "
+              f"alternating rounds of each instance's median of {args.repeats} searches")
     print(f"{'instance':36s} {args.against:>10s} {'this':>8s} {'ratio':>7s}  same plan value")
     for instance in runs["this"][0]:
-        this = statistics.median(run[instance][0] for run in runs["this"])
-        theirs = statistics.median(run[instance][0] for run in runs["other"])
+        if args.least:
+            this = min(run[instance][2] for run in runs["this"])
+            theirs = min(run[instance][2] for run in runs["other"])
+        else:
+            this = statistics.median(run[instance][0] for run in runs["this"])
+            theirs = statistics.median(run[instance][0] for run in runs["other"])
         same = abs(runs["this"][0][instance][1] - runs["other"][0][instance][1]) < 1e-9
         print(f"{instance:36s} {theirs:10.0f} {this:8.0f} {theirs / this:6.2f}x  "
               f"{'yes' if same else 'no'}")

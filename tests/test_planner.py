@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import yaml
 
+import bytecomp.search.algorithms as algorithms_module
 import bytecomp.search.bound as bound_module
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import load_cluster
-from bytecomp.plan import load_plan, plan_from_dict
+from bytecomp.plan import NO_COMPRESSION, load_plan, plan_from_dict
 from bytecomp.profile import load_profile
 from bytecomp.search import Planner, simulate_plan, to_plan
-from bytecomp.search.algorithms import lower_bound
+from bytecomp.search.algorithms import greedy_over_caps, lower_bound, size_classes
 from bytecomp.search.bound import (
     _undominated,
     channel_floors,
@@ -296,6 +297,54 @@ def test_the_bounds_shortcuts_change_no_bound(bandwidth, monkeypatch):
         monkeypatch.undo()
         assert bound_module._relaxed_bound(problem, costs) == pytest.approx(everything,
                                                                              abs=1e-12)
+
+
+@pytest.mark.parametrize("objective,bandwidth", [("time", 10.0), ("time", 100.0),
+                                                 ("effective", 10.0)])
+def test_the_screen_prices_only_what_may_be_kept_and_keeps_the_same(objective, bandwidth,
+                                                                    monkeypatch):
+    """The greedy's screen skips options whose coarse-curve cost below a group's size is
+    above the few best costs above it: on every size class and for every keep, it keeps
+    what pricing every option keeps, and prices fewer."""
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=1, backward_ms=100,
+                                fidelity=objective == "effective")
+    planner = Planner(profile, large_cluster(bandwidth), None, objective=objective)
+    problem = planner.problem.restricted(len(planner.searchable))
+    caps = [0.0, 1.0, 5.0, 25.0, 100.0]
+    _lower_bound(problem, caps)  # the search computes the coarse curves first
+    priced = {"bracketed": 0, "every": 0}
+    real_cost = problem.costs.cost
+
+    def counted(label):
+        def cost(*args):
+            priced[label] += 1
+            return real_cost(*args)
+        return cost
+
+    for members in size_classes(problem):
+        for keep in (1, 3, 8):
+            monkeypatch.setattr(problem.costs, "cost", counted("bracketed"))
+            bracketed = algorithms_module._screen(problem, members, keep)
+            monkeypatch.setattr(algorithms_module, "_bracketed", lambda p, options, *a: options)
+            monkeypatch.setattr(problem.costs, "cost", counted("every"))
+            every = algorithms_module._screen(problem, members, keep)
+            monkeypatch.undo()
+            assert bracketed == every
+    assert priced["bracketed"] < priced["every"] / 2, priced
+
+
+def test_the_greedy_moves_to_a_better_cap_between_passes():
+    """greedy_over_caps ends at one of its caps (even from a start at another), at the
+    value of its plan there, no worse than its start at the best of them."""
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=1, backward_ms=100)
+    planner = Planner(profile, large_cluster(10.0), ["topk:ratio=0.01"])
+    problem = planner.problem.restricted(len(planner.searchable))
+    start = problem.uniform(problem.index_of(NO_COMPRESSION))
+    for caps, first in (([1.0, 5.0, 25.0], 25.0), ([0.0, 2.0], 25.0)):
+        assignment, value, cap = greedy_over_caps(problem, caps, first, start)
+        assert cap in caps
+        assert value == pytest.approx(problem.evaluate(assignment, cap), abs=1e-12)
+        assert value <= min(problem.evaluate(start, c) for c in caps) + 1e-9
 
 
 def test_the_exchange_is_a_named_choice_with_its_pruning():

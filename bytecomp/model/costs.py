@@ -79,6 +79,8 @@ class CommModel:
         self.library = "nccl" if not cluster.measured and PROFILE_LINK not in (
             cluster.intra, cluster.inter) and profile.device_type == "cuda" else "gloo"
         self._spans: dict[str, Span] = {}
+        self._ranks = {"world": cluster.world_size, "intra": cluster.ranks_per_node,
+                       "inter": cluster.nodes}
 
     def _fit(self, collective: str, group: str, dtype: str) -> LinearFit:
         key = (collective, group, dtype)
@@ -153,8 +155,7 @@ class CommModel:
         return ring_ms(collective, nodes * per_node, nbytes, link.alpha_ms, link.beta_ms_per_byte)
 
     def ranks(self, group: str) -> int:
-        return {"world": self.cluster.world_size, "intra": self.cluster.ranks_per_node,
-                "inter": self.cluster.nodes}[group]
+        return self._ranks[group]
 
     def rows(self) -> list[FitRow]:
         return [FitRow("collective", "/".join(key), fit) for key, fit in sorted(self.fits.items())]

@@ -24,6 +24,7 @@ pays none of them. Profiles made before these were measured charge nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
 from bytecomp.comm.schemes import one_collective
 from bytecomp.compress import from_spec
@@ -60,6 +61,7 @@ class ExecutorCosts:
                           for p in PATHS}}
 
 
+@cache  # the cost model asks for every group it prices
 def path_of(option: Option) -> str:
     """The executor path that runs a group with ``option``."""
     if option.place == "host":

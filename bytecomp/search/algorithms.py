@@ -1,9 +1,10 @@
 """Search algorithms over assignments, and the lower bound that measures them.
 
-* :func:`greedy`, in the spirit of Espresso: tensors grouped by size (same
-  numel and shape), largest first and, among equals, closest to the output
-  first; each group tries every option for all its tensors and keeps the one
-  that minimizes the simulated iteration. Bubble-aware: tensors whose
+* :func:`greedy_over_caps`, in the spirit of Espresso: tensors grouped by size
+  (same numel and shape), largest first and, among equals, closest to the
+  output first; each group tries the screened options for all its tensors and
+  keeps the one that minimizes the simulated iteration; after each pass the
+  bucket cap moves to the best of the candidates. Bubble-aware: tensors whose
   communication is followed by an idle channel are hidden behind compute, so
   compressing them cannot help and they are not tried.
 * :func:`anneal`: simulated annealing on the fast evaluator for a number of
@@ -76,6 +77,13 @@ def screened_options(problem: Problem, members: list[int], keep: int) -> list[in
 def _screen(problem: Problem, members: list[int], keep: int) -> list[int]:
     numel = sum(problem.tensors[p].numel for p in members)
     shapes = tuple(problem.tensors[p].shape for p in members)
+    by_fidelity = problem.objective.uses_fidelity
+    gains: dict[int, float] = {}
+
+    def gain(option: int) -> float:
+        if option not in gains:
+            gains[option] = problem.group_gain(members, option)
+        return gains[option]
 
     def alone(option: int) -> float:
         cost = problem.costs.cost(problem.options[option], numel,
@@ -86,32 +94,81 @@ def _screen(problem: Problem, members: list[int], keep: int) -> list[int]:
                 work / problem.host_workers
         else:
             time = cost.channel_ms + work
-        if problem.objective.uses_fidelity:  # what the time buys: less with a lossy option
-            gain = problem.group_gain(members, option)
-            return time / gain if gain > 0 else math.inf
+        if by_fidelity:  # what the time buys: less with a lossy option
+            return time / gain(option) if gain(option) > 0 else math.inf
         return time
 
     chosen = [i for i, o in enumerate(problem.options) if not o.compressed]
     for place in ("device", "host"):
         mine = [i for i, o in enumerate(problem.options) if o.compressed and o.place == place]
+        if len(mine) > keep:
+            mine = _bracketed(problem, mine, numel, keep, gain if by_fidelity else None)
         chosen += sorted(mine, key=alone)[:keep]
     return chosen
 
 
-def greedy(problem: Problem, cap_mb: float, start: list[int],
-           deadline: float = float("inf"), keep: int = 3,
-           passes: int = 3, target: float = -math.inf) -> tuple[list[int], float]:
-    """Espresso-style greedy over size classes; each class tries its ``keep`` screened
-    options (all of them with ``keep=0``). Passes repeat while one improves; it stops
-    once the plan is at or below ``target``."""
+def _bracketed(problem: Problem, options: list[int], numel: int, keep: int,
+               gain) -> list[int]:
+    """``options`` less those that cannot be among the ``keep`` cheapest alone for a
+    group of ``numel`` elements, from the lower bound's coarse cost curves (where the
+    search computed them): costs do not fall as a group grows, so an option costs at
+    least its cost at the grid size below ``numel`` and at most at the size above.
+    An option whose least is above the ``keep``-th smallest most cannot be kept. The
+    low-rank options (their costs depend on the shapes) always stay. (The lower
+    bound assumes the same monotone costs; were one to fall as a group grows, this
+    would be a screen of the screen rather than an exact one.)"""
+    curves = next((value for key, value in problem.__dict__.get("_grid_curves", {}).items()
+                   if key[0] == len(problem.options) and key[2]), None)
+    if curves is None:
+        return options
+    grid, table = curves
+    above = int(np.searchsorted(grid, numel))  # the first size >= numel
+    if above >= len(grid) or grid[0] > numel:
+        return options
+    below = above if grid[above] == numel else above - 1
+    plain = [o for o in options if not problem.low_rank[o]]
+    rows = table[plain][:, :, [below, above]]  # (option, quantity, (below, above))
+    channel, device, host, copies = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
+    alone = channel + device + copies + host / problem.host_workers
+    if gain is not None:
+        gains = np.array([gain(o) for o in plain])
+        with np.errstate(divide="ignore"):
+            alone = np.where(gains[:, None] > 0, alone / np.maximum(gains, 1e-300)[:, None],
+                             np.inf)
+    if len(plain) <= keep:
+        return options
+    most = float(np.partition(alone[:, 1], keep - 1)[keep - 1])
+    kept = {o for o, least in zip(plain, alone[:, 0]) if least <= most}
+    return [o for o in options if problem.low_rank[o] or o in kept]
+
+
+def greedy_over_caps(problem: Problem, caps: list[float], cap_mb: float, start: list[int],
+                     keep: int = 3, passes: int = 6,
+                     target: float = -math.inf) -> tuple[list[int], float, float]:
+    """Espresso-style greedy over size classes, each class trying its ``keep`` screened
+    options, that re-chooses the bucket cap after every pass: the assignment moves
+    to whichever of ``caps`` it is best at, and the next pass runs there (a start at
+    a cap not in ``caps`` always moves to one). Passes repeat while one improves or
+    the cap changes, at most ``passes``; it stops once the plan is at or below
+    ``target`` at one of ``caps``. Returns (assignment, value, cap). (A pass is a
+    few hundred evaluations at 314 tensors, checking every cap a few: no passes are
+    spent polishing an assignment for a cap it then leaves.)"""
     current = list(start)
     best = problem.evaluate(current, cap_mb)
     for _ in range(passes):
         before = best
-        current, best = _greedy_pass(problem, cap_mb, current, best, deadline, keep, target)
-        if best >= before - EPSILON or best <= target:
+        current, best = _greedy_pass(problem, cap_mb, current, best, math.inf, keep, target)
+        settled = cap_mb in caps
+        if settled and best <= target:
             break
-    return current, best
+        value, cap = min((problem.evaluate(current, c), c) for c in caps)
+        if not settled or value < best - EPSILON:
+            best, cap_mb = value, cap
+            if best <= target:
+                break
+        elif best >= before - EPSILON:
+            break
+    return current, best, cap_mb
 
 
 def _greedy_pass(problem, cap_mb, current, best, deadline, keep, target=-math.inf):

@@ -25,7 +25,7 @@ from bytecomp.search.algorithms import (
     Point,
     anneal,
     branch_and_bound,
-    greedy,
+    greedy_over_caps,
     lower_bound,
 )
 from bytecomp.search.bound import channel_floors, relaxed_bound, relaxed_bound_ceiling
@@ -373,12 +373,8 @@ class Planner:
             stop_gap = DEFAULT_STOP_GAP if evaluations is None and budget_s is None else 0.0
         target = bound * (1 + stop_gap) if stop_gap > 0 else -math.inf
         first = offered[0]
-        assignment, value = greedy(view, first.cap, first.assignment, target=target)
-        cap = first.cap
-        best_cap = min(caps, key=lambda c: view.evaluate(assignment, c))
-        if best_cap != cap:  # the assignment prefers another cap: re-run the greedy there
-            cap = best_cap
-            assignment, value = greedy(view, cap, assignment, target=target)
+        assignment, value, cap = greedy_over_caps(view, caps, first.cap, first.assignment,
+                                                  target=target)
         if algorithm != "greedy" and value > target:
             if evaluations is None:
                 evaluations = default_evaluations(len(problem.tensors))
