@@ -316,8 +316,9 @@ class Planner:
            plan is within it of the bound, hence of the optimum. Its default is
            :data:`DEFAULT_STOP_GAP` (1%) when neither ``evaluations`` nor
            ``budget_s`` is given, else 0 (what is asked is spent).
-        2. Its result is evaluated at every candidate cap (0: one bucket per tensor);
-           if another cap is better, the greedy runs again there from that result.
+        2. After each of the greedy's passes its assignment is evaluated at every
+           candidate cap (0: one bucket per tensor) and moves to a better one, where
+           the next pass runs (:func:`~bytecomp.search.algorithms.greedy_over_caps`).
         3. Unless ``algorithm == "greedy"`` or the plan is within the stop gap:
            simulated annealing for ``evaluations`` evaluations of the model (default
            :func:`default_evaluations`), spent in full unless the stop gap is met,
