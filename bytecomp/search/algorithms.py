@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bytecomp.search.bound import coarse_curves_computed
 from bytecomp.search.problem import UNASSIGNED, Problem
 from bytecomp.timeline.simulator import simulate
 
@@ -117,8 +118,7 @@ def _bracketed(problem: Problem, options: list[int], numel: int, keep: int,
     low-rank options (their costs depend on the shapes) always stay. (The lower
     bound assumes the same monotone costs; were one to fall as a group grows, this
     would be a screen of the screen rather than an exact one.)"""
-    curves = next((value for key, value in problem.__dict__.get("_grid_curves", {}).items()
-                   if key[0] == len(problem.options) and key[2]), None)
+    curves = coarse_curves_computed(problem)
     if curves is None:
         return options
     grid, table = curves

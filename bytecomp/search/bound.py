@@ -92,6 +92,14 @@ def grid_curves(problem: Problem, caps: list[float],
     return cache[key]
 
 
+def coarse_curves_computed(problem: Problem) -> tuple[np.ndarray, np.ndarray] | None:
+    """The coarse grid and its curves (:func:`grid_curves`) if a bound computed them for
+    this problem's options, else None (nothing is computed)."""
+    cache = problem.__dict__.get("_grid_curves", {})
+    return next((value for (options, _, coarse), value in cache.items()
+                 if coarse and options == len(problem.options)), None)
+
+
 def channel_floors(problem: Problem, caps: list[float]) -> tuple[np.ndarray, np.ndarray]:
     """(grid, option x grid): each option's channel time at each size of the coarse
     grid. Channel time does not fall as a group grows, so a group of ``n`` elements
