@@ -12,12 +12,20 @@ BIN := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-install: $(BIN)/python
+# The installs are editable: done once per environment and again only when
+# pyproject.toml changes (a stamp in the venv), not by every target that needs them.
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e .
+	touch $@
 
-install-dev: install
+install-dev: $(VENV)/.installed-dev
+
+$(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -q -e ".[dev,digits]"
+	touch $@
 
 run: install
 	$(BIN)/bytecomp plan profiles/transformer --cluster gbe1 --out plan.yaml
