@@ -127,6 +127,8 @@ def _bracketed(problem: Problem, options: list[int], numel: int, keep: int,
         return options
     below = above if grid[above] == numel else above - 1
     plain = [o for o in options if not problem.low_rank[o]]
+    if len(plain) <= keep:
+        return options
     rows = table[plain][:, :, [below, above]]  # (option, quantity, (below, above))
     channel, device, host, copies = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
     alone = channel + device + copies + host / problem.host_workers
@@ -135,8 +137,6 @@ def _bracketed(problem: Problem, options: list[int], numel: int, keep: int,
         with np.errstate(divide="ignore"):
             alone = np.where(gains[:, None] > 0, alone / np.maximum(gains, 1e-300)[:, None],
                              np.inf)
-    if len(plain) <= keep:
-        return options
     most = float(np.partition(alone[:, 1], keep - 1)[keep - 1])
     kept = {o for o, least in zip(plain, alone[:, 0]) if least <= most}
     return [o for o in options if problem.low_rank[o] or o in kept]
@@ -157,7 +157,7 @@ def greedy_over_caps(problem: Problem, caps: list[float], cap_mb: float, start: 
     best = problem.evaluate(current, cap_mb)
     for _ in range(passes):
         before = best
-        current, best = _greedy_pass(problem, cap_mb, current, best, math.inf, keep, target)
+        current, best = _greedy_pass(problem, cap_mb, current, best, keep, target)
         settled = cap_mb in caps
         if settled and best <= target:
             break
@@ -171,10 +171,10 @@ def greedy_over_caps(problem: Problem, caps: list[float], cap_mb: float, start: 
     return current, best, cap_mb
 
 
-def _greedy_pass(problem, cap_mb, current, best, deadline, keep, target=-math.inf):
+def _greedy_pass(problem, cap_mb, current, best, keep, target):
     hidden = None
     for members in size_classes(problem):
-        if time.perf_counter() > deadline or best <= target:
+        if best <= target:
             break
         if hidden is None:  # recomputed only after the assignment changed
             hidden = _hidden(problem, current, cap_mb)
