@@ -229,14 +229,18 @@ def _scale_report(rows, large, headers, args, console, long_header) -> list[str]
 FACTORS = {"fp16": 1.0, "powersgd:rank=4": 1.2, "topk:ratio=0.01": 2.5}
 
 
-def run(shapes, bandwidth: float, specs, repeats: int, objective: str) -> dict:
+def classic_profile(shapes, bandwidth: float):
+    """The classic set's synthetic profile: 2 nodes x 4 GPUs, with fidelity and a probe."""
     profile = synthetic_profile(shapes, world_size=8, nodes=2, bandwidth_gbps=bandwidth,
                                 fidelity=True)
     probed = list(dict.fromkeys(profile.compressors["spec"]))
-    profile = synthetic_profile(shapes, world_size=8, nodes=2, bandwidth_gbps=bandwidth,
-                                fidelity=True,
-                                probe={spec: FACTORS.get(spec, 1.5) for spec in probed
-                                       if spec != "none"})
+    return synthetic_profile(shapes, world_size=8, nodes=2, bandwidth_gbps=bandwidth,
+                             fidelity=True, probe={spec: FACTORS.get(spec, 1.5)
+                                                   for spec in probed if spec != "none"})
+
+
+def run(shapes, bandwidth: float, specs, repeats: int, objective: str) -> dict:
+    profile = classic_profile(shapes, bandwidth)
     times, result = [], None
     for _ in range(repeats):
         planner = Planner(profile, None, specs, objective=objective)

@@ -1,7 +1,9 @@
 """Default search time of this checkout against another revision, side by side.
 
 Times the scale set's default searches (``benchmarks/search.py --set scale``'s
-profiles and clusters; ResNet-101 by default) with this checkout's bytecomp and
+profiles and clusters; ResNet-101 by default), or the classic set's for a classic
+model (``--models ResNet-50-like``: one compressor and every one, both objectives, at
+10 and 1 Gbit/s), with this checkout's bytecomp and
 with a revision's (checked out in a temporary git worktree), in child processes
 that alternate between the two for ``--rounds`` rounds, so that both see the same
 machine; each child reports each instance's median of ``--repeats`` searches.
@@ -30,14 +32,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def child(models: list[str], repeats: int) -> None:
     """In a child process: time the default searches with whichever bytecomp is first on
-    the path (``search.py``, beside this file, brings the scale set's profiles and
-    clusters), and print {instance: [median ms, plan value]} as JSON."""
+    the path (``search.py``, beside this file, brings the scale set's and the classic
+    set's profiles and clusters), and print {instance: [median ms, plan value, least ms]}
+    as JSON."""
     import search as scale_set
 
     from bytecomp.search import Planner
     from bytecomp.testing.synthetic import synthetic_profile
 
     out = {}
+    for model, shapes in scale_set.CLASSIC_MODELS:
+        if model not in models:
+            continue
+        for bandwidth in (10.0, 1.0):
+            profile = scale_set.classic_profile(shapes, bandwidth)
+            for allowed, specs in (("top-k", scale_set.ONE), ("all", None)):
+                for objective in ("effective", "time"):
+                    results = [Planner(profile, None, specs, objective=objective).search()
+                               for _ in range(repeats)]
+                    out[f"{model} {bandwidth:g}G {allowed} {objective}"] = [
+                        statistics.median(r.search_ms for r in results), results[-1].value,
+                        min(r.search_ms for r in results)]
     for model, shapes, backward_ms in scale_set.SCALE_MODELS:
         if model not in models:
             continue
@@ -51,11 +66,11 @@ def child(models: list[str], repeats: int) -> None:
     print(json.dumps(out))
 
 
-def scale_set_models():
-    """benchmarks/search.py's scale models (name, shapes, backward ms)."""
-    import search as scale_set
+def known_models() -> list[str]:
+    """benchmarks/search.py's scale and classic models' names."""
+    import search as sets
 
-    return scale_set.SCALE_MODELS
+    return [name for name, _, _ in sets.SCALE_MODELS] + [name for name, _ in sets.CLASSIC_MODELS]
 
 
 def run_side(tree: Path, args) -> dict:
@@ -82,7 +97,7 @@ def main() -> None:
     if args.child:
         child(args.models, args.repeats)
         return
-    known = [name for name, _, _ in scale_set_models()]
+    known = known_models()
     unknown = sorted(set(args.models) - set(known))
     if unknown:
         raise SystemExit(f"search_versus: unknown model {', '.join(unknown)}; choose from "
@@ -109,7 +124,7 @@ def main() -> None:
     else:
         print(f"default search ms, this checkout vs {args.against}: median over {args.rounds} "
               f"alternating rounds of each instance's median of {args.repeats} searches")
-    print(f"{'instance':36s} {args.against:>10s} {'this':>8s} {'ratio':>7s}  same plan value")
+    print(f"{'instance':42s} {args.against:>10s} {'this':>8s} {'ratio':>7s}  same plan value")
     for instance in runs["this"][0]:
         if args.least:
             this = min(run[instance][2] for run in runs["this"])
@@ -118,7 +133,7 @@ def main() -> None:
             this = statistics.median(run[instance][0] for run in runs["this"])
             theirs = statistics.median(run[instance][0] for run in runs["other"])
         same = abs(runs["this"][0][instance][1] - runs["other"][0][instance][1]) < 1e-9
-        print(f"{instance:36s} {theirs:10.0f} {this:8.0f} {theirs / this:6.2f}x  "
+        print(f"{instance:42s} {theirs:10.0f} {this:8.0f} {theirs / this:6.2f}x  "
               f"{'yes' if same else 'no'}")
 
 

@@ -174,7 +174,7 @@ def plan(
     algorithm: str = typer.Option("auto", help="auto, greedy, local (annealing over every "
                                   "option) or exact."),
     evaluations: int = typer.Option(None, help="Evaluations of the model the annealing after "
-                                    "the greedy spends, in full (default: 200,000 / tensors, "
+                                    "the greedy spends, in full (default: 100,000 / tensors, "
                                     "from 600 to 4,000). The search is deterministic: the "
                                     "same inputs and evaluations give the same plan."),
     budget: float = typer.Option(None, help="Seconds: a wall-clock cap on the annealing "

@@ -347,6 +347,27 @@ def test_the_greedy_moves_to_a_better_cap_between_passes():
         assert value <= min(problem.evaluate(start, c) for c in caps) + 1e-9
 
 
+def test_the_annealing_descends_from_its_start_first():
+    """Given just the evaluations a descent from its start needs, the annealing returns
+    that descent's plan: it descends before it walks (a walk first would spend most of
+    them wandering and leave its final descent a fraction)."""
+    profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=1, backward_ms=100)
+    planner = Planner(profile, large_cluster(10.0), ["topk:ratio=0.01"])
+    problem = planner.problem.restricted(len(planner.searchable))
+    start_assignment = problem.uniform(problem.index_of(NO_COMPRESSION))
+    start = algorithms_module.Point(start_assignment, 25.0,
+                                    problem.evaluate(start_assignment, 25.0))
+    annealer = algorithms_module.Annealer(problem, [25.0], 8, random.Random(0), [],
+                                          algorithms_module.Budget(10**6))
+    measure = algorithms_module.Budget(10**6)
+    descended = algorithms_module.descend(problem, start, measure, annealer.candidates,
+                                          annealer.class_of)
+    assert descended.value < start.value - 1e-6  # the descent has something to find
+    found = algorithms_module.anneal(problem, [25.0], start,
+                                     algorithms_module.Budget(measure.used), [])
+    assert found.value == pytest.approx(descended.value, abs=1e-9)
+
+
 def test_the_exchange_is_a_named_choice_with_its_pruning():
     """The tree's exchange root: per-tensor (cap 0) and DDP buckets at each cap, a cap
     whose buckets a smaller one already gives pruned with its reason, never searched."""

@@ -307,9 +307,13 @@ class Annealer:
         return assignment, point.cap
 
     def run(self, start: Point) -> Point:
-        """Rounds of annealing and descent until the budget is spent: the first from
-        ``start``, each later one from a perturbation of the best point found."""
-        best = current = start
+        """A descent from ``start``, then rounds of annealing and descent until the budget
+        is spent: the first from the descent's point, each later one from a perturbation
+        of the best point found. (Descending first: the greedy's result is rarely a local
+        optimum over every candidate, and a walk that starts from one spends its
+        evaluations around a good point, many of them looked up, not simulated.)"""
+        best = current = descend(self.problem, start, self.budget, self.candidates,
+                                 self.class_of)
         while self.budget.left > 0:
             found = self.round(current)
             if found.value < best.value - EPSILON:

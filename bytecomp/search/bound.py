@@ -191,19 +191,19 @@ def _relaxed_bound(problem: Problem, costs: np.ndarray) -> float:
     ready = np.array([t.ready_ms for t in problem.tensors])
     first_ready = float(ready.min())
     best = fixed + problem.backward_ms
+    shares = WEIGHTS[:, None, None]  # every share at once: (share, tensor, option)
     for host_weight in HOST_WEIGHTS:
         for copy_weight in HOST_WEIGHTS:
             rest = 1.0 - host_weight - copy_weight
             side = host_weight * host + copy_weight * copies
             side_rhs = (host_weight + copy_weight) * first_ready
-            for share in WEIGHTS:
-                compute, chain = rest * share, rest * (1.0 - share)
-                before = (compute * device + side).min(axis=1)  # not in the chain
-                within = (compute * device + chain * channel + side).min(axis=1)
-                # chain from tensor t: ready[t] + the channel work of t and every later one
-                prefix = np.concatenate([[0.0], np.cumsum(before)])[:-1]
-                suffix = np.cumsum(within[::-1])[::-1]
-                values = (compute * problem.backward_ms + chain * ready + side_rhs
-                          + prefix + suffix)
-                best = max(best, fixed + float(values.max()))
+            compute, chain = rest * shares, rest * (1.0 - shares)
+            before = (compute * device + side).min(axis=2)  # not in the chain
+            within = (compute * device + chain * channel + side).min(axis=2)
+            # chain from tensor t: ready[t] + the channel work of t and every later one
+            prefix = np.cumsum(before, axis=1) - before
+            suffix = np.cumsum(within[:, ::-1], axis=1)[:, ::-1]
+            values = (compute[:, :, 0] * problem.backward_ms + chain[:, :, 0] * ready
+                      + side_rhs + prefix + suffix)
+            best = max(best, fixed + float(values.max()))
     return best if math.isfinite(best) else fixed + problem.backward_ms

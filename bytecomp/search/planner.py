@@ -43,10 +43,12 @@ DEFAULT_MIN_FIDELITY = 0.75  # GraVAC's threshold on the compression gain
 
 
 def default_evaluations(tensors: int) -> int:
-    """Evaluations of the annealing when none are asked: 200,000 / tensors, from 600 to
+    """Evaluations of the annealing when none are asked: 100,000 / tensors, from 600 to
     4,000 (an evaluation's cost grows with the tensors, so this keeps the default
-    search's time roughly flat; the scale set of ``benchmarks/search.py`` measures it)."""
-    return min(4000, max(600, 200_000 // max(1, tensors)))
+    search's time roughly flat; the scale and classic sets of ``benchmarks/search.py``
+    measure it). Half what it was before the annealing began with a descent: since
+    then the same plans or better come from half the walk (docs/search.md)."""
+    return min(4000, max(600, 100_000 // max(1, tensors)))
 
 
 def host_workers_of(cluster: Cluster) -> int:
