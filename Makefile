@@ -31,7 +31,7 @@ run: install
 	$(BIN)/bytecomp plan profiles/transformer --cluster gbe1 --out plan.yaml
 
 test: install-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 lint: install-dev
 	$(BIN)/ruff check bytecomp tests benchmarks examples
