@@ -201,7 +201,8 @@ def _relaxed_bound(problem: Problem, costs: np.ndarray) -> float:
             before = (compute * device + side).min(axis=2)  # not in the chain
             within = (compute * device + chain * channel + side).min(axis=2)
             # chain from tensor t: ready[t] + the channel work of t and every later one
-            prefix = np.cumsum(before, axis=1) - before
+            prefix = np.concatenate([np.zeros((len(WEIGHTS), 1)),
+                                     np.cumsum(before, axis=1)[:, :-1]], axis=1)
             suffix = np.cumsum(within[:, ::-1], axis=1)[:, ::-1]
             values = (compute[:, :, 0] * problem.backward_ms + chain[:, :, 0] * ready
                       + side_rhs + prefix + suffix)
