@@ -27,6 +27,9 @@ backward with communication, optimizer; after a barrier; slowest rank):
 * an adaptive plan at its fp32 level (level 0 of the same ladder, agreeing every
   ten steps) vs PyTorch's ``allreduce_hook`` (an adaptive plan keeps its hook
   at every level, so a hook is its reference, not DDP's built-in allreduce).
+* what a group costs: an EF-signSGD plan (allgather, every tensor, one group
+  per bucket) vs the same compressor with one group per tensor (the same
+  bytes and compression, more exchanges: the executor's cost of each group).
 
 Plans group tensors by DDP's buckets in the gradient-ready order recorded from
 one backward pass, as plans made from a profile do. Target: each bytecomp
@@ -63,11 +66,12 @@ import bytecomp
 from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress import from_spec
 from bytecomp.launch import backend_for, free_port
-from bytecomp.plan import Adaptive, Option, ladder_for_model, plan_for_model
+from bytecomp.plan import Adaptive, Option, ladder_for_model, plan_for_model, plan_from_dict
 from bytecomp.profile.workloads import load_workload
 
 TOPK = "topk:ratio=0.01"
 POWERSGD = "powersgd:rank=4"
+EFSIGN = "efsignsgd"
 
 
 def topk_hook(state, bucket):
@@ -136,7 +140,18 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
         ("the same, agreeing every 10 steps", None, pinned(10), True, False),
         ("PyTorch allreduce_hook (again)", default_hooks.allreduce_hook, None, True, False),
         ("an adaptive plan at its fp32 level", None, pinned(10, level=0), True, False),
+        ("bytecomp EF-signSGD plan", None, plan(EFSIGN, "allgather"), True, False),
+        ("the same, one group per tensor", None, one_group_each(plan(EFSIGN, "allgather")),
+         True, False),
     ]
+
+
+def one_group_each(plan):
+    """``plan`` with every tensor in a group of its own."""
+    data = plan.to_dict()
+    for index, entry in enumerate(data["tensors"]):
+        entry["group"] = index
+    return plan_from_dict(data, "<one group per tensor>")
 
 
 def to_device(batch, device: torch.device):
