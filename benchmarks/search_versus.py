@@ -35,30 +35,30 @@ def child(models: list[str], repeats: int) -> None:
     the path (``search.py``, beside this file, brings the scale set's and the classic
     set's profiles and clusters), and print {instance: [median ms, plan value, least ms]}
     as JSON."""
-    import search as scale_set
+    import search as sets
 
     from bytecomp.search import Planner
     from bytecomp.testing.synthetic import synthetic_profile
 
     out = {}
-    for model, shapes in scale_set.CLASSIC_MODELS:
+    for model, shapes in sets.CLASSIC_MODELS:
         if model not in models:
             continue
         for bandwidth in (10.0, 1.0):
-            profile = scale_set.classic_profile(shapes, bandwidth)
-            for allowed, specs in (("top-k", scale_set.ONE), ("all", None)):
+            profile = sets.classic_profile(shapes, bandwidth)
+            for allowed, specs in (("top-k", sets.ONE), ("all", None)):
                 for objective in ("effective", "time"):
                     results = [Planner(profile, None, specs, objective=objective).search()
                                for _ in range(repeats)]
                     out[f"{model} {bandwidth:g}G {allowed} {objective}"] = [
                         statistics.median(r.search_ms for r in results), results[-1].value,
                         min(r.search_ms for r in results)]
-    for model, shapes, backward_ms in scale_set.SCALE_MODELS:
+    for model, shapes, backward_ms in sets.SCALE_MODELS:
         if model not in models:
             continue
         profile = synthetic_profile(shapes, world_size=8, nodes=1, backward_ms=backward_ms)
-        for cluster in scale_set.clusters():
-            for allowed, specs in (("top-k", scale_set.ONE), ("all", None)):
+        for cluster in sets.clusters():
+            for allowed, specs in (("top-k", sets.ONE), ("all", None)):
                 results = [Planner(profile, cluster, specs).search() for _ in range(repeats)]
                 out[f"{model} {cluster.name} {allowed}"] = [
                     statistics.median(r.search_ms for r in results), results[-1].value,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import json
@@ -666,6 +667,10 @@ def test_gathering_scattered_members_is_charged_where_the_executor_does_it():
             assert gathered.encode_ms == pytest.approx(alone.encode_ms + copy)
             assert gathered.decode_ms == pytest.approx(alone.decode_ms + copy)
         assert gathered.channel_ms == alone.channel_ms
+        changed = {"encode_ms", "decode_ms", "copy_in_ms"}  # every other field is kept
+        for field in dataclasses.fields(alone):
+            if field.name not in changed:
+                assert getattr(gathered, field.name) == getattr(alone, field.name), field.name
 
 
 def test_intra_node_interference_charges_the_hierarchical_exchange_only():

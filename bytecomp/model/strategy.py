@@ -175,18 +175,19 @@ class StrategyCosts:
         if hit is not None and hit[0] is cost:
             return hit[1]
         copy = self.compute.copy_ms("d2d", nbytes)
-        c = cost
-        # the constructor, not dataclasses.replace (several times slower): a search gathers
-        # a new group in most of its evaluations
         if copy <= 0:
             out = cost
-        elif cost.host and self.device_type != "cpu":
-            out = GroupCost(c.encode_ms, c.channel_ms, c.decode_ms, c.host, c.copy_in_ms + copy,
-                            c.copy_out_ms, c.wire_bytes, c.intra_ms, c.hook_ms, c.tail_ms)
         else:
-            out = GroupCost(c.encode_ms + copy, c.channel_ms, c.decode_ms + copy, c.host,
-                            c.copy_in_ms, c.copy_out_ms, c.wire_bytes, c.intra_ms, c.hook_ms,
-                            c.tail_ms)
+            encode, decode, copy_in = cost.encode_ms, cost.decode_ms, cost.copy_in_ms
+            if cost.host and self.device_type != "cpu":
+                copy_in += copy
+            else:
+                encode, decode = encode + copy, decode + copy
+            # the constructor, not dataclasses.replace (several times slower): a search
+            # gathers a new group in most of its evaluations
+            out = GroupCost(encode, cost.channel_ms, decode, cost.host, copy_in,
+                            cost.copy_out_ms, cost.wire_bytes, cost.intra_ms, cost.hook_ms,
+                            cost.tail_ms)
         self._gathered[key] = (cost, out)  # keeps cost alive, so its id stays its own
         return out
 
