@@ -3,7 +3,9 @@
 For each compressor at its default parameters and each size (1M and 16M
 float32 elements), time the encode (all rounds, as one rank) and the decode,
 and a plain copy of the same tensor on the same device in the same run (the
-memory-bandwidth reference). Throughput is GB/s of input; the ratio is
+memory-bandwidth reference). For a compressor whose payloads are allgathered in one
+round, also the mean of ``--peers`` payloads (what a rank decodes on the allgather
+path: its own ``aggregate_into``). Throughput is GB/s of input; the ratio is
 throughput / copy throughput. Medians of ``--repeats`` runs after one warm-up;
 on CUDA every timing synchronizes the device before and after.
 
@@ -12,13 +14,15 @@ there: casts (fp16, bf16), random-k, int8 and sign packing (signsgd, signum,
 efsignsgd, onebit) encode at no less than 50% of the device copy bandwidth at
 16M elements (top-k and the low-rank methods are measured and reported).
 
-    python benchmarks/compressors.py [--device cuda] [--repeats 5] [--sizes 1048576 16777216] [--markdown out.md]
+    python benchmarks/compressors.py [--device cuda] [--repeats 5] [--sizes 1048576 16777216]
+        [--peers 2] [--markdown out.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import time
 
@@ -50,7 +54,8 @@ def median_seconds(fn, repeats: int, setup=lambda: (), device=torch.device("cpu"
     return statistics.median(times)
 
 
-def measure(spec: str, numel: int, repeats: int, device=torch.device("cpu")) -> dict:
+def measure(spec: str, numel: int, repeats: int, device=torch.device("cpu"),
+            peers: int = 2) -> dict:
     """Time a second step: every timed encode starts from a copy of the state left by a
     first step on another tensor, so residuals and thresholds do not drift between runs."""
     x = torch.randn(numel, device=device)
@@ -62,11 +67,18 @@ def measure(spec: str, numel: int, repeats: int, device=torch.device("cpu")) -> 
                               setup=lambda: (copy.deepcopy(warm),), device=device)
     encoded = encode(compressor, x, copy.deepcopy(warm))
     decode_s = median_seconds(lambda: decode(compressor, encoded), repeats, device=device)
+    mean_s = math.nan
+    if compressor.gatherable and compressor.rounds == 1:
+        out = torch.empty(numel, device=device)
+        mean_s = median_seconds(
+            lambda: compressor.aggregate_into([encoded.payload] * peers, encoded.ctx, out),
+            repeats, device=device)
     gigabytes = numel * 4 / 1e9
     return {
         "spec": spec, "numel": numel, "copy_gbps": gigabytes / copy_s,
         "encode_gbps": gigabytes / encode_s, "decode_gbps": gigabytes / decode_s,
         "encode_ratio": copy_s / encode_s, "decode_ratio": copy_s / decode_s,
+        "mean_gbps": gigabytes / mean_s, "peers": peers,
         "payload_bytes": encoded.bytes_sent,
     }
 
@@ -79,27 +91,30 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--markdown", help="also write the table as markdown here")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--peers", type=int, default=2,
+                        help="payloads averaged in the allgather-path decode column")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
-    rows = [measure(spec, numel, args.repeats, device) for numel in args.sizes
+    rows = [measure(spec, numel, args.repeats, device, args.peers) for numel in args.sizes
             for spec in args.specs]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU, {args.threads} threads"
     table = Table(title=f"encode / decode throughput, {where}, median of {args.repeats}")
     headers = ["compressor", "elements", "copy GB/s", "encode GB/s", "encode / copy",
-               "decode GB/s", "decode / copy", "payload bytes"]
+               "decode GB/s", "decode / copy", f"mean of {args.peers} GB/s", "payload bytes"]
     for header in headers:
         table.add_column(header, justify="left" if header == "compressor" else "right")
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
         if row["spec"] == "none":  # the payload is the tensor itself: nothing to time
-            speeds = ["no work"] * 4
+            speeds = ["no work"] * 5
         else:
+            mean = "" if math.isnan(row["mean_gbps"]) else f"{row['mean_gbps']:.2f}"
             speeds = [f"{row['encode_gbps']:.2f}", f"{row['encode_ratio']:.3f}",
-                      f"{row['decode_gbps']:.2f}", f"{row['decode_ratio']:.3f}"]
+                      f"{row['decode_gbps']:.2f}", f"{row['decode_ratio']:.3f}", mean]
         cells = [row["spec"], f"{row['numel']:,}", f"{row['copy_gbps']:.2f}", *speeds,
                  f"{row['payload_bytes']:,}"]
         table.add_row(*cells)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytecomp.compress import COMPRESSORS, Peers, bits, default_specs, from_spec, payload_nbytes
+from bytecomp.compress.base import Compressor
 from bytecomp.compress.exdyna import ExDyna
 from bytecomp.compress.local import encode, roundtrip
 from bytecomp.errors import SpecError
@@ -310,6 +311,57 @@ def test_bit_packing_roundtrips(numel, width, seed):
     packed = bits.pack(codes, width)
     assert packed.numel() == math.ceil(numel * width / 8)
     assert torch.equal(bits.unpack(packed, numel, width), codes.to(torch.uint8))
+
+
+@settings(max_examples=60, deadline=None)
+@given(numel=st.integers(0, 500), seed=st.integers(0, 999))
+def test_flags_unpack_as_bools(numel, seed):
+    flags = torch.rand(numel, generator=torch.Generator().manual_seed(seed)) < 0.5
+    assert torch.equal(bits.unpack_bools(bits.pack(flags, 1), numel), flags)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal to the bit (so -0 differs from 0, and a nan matches the same nan)."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _with_edges(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with exact zeros of both signs in it (where signs and scales are decided)."""
+    x = x.clone()
+    x[: x.numel() // 4] = 0.0
+    x[x.numel() // 4: x.numel() // 3] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spec", [s for s in ALL_SPECS if from_spec(s).rounds == 1])
+def test_a_payloads_own_approximation_is_its_decompression_to_the_bit(spec, dtype):
+    """Error feedback keeps x less ``approximation``: a compressor's shortcut (EF-signSGD
+    rebuilds it from x's signs) must give decompress's very bits, zeros and all."""
+    compressor = from_spec(spec)
+    inner = getattr(compressor, "inner", compressor)
+    for x in (_with_edges(randn(1001, 3, dtype)), torch.zeros(64, dtype=dtype)):
+        payload, ctx = inner.compress(x, {})
+        assert _same_bits(inner.approximation(payload, ctx, x), inner.decompress(payload, ctx))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spec", [s for s in ALL_SPECS if from_spec(s).rounds == 1 and
+                                  from_spec(s).gatherable])
+def test_every_aggregate_is_the_mean_of_the_decompressions(spec, dtype):
+    """A compressor's own aggregate_into gives the default's values: the payloads
+    decompressed and summed in rank order in float32, then divided."""
+    compressor = from_spec(spec)
+    inner = getattr(compressor, "inner", compressor)
+    payloads, ctx = [], None
+    for rank in range(3):
+        payload, ctx = inner.compress(_with_edges(randn(777, 10 + rank, dtype)),
+                                      {"salt": 5}, Peers(rank, 3))
+        payloads.append(payload)
+    ours = inner.aggregate_into(payloads, ctx, torch.empty(777, dtype=dtype))
+    default = Compressor.aggregate_into(inner, payloads, ctx, torch.empty(777, dtype=dtype))
+    assert torch.equal(ours, default)
 
 
 @settings(max_examples=40, deadline=None)

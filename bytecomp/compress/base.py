@@ -176,6 +176,12 @@ class Compressor:
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         raise NotImplementedError
 
+    def approximation(self, payload: Payload, ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        """What this rank's own payload of ``x`` (just compressed) decompresses to: error
+        feedback keeps ``x`` less this. A compressor may rebuild it from ``x`` more
+        cheaply than by decompressing; it must give exactly :meth:`decompress`'s values."""
+        return self.decompress(payload, ctx)
+
     def decompress_into(self, payload: Payload, ctx: Any, out: torch.Tensor) -> torch.Tensor:
         """``decompress`` written into ``out`` (a flat tensor of the original dtype)."""
         result = self.decompress(payload, ctx)

@@ -82,7 +82,8 @@ class ErrorFeedback(Compressor):
             compensated = x.clone()
         payload, ctx = self.inner.compress(compensated, self._inner_state(state), peers)
         if self.inner.rounds == 1:
-            _keep_residual(state, compensated, self.inner.decompress(payload, ctx))
+            _keep_residual(state, compensated,
+                           self.inner.approximation(payload, ctx, compensated))
         return payload, (ctx, compensated, 1)
 
     def advance(self, result, ctx, state, peers: Peers = SOLO):
@@ -95,6 +96,9 @@ class ErrorFeedback(Compressor):
 
     def decompress(self, payload, ctx):
         return self.inner.decompress(payload, ctx[0])
+
+    def approximation(self, payload, ctx, x):
+        return self.inner.approximation(payload, ctx[0], x)
 
     def decompress_into(self, payload, ctx, out):
         return self.inner.decompress_into(payload, ctx[0], out)
