@@ -183,8 +183,25 @@ def test_the_executors_fixed_costs_are_measured_and_load(mlp_profile):
     costs = ExecutorCosts.from_meta(executor)
     for path in PATHS:
         assert 0 <= costs.hook_ms[path] < 50 and 0 <= costs.tail_ms[path] < 50
-        assert 0 <= executor["charged_ms"][path] < 50
+        assert 0 <= executor["charged_compute_ms"][path] <= executor["charged_ms"][path] < 50
     assert 0 <= costs.bucket_ms < 50
+
+
+def test_the_busy_calibration_model_computes_between_its_gradients():
+    """On the CPU the calibration exchanges groups while the backward computes: each
+    weight's gradient comes after the matrix products of the layers behind it, last
+    layer first, and every weight gets one (DDP would otherwise wait for it)."""
+    from bytecomp.profile.overheads import NUMEL, TinyModel
+
+    model = TinyModel(4, busy=True)
+    order = []
+    for index, weight in enumerate(model.weights):
+        weight.register_post_accumulate_grad_hook(lambda p, i=index: order.append(i))
+    model(torch.ones(NUMEL)).backward()
+    assert order == [3, 2, 1, 0]
+    assert all(w.grad is not None for w in model.weights)
+    idle = TinyModel(4)
+    assert not idle.busy and idle.mixing.numel() == 1  # no products when idle
 
 
 def test_same_command_works_under_torchrun(tmp_path):

@@ -18,6 +18,7 @@ import bytecomp
 from bytecomp.comm.topology import Topology
 from bytecomp.compress import default_specs, from_spec, ladder_specs
 from bytecomp.errors import BytecompError
+from bytecomp.model.overheads import PATHS
 from bytecomp.plan import fingerprint
 from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profile.fidelity import measure_fidelity
@@ -222,7 +223,9 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                   "optimizer": "Adam lr=1e-3", "data": data_source(workload)},
         "times": times,
         "interference": interference,
-        "executor": {**executor.to_meta(), "charged_ms": charges},
+        "executor": {**executor.to_meta(),
+                     "charged_ms": {path: charges[path] for path in PATHS},
+                     "charged_compute_ms": charges["compute"]},
         "compressor_specs": config.specs,
         "sweep": {"min_bytes": sweep.min_bytes, "max_bytes": sweep.max_bytes,
                   "size_factor": sweep.size_factor, "repeats": sweep.repeats,
