@@ -16,7 +16,11 @@ under ``executor``. A group runs on one of three paths
 Per path, a group costs ``hook_ms`` on the hook's thread (the compute stream:
 it delays the backward pass) and ``tail_ms`` on the channel after its
 collectives (completion, write-back, handing over between threads); every
-bucket costs ``bucket_ms`` on the hook's thread. A plan that is fp32
+bucket costs ``bucket_ms`` on the hook's thread. On the CPU, where the
+executor's threads share the cores with the backward pass, ``hook_ms`` is at
+least what a group costs the backward pass while it computes (measured so by
+the profile), however much of it the model would otherwise hide on the
+channel. A plan that is fp32
 allreduce on every tensor runs as DDP's own allreduce, without the hook, and
 pays none of them. Profiles made before these were measured charge nothing.
 """
