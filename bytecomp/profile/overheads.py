@@ -45,6 +45,7 @@ from bytecomp.runtime import apply_plan
 NUMEL = 1024
 FEW, GROUPS = 2, 24
 BUSY_DIM = 384  # the busy backward's matrices: about a millisecond a layer on a CPU core
+QUICK_BUSY_DIM = 192  # a --quick profile's: a quarter of the compute
 OPTIONS = {"direct": Option("fp16", "device", "allreduce"),
            "fifo": Option("dgc:ratio=0.01", "device", "allgather"),
            "host": Option("fp16", "host", "allreduce")}
@@ -56,13 +57,13 @@ class TinyModel(torch.nn.Module):
     ``busy``, a chain of matrix products runs through them, so the backward pass
     computes between one parameter's gradient and the next."""
 
-    def __init__(self, count: int, busy: bool = False) -> None:
+    def __init__(self, count: int, busy: bool = False, dim: int = BUSY_DIM) -> None:
         super().__init__()
         self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(NUMEL))
                                               for _ in range(count))
         self.busy = busy
         generator = torch.Generator().manual_seed(0)
-        size = BUSY_DIM if busy else 1
+        size = dim if busy else 1
         self.mixing: torch.Tensor
         self.start: torch.Tensor
         self.register_buffer("mixing", torch.randn(size, size, generator=generator) / size**0.5)
@@ -104,9 +105,9 @@ class _ThroughExecutor:
     (``busy``: ``GROUPS`` parameters of the busy model in ``groups`` groups)."""
 
     def __init__(self, option: Option, groups: int, cap_mb: float, nodes: int, device,
-                 busy: bool = False) -> None:
+                 busy: bool = False, busy_dim: int = BUSY_DIM) -> None:
         self.option, self.device = option, device
-        self.model = TinyModel(GROUPS if busy else groups, busy).to(device)
+        self.model = TinyModel(GROUPS if busy else groups, busy, busy_dim).to(device)
         # the busy model's matrices are the same on every rank: nothing to broadcast
         self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=cap_mb,
                                            broadcast_buffers=False)
@@ -172,9 +173,11 @@ def model_charges(collectives: list[dict], device, nodes: int, ranks_per_node: i
 
 
 def measure_executor_costs(device, nodes: int, charges: dict, warmup: int,
-                           iterations: int, progress=None) -> ExecutorCosts:
+                           iterations: int, progress=None,
+                           busy_dim: int = BUSY_DIM) -> ExecutorCosts:
     """The executor's fixed costs on this job (collective: call on every rank), given
-    what the model charges per group on each path (:func:`model_charges`). The
+    what the model charges per group on each path (:func:`model_charges`); on the CPU
+    the busy backward multiplies ``busy_dim`` x ``busy_dim`` matrices. The
     configurations run interleaved, round after round, so that drift hits all alike."""
     runs: dict[tuple, _ThroughExecutor] = {}
     for path in PATHS:
@@ -188,7 +191,8 @@ def measure_executor_costs(device, nodes: int, charges: dict, warmup: int,
         for path in PATHS:
             for groups in (FEW, GROUPS):
                 runs[("busy", path, groups)] = _ThroughExecutor(
-                    OPTIONS[path], groups, BUCKET_PER_TENSOR_MB, nodes, device, busy=True)
+                    OPTIONS[path], groups, BUCKET_PER_TENSOR_MB, nodes, device, busy=True,
+                    busy_dim=busy_dim)
     try:
         for round_number in range(warmup + iterations):
             for run in runs.values():

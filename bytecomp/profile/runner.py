@@ -22,7 +22,12 @@ from bytecomp.model.overheads import PATHS
 from bytecomp.plan import fingerprint
 from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profile.fidelity import measure_fidelity
-from bytecomp.profile.overheads import measure_executor_costs, model_charges
+from bytecomp.profile.overheads import (
+    BUSY_DIM,
+    QUICK_BUSY_DIM,
+    measure_executor_costs,
+    model_charges,
+)
 from bytecomp.profile.probe import COLUMNS as PROBE_COLUMNS
 from bytecomp.profile.probe import run_probe
 from bytecomp.profile.store import FORMAT_VERSION, TABLES, Profile, save_profile
@@ -179,7 +184,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         rounds = 2 * training.iterations
         executor = measure_executor_costs(
             device, nodes, charges, training.warmup, rounds,
-            reporter.phase("executor fixed costs", training.warmup + rounds))
+            reporter.phase("executor fixed costs", training.warmup + rounds),
+            QUICK_BUSY_DIM if config.quick else BUSY_DIM)
         fidelity_specs = [s for s in config.specs if from_spec(s).name != "none"]
         fidelity = []
         if config.fidelity_iterations and fidelity_specs:
