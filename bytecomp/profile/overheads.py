@@ -64,14 +64,15 @@ class TinyModel(torch.nn.Module):
         self.busy = busy
         generator = torch.Generator().manual_seed(0)
         size = dim if busy else 1
-        self.mixing: torch.Tensor
-        self.start: torch.Tensor
-        self.register_buffer("mixing", torch.randn(size, size, generator=generator) / size**0.5)
-        self.register_buffer("start", torch.ones(64, size))
+        # plain tensors, not buffers: the same on every rank, so DDP has nothing to sync
+        self.mixing = torch.randn(size, size, generator=generator) / size**0.5
+        self.start = torch.ones(64, size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         total = sum((w * x).sum() for w in self.weights)
         if self.busy:  # each layer's gradient waits for the products of the layers after it
+            if self.mixing.device != x.device:
+                self.mixing, self.start = self.mixing.to(x.device), self.start.to(x.device)
             hidden = self.start
             for w in self.weights:
                 hidden = torch.tanh((hidden @ self.mixing) * w[0])
@@ -108,9 +109,7 @@ class _ThroughExecutor:
                  busy: bool = False, busy_dim: int = BUSY_DIM) -> None:
         self.option, self.device = option, device
         self.model = TinyModel(GROUPS if busy else groups, busy, busy_dim).to(device)
-        # the busy model's matrices are the same on every rank: nothing to broadcast
-        self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=cap_mb,
-                                           broadcast_buffers=False)
+        self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=cap_mb)
         # native=False: an fp16 plan would otherwise be PyTorch's own hook, not the path
         self.executor = apply_plan(self.ddp, _plan(self.model, option, nodes, cap_mb, groups),
                                    native=False)
