@@ -78,7 +78,7 @@ def measure(spec: str, numel: int, repeats: int, device=torch.device("cpu"),
         "spec": spec, "numel": numel, "copy_gbps": gigabytes / copy_s,
         "encode_gbps": gigabytes / encode_s, "decode_gbps": gigabytes / decode_s,
         "encode_ratio": copy_s / encode_s, "decode_ratio": copy_s / decode_s,
-        "mean_gbps": gigabytes / mean_s, "peers": peers,
+        "mean_gbps": gigabytes / mean_s,
         "payload_bytes": encoded.bytes_sent,
     }
 

@@ -69,12 +69,12 @@ class EFSignSGD(ScaledSign):
     def _scales(self, xf):
         return xf.abs().mean().reshape(1) if xf.numel() else xf.new_zeros(1)
 
+    # decompress, its own payload's approximation and the mean of payloads all take
+    # (2 * bit - 1) * scale in float32, in place: the flags from the bits, or from x
     def decompress(self, payload, ctx):
         signs, scale = payload
-        return (bits.unpack_signs(signs, ctx.numel, torch.float32) * scale).to(ctx.dtype)
+        return _scaled_signs(bits.unpack_bools(signs, ctx.numel), scale).to(ctx.dtype)
 
-    # The two below give decompress's values with fewer passes and temporaries than
-    # unpacking: the same float32 arithmetic, (2 * bit - 1) * scale, in place.
     def approximation(self, payload, ctx, x):
         return _scaled_signs(x.reshape(-1) >= 0, payload[1]).to(ctx.dtype)
 

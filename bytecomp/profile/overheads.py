@@ -57,7 +57,8 @@ class TinyModel(torch.nn.Module):
     ``busy``, a chain of matrix products runs through them, so the backward pass
     computes between one parameter's gradient and the next."""
 
-    def __init__(self, count: int, busy: bool = False, dim: int = BUSY_DIM) -> None:
+    def __init__(self, count: int, busy: bool = False, dim: int = BUSY_DIM,
+                 device=None) -> None:
         super().__init__()
         self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(NUMEL))
                                               for _ in range(count))
@@ -65,14 +66,12 @@ class TinyModel(torch.nn.Module):
         generator = torch.Generator().manual_seed(0)
         size = dim if busy else 1
         # plain tensors, not buffers: the same on every rank, so DDP has nothing to sync
-        self.mixing = torch.randn(size, size, generator=generator) / size**0.5
-        self.start = torch.ones(64, size)
+        self.mixing = (torch.randn(size, size, generator=generator) / size**0.5).to(device)
+        self.start = torch.ones(64, size, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         total = sum((w * x).sum() for w in self.weights)
         if self.busy:  # each layer's gradient waits for the products of the layers after it
-            if self.mixing.device != x.device:
-                self.mixing, self.start = self.mixing.to(x.device), self.start.to(x.device)
             hidden = self.start
             for w in self.weights:
                 hidden = torch.tanh((hidden @ self.mixing) * w[0])
@@ -108,7 +107,7 @@ class _ThroughExecutor:
     def __init__(self, option: Option, groups: int, cap_mb: float, nodes: int, device,
                  busy: bool = False, busy_dim: int = BUSY_DIM) -> None:
         self.option, self.device = option, device
-        self.model = TinyModel(GROUPS if busy else groups, busy, busy_dim).to(device)
+        self.model = TinyModel(GROUPS if busy else groups, busy, busy_dim, device).to(device)
         self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=cap_mb)
         # native=False: an fp16 plan would otherwise be PyTorch's own hook, not the path
         self.executor = apply_plan(self.ddp, _plan(self.model, option, nodes, cap_mb, groups),
@@ -140,11 +139,12 @@ class _ThroughExecutor:
         return _slowest_median(self.backward), _slowest_median(self.hook)
 
 
-def model_charges(collectives: list[dict], device, nodes: int, ranks_per_node: int) -> dict:
+def model_charges(collectives: list[dict], device, nodes: int,
+                  ranks_per_node: int) -> tuple[dict[str, float], dict[str, float]]:
     """What the model charges per path for one group of ``NUMEL`` elements (encode,
-    channel, decode, copies), from ``collectives`` (this profile's sweep rows) and a
-    compressor sweep of the measurement's options; under ``"compute"``, the part of it
-    on the compute stream (a device path's encode and decode)."""
+    channel, decode, copies), and the part of it on the compute stream (a device
+    path's encode and decode), from ``collectives`` (this profile's sweep rows) and a
+    compressor sweep of the measurement's options."""
     import pandas as pd
 
     from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
@@ -160,22 +160,21 @@ def model_charges(collectives: list[dict], device, nodes: int, ranks_per_node: i
     profile = Profile(meta, pd.DataFrame(), pd.DataFrame(collectives), pd.DataFrame(rows))
     costs = StrategyCosts(CommModel(profile, profiled_cluster(profile)), ComputeModel(profile),
                           device.type)
-    charges: dict = {}
-    compute: dict[str, float] = {}
+    charges, compute = {}, {}
     for path, option in OPTIONS.items():
         cost = costs.cost(option, NUMEL)
         charges[path] = (cost.encode_ms + cost.channel_ms + cost.decode_ms + cost.copy_in_ms
                          + cost.copy_out_ms)
         compute[path] = 0.0 if cost.host else cost.encode_ms + cost.decode_ms
-    charges["compute"] = compute
-    return charges
+    return charges, compute
 
 
-def measure_executor_costs(device, nodes: int, charges: dict, warmup: int,
-                           iterations: int, progress=None,
-                           busy_dim: int = BUSY_DIM) -> ExecutorCosts:
+def measure_executor_costs(device, nodes: int, charges: dict[str, float],
+                           compute_charges: dict[str, float], warmup: int, iterations: int,
+                           progress=None, busy_dim: int = BUSY_DIM) -> ExecutorCosts:
     """The executor's fixed costs on this job (collective: call on every rank), given
-    what the model charges per group on each path (:func:`model_charges`); on the CPU
+    what the model charges per group on each path and the part of it on the compute
+    stream (:func:`model_charges`); on the CPU
     the busy backward multiplies ``busy_dim`` x ``busy_dim`` matrices. The
     configurations run interleaved, round after round, so that drift hits all alike."""
     runs: dict[tuple, _ThroughExecutor] = {}
@@ -211,7 +210,7 @@ def measure_executor_costs(device, nodes: int, charges: dict, warmup: int,
         if busy:  # what a group still costs the backward with compute to hide behind
             few, _ = runs[("busy", path, FEW)].medians()
             many, _ = runs[("busy", path, GROUPS)].medians()
-            exposed = (many - few) / added - charges["compute"][path]
+            exposed = (many - few) / added - compute_charges[path]
             hook_ms[path] = max(hook_ms[path], exposed)
         tail_ms[path] = max(0.0, fixed - hook_ms[path])
     one_bucket, _ = runs[("direct", GROUPS)].medians()

@@ -18,7 +18,6 @@ import bytecomp
 from bytecomp.comm.topology import Topology
 from bytecomp.compress import default_specs, from_spec, ladder_specs
 from bytecomp.errors import BytecompError
-from bytecomp.model.overheads import PATHS
 from bytecomp.plan import fingerprint
 from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profile.fidelity import measure_fidelity
@@ -180,10 +179,10 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
             config.specs, devices, sweep,
             reporter.phase("aggregation sweeps", aggregation_steps(config.specs, devices, sweep)))
         copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
-        charges = model_charges(collectives, device, nodes, ranks_per_node)
+        charges, compute_charges = model_charges(collectives, device, nodes, ranks_per_node)
         rounds = 2 * training.iterations
         executor = measure_executor_costs(
-            device, nodes, charges, training.warmup, rounds,
+            device, nodes, charges, compute_charges, training.warmup, rounds,
             reporter.phase("executor fixed costs", training.warmup + rounds),
             QUICK_BUSY_DIM if config.quick else BUSY_DIM)
         fidelity_specs = [s for s in config.specs if from_spec(s).name != "none"]
@@ -230,8 +229,7 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "times": times,
         "interference": interference,
         "executor": {**executor.to_meta(),
-                     "charged_ms": {path: charges[path] for path in PATHS},
-                     "charged_compute_ms": charges["compute"]},
+                     "charged_ms": charges, "charged_compute_ms": compute_charges},
         "compressor_specs": config.specs,
         "sweep": {"min_bytes": sweep.min_bytes, "max_bytes": sweep.max_bytes,
                   "size_factor": sweep.size_factor, "repeats": sweep.repeats,
