@@ -123,6 +123,79 @@ def test_an_fp16_plan_is_pytorchs_fp16_hook(native):
             assert torch.allclose(hooked, planned, rtol=1e-3, atol=1e-4)
 
 
+def powersgd_plan_against_the_powersgd_hook(rank, world, native, resume):
+    """Parameters after 5 steps of a plan that is PowerSGD rank 2 on the matrices
+    PyTorch's powerSGD_hook compresses (fp32 on the rest) and of DDP with that hook
+    (same weights and batches); with ``resume``, both runs are checkpointed after 3
+    steps and resumed on a new DDP (the reference as PyTorch documents: its pickled
+    PowerSGDState registered again). Native or not, bytes per step."""
+    import io
+
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    from bytecomp.compress.lowrank import powersgd_compresses
+    from bytecomp.plan import NO_COMPRESSION
+
+    reference = load_workload("mlp:width=256,depth=3")
+    planned = load_workload("mlp:width=256,depth=3")
+    ddp_reference = DistributedDataParallel(reference.model, bucket_cap_mb=1)
+    state = powersgd.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                   min_compression_rate=2, random_seed=0)
+    ddp_reference.register_comm_hook(state, powersgd.powerSGD_hook)
+    ddp_planned = DistributedDataParallel(planned.model, bucket_cap_mb=1)
+    plan = plan_for_model(planned.model, lambda n, p: Option("powersgd:rank=2", "device",
+                                                             "allreduce")
+                          if powersgd_compresses(tuple(p.shape), 2) else NO_COMPRESSION,
+                          world, bucket_cap_mb=1)
+    executor = bytecomp.apply_plan(ddp_planned, plan, native=native)
+    is_native = executor.native
+    ratio = None
+    for step in range(5):
+        if resume and step == 3:  # a checkpoint, then a new DDP and executor
+            # (a new DDP hands over its first step's buckets as built before the rebuild:
+            # PyTorch's hook then meets other buckets than before, so both restart alike)
+            pickled = io.BytesIO()
+            torch.save(state, pickled)
+            pickled.seek(0)
+            state = torch.load(pickled, weights_only=False)
+            ddp_reference = DistributedDataParallel(reference.model, bucket_cap_mb=1)
+            ddp_reference.register_comm_hook(state, powersgd.powerSGD_hook)
+            saved = io.BytesIO()
+            torch.save(executor.state_dict(), saved)
+            ratio = executor.stats.summary()["bytes_vs_fp32"]
+            executor.close()
+            ddp_planned = DistributedDataParallel(planned.model, bucket_cap_mb=1)
+            executor = bytecomp.apply_plan(ddp_planned, plan, native=native)
+            saved.seek(0)
+            executor.load_state_dict(torch.load(saved, weights_only=True))
+        inputs, target = batch(rank, step, 512)
+        for workload, ddp in ((reference, ddp_reference), (planned, ddp_planned)):
+            workload.loss(ddp(inputs), target).backward()
+            for p in workload.model.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+                p.grad = None
+    flat = [torch.cat([p.detach().reshape(-1) for p in w.model.parameters()])
+            for w in (reference, planned)]
+    summary = executor.stats.summary()
+    executor.close()
+    return is_native, flat[0], flat[1], ratio or summary["bytes_vs_fp32"]
+
+
+@pytest.mark.parametrize("native,resume", [(True, False), (True, True), (False, False)])
+def test_a_plan_that_is_pytorchs_powersgd_hook_runs_as_that_hook(native, resume):
+    """apply_plan registers PyTorch's powerSGD_hook for such a plan: the same parameters
+    to the bit, also across a checkpoint; native=False runs bytecomp's own PowerSGD."""
+    for is_native, hooked, planned, ratio in run_ranks(
+            powersgd_plan_against_the_powersgd_hook, 2, native, resume):
+        assert is_native == native
+        if native:
+            assert torch.equal(hooked, planned)
+            assert 0.01 < ratio < 0.2  # counted as the compressed steps send
+        else:  # another implementation of the same method: close, not equal
+            assert not torch.equal(hooked, planned)
+            assert torch.allclose(hooked, planned, rtol=0.05, atol=0.05)
+
+
 # -- every compressor keeps ranks identical ---------------------------------------------------
 
 

@@ -697,7 +697,8 @@ def test_intra_node_interference_charges_the_hierarchical_exchange_only():
 
 
 @pytest.mark.parametrize("interference", ["high", {"fraction": 1.5}, {"intra_fraction": -0.1},
-                                          {"fraction": True}])
+                                          {"fraction": True}, {"busy_collective_ms": -1.0},
+                                          {"busy_collective_ms": "slow"}])
 def test_a_bad_interference_in_a_profile_is_named(tmp_path, interference):
     broken = tmp_path / "broken"
     shutil.copytree(ROOT / "profiles" / "cnn", broken)
@@ -823,3 +824,37 @@ def test_bytecomp_plan_gives_the_same_plan_in_every_process(tmp_path):
     first, second = plan("1"), plan("2")
     assert first == second
     assert first["search"]["evaluations"] > 0
+
+
+def test_pytorchs_powersgd_hook_is_simulated_as_that_hook_and_searched_from():
+    """An assignment that is what PyTorch's powerSGD_hook does (PowerSGD on the matrices
+    its rule compresses, fp32 on the rest) runs as that hook: simulated without the
+    executor's fixed costs, and offered to the search as a start. Moving one tensor
+    off it makes it the executor's again."""
+    from bytecomp.search.planner import powersgd_hook_assignment
+
+    profile = synthetic_profile(mlp_shapes(5, 1024), world_size=2, device="cpu",
+                                specs=["powersgd:rank=4", "fp16"], bandwidth_gbps=1.0)
+    profile.meta["executor"] = FIXED
+    planner = Planner(profile, None, ["powersgd:rank=4"])
+    problem = planner.problem
+    hook = powersgd_hook_assignment(problem, "powersgd:rank=4")
+    assert hook in planner.hooks and problem.is_native(hook)
+    keep = problem.index_of(NO_COMPRESSION)
+    assert keep in hook and len(set(hook)) == 2  # matrices compressed, vectors not
+    moved = list(hook)
+    moved[hook.index(keep)] = next(option for option in hook if option != keep)
+    assert not problem.is_native(moved) and problem.may_be_native([-1] * len(hook))
+    cap = profile.bucket_cap_mb
+    native = problem.simulate(hook, cap).iteration_ms
+    result = planner.search()
+    as_file = to_plan(dataclasses.replace(result, assignment=hook, cap_mb=cap), profile)
+    through = simulate_plan(planner, as_file).iteration_ms  # a plan file that is the hook
+    executor = problem.iteration_model(cap, native=False)
+    from bytecomp.timeline.simulator import simulate
+    hooked = simulate(executor, problem.sim_groups(problem.groups(hook, cap), cap)).iteration_ms
+    assert native == pytest.approx(through) and hooked > native + 0.5  # the bucket's cost
+    # with the executor's fixed costs to pay, the hook's plan wins here, and says so
+    assert result.assignment == hook  # (at the cap the search chose)
+    assert any("powerSGD_hook does at rank 4" in note for note in result.notes)
+    assert powersgd_hook_assignment(problem, "topk:ratio=0.01") is None

@@ -278,3 +278,9 @@ def test_interference_is_measured_over_the_world_and_inside_a_node():
         assert 0 <= interference["fraction"] <= 0.9
         assert 0 <= interference["intra_fraction"] <= 0.9
         assert interference["backward_alone_ms"] > 0
+        # on the CPU: small allreduces timed beside an idle and a computing main thread
+        assert interference["collective_alone_ms"] > 0
+        assert interference["collective_busy_ms"] > 0
+        assert interference["busy_collective_ms"] == pytest.approx(max(
+            0.0, interference["collective_busy_ms"] - interference["collective_alone_ms"]),
+            abs=1e-3)

@@ -128,18 +128,24 @@ def test_single_pass_and_event_simulations_agree():
                                interference=generator.choice([0.0, 0.25, 0.6]),
                                intra_interference=generator.choice([None, 0.0, 0.5]),
                                through_hook=generator.random() < 0.7,
-                               bucket_hook_ms=some(2))
+                               bucket_hook_ms=some(2),
+                               shared_compute=generator.random() < 0.5,
+                               busy_collective_ms=some(3))
         host_share = generator.choice([0.0, 0.5, 1.0])
         groups = []
         for bucket in range(buckets):
             for _ in range(generator.randint(0, 3)):
                 channel = generator.uniform(0, 30)
                 host = generator.random() < host_share
+                intra = generator.choice([0.0, generator.uniform(0, channel)])
                 groups.append(SimGroup(bucket, GroupCost(
                     some(10), channel, some(10), host=host,
                     copy_in_ms=some(5) if host else 0.0, copy_out_ms=some(5) if host else 0.0,
-                    intra_ms=generator.choice([0.0, generator.uniform(0, channel)]),
-                    hook_ms=some(2), tail_ms=some(2))))
+                    intra_ms=intra, hook_ms=some(2), tail_ms=some(2),
+                    # up to all the rest of the channel: the backward then stops
+                    compute_ms=generator.choice([0.0, channel - intra,
+                                                 generator.uniform(0, channel - intra)]),
+                    collectives=generator.randint(0, 3))))
         hosted += any(group.cost.host for group in groups)
         fast = simulate_single_pass(model, groups)
         events = EventSimulation(model, groups, False).run()
@@ -171,6 +177,45 @@ def test_the_executor_fixed_costs_fall_on_the_hook_and_the_channel():
     # the host group is handed over after the first group's hook and encode and its own
     # hook (20 + 1 + 2 + 4 + 2 = 29), encoded on a worker by 34
     assert late.channel[1] == pytest.approx((34, 47))
+
+
+def test_a_cpu_jobs_channel_compute_stops_the_backward_pass():
+    """A CPU job (shared_compute): the compute share of a group's channel time takes the
+    backward pass's cores. Channel 20 ms at 10, half of it compute: the backward pass
+    loses 10 ms; a GPU job's (or a channel without compute) loses nothing."""
+    group = [SimGroup(0, GroupCost(0, 20, 0, compute_ms=10))]
+    cpu = IterationModel(0, 100, 0, [10], shared_compute=True)
+    for record in (True, False):
+        assert simulate(cpu, group, record).backward_end_ms == pytest.approx(110)
+    assert simulate(IterationModel(0, 100, 0, [10]), group).backward_end_ms == pytest.approx(100)
+    whole = [SimGroup(0, GroupCost(0, 20, 0, compute_ms=20))]  # the backward stops for it
+    for record in (True, False):
+        assert simulate(cpu, whole, record).backward_end_ms == pytest.approx(120)
+
+
+def test_collectives_launched_while_the_backward_computes_wait_longer():
+    """busy_collective_ms per collective, for a group launched before the last bucket
+    (the backward pass still computes); the last bucket's group pays nothing."""
+    model = IterationModel(0, 100, 0, [10, 100], busy_collective_ms=2.0)
+    groups = [SimGroup(0, GroupCost(0, 5, 0, collectives=2)),
+              SimGroup(1, GroupCost(0, 5, 0, collectives=2))]
+    for record in (True, False):
+        result = simulate(model, groups, record)
+        assert result.channel == [pytest.approx((10, 19)), pytest.approx((100, 105))]
+
+
+def test_the_fifo_thread_decodes_on_the_channel():
+    """PowerSGD (two rounds: the FIFO thread) decodes on the channel, a compute part of
+    it; fp16 on one allreduce (issued from the hook) decodes on the compute stream."""
+    costs = hand_costs()
+    fifo = costs.cost(Option("powersgd:rank=4", "device", "allreduce"), N)
+    direct = costs.cost(Option("fp16", "device", "allreduce"), N)
+    assert fifo.decode_ms == 0.0 and fifo.compute_ms > 0 and fifo.collectives == 2
+    assert direct.decode_ms > 0 and direct.compute_ms == 0.0 and direct.collectives == 1
+    decode = costs.compute.decode_ms("powersgd:rank=4", "cpu", N)
+    assert fifo.compute_ms == pytest.approx(decode)
+    assert fifo.channel_ms == pytest.approx(costs.exchange_ms("powersgd:rank=4", N, "world",
+                                                              "allreduce") + decode)
 
 
 def test_buckets_launch_in_index_order():
@@ -385,7 +430,8 @@ def test_two_level_cost_and_timeline():
     """top-k 1% on the two-level scheme: 16 chunks encoded on the compute stream; on the
     channel an intra-node alltoall, 16 decodes to average, the inter-node allgather of
     this rank's chunk (encode, collective, 2 decodes), a re-encode and an intra-node
-    allgather; 16 decodes."""
+    allgather; 16 decodes, also on the channel (the FIFO thread decodes a group before
+    it takes the next). Every step on the channel but the collectives computes."""
     costs = hand_costs()
     intra, inter = HAND.intra, HAND.inter
     encode = lambda n: 0.08 + n / 1e7  # noqa: E731  (top-k's synthetic curves)
@@ -398,9 +444,12 @@ def test_two_level_cost_and_timeline():
                + encode(chunk) + ring("allgather", 16, 16 * payload, intra))
     cost = costs.cost(Option("topk:ratio=0.01", "device", "twolevel"), N)
     assert cost.encode_ms == pytest.approx(16 * encode(chunk))
-    assert cost.decode_ms == pytest.approx(16 * decode(chunk))
-    assert cost.channel_ms == pytest.approx(channel)
-    # one bucket ready at 100 ms: encode on the compute stream, the channel, the decode
+    assert cost.decode_ms == 0.0
+    assert cost.channel_ms == pytest.approx(channel + 16 * decode(chunk))
+    assert cost.compute_ms == pytest.approx(16 * decode(chunk) + encode(chunk) + 2 * decode(chunk)
+                                            + encode(chunk) + 16 * decode(chunk))
+    assert cost.collectives == 3  # fixed sizes: alltoall, inter allgather, intra allgather
+    # one bucket ready at 100 ms: encode on the compute stream, then the channel
     model = IterationModel(10, 100, 5, [100])
     result = simulate(model, [SimGroup(0, cost)], record=True)
     assert result.iteration_ms == pytest.approx(10 + 100 + 16 * encode(chunk) + channel

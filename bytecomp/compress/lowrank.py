@@ -34,6 +34,16 @@ _ORTH = Param(str, "auto", choices=("auto", "gs", "qr"), primary=False,
               help="orthogonalization: Gram-Schmidt, QR, or auto (QR above rank 2)")
 
 
+def powersgd_compresses(shape: tuple, rank: int) -> bool:
+    """PyTorch's powerSGD_hook rule (``min_compression_rate`` 2): it compresses a tensor
+    of 2 or more dimensions, viewed as ``(n, m)``, where ``(n + m) r * 2 < n m``."""
+    if len(shape) < 2:
+        return False
+    rows = shape[0]
+    cols = math.prod(shape) // rows
+    return (rows + cols) * min(rank, rows, cols) * 2 < rows * cols
+
+
 def matrix_shape(numel: int, shape: tuple | None = None) -> tuple[int, int]:
     if shape is not None and len(shape) >= 2 and math.prod(shape) == numel and numel:
         return int(shape[0]), numel // int(shape[0])

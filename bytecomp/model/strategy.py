@@ -11,7 +11,14 @@ merged group of ``numel`` elements has three parts:
   (two-shot's re-compression, the 16-bit casts of a hierarchical scheme's
   intra-node stages, the two-level scheme's averaging, inter-node exchange and
   re-compression, for example);
-* ``decode_ms``: like encode;
+* ``decode_ms``: like encode, except on the FIFO path (several rounds, or a
+  scheme of several stages), whose thread decodes a group before it takes the
+  next: there the decode is on the channel;
+* ``compute_ms``: the part of ``channel_ms`` that computes (the decode above,
+  re-compression, casts, averaging): on a CPU job it runs on the cores the
+  backward pass runs on (:class:`~bytecomp.timeline.iteration.IterationModel`);
+* ``collectives``: how many collectives the exchange issues (each waits longer
+  while the backward pass computes, on a CPU job);
 * the executor's fixed costs of the group's path (:mod:`bytecomp.model.overheads`):
   ``hook_ms`` on the compute stream before the encode, ``tail_ms`` on the channel
   after the collectives, charged when the plan runs through the hook.
@@ -53,6 +60,8 @@ class GroupCost:
     intra_ms: float = 0.0  # the part of channel_ms spent in intra-node collectives
     hook_ms: float = 0.0  # the executor's fixed cost on the hook's thread (compute stream)
     tail_ms: float = 0.0  # and on the channel after the collectives (model/overheads.py)
+    compute_ms: float = 0.0  # the part of channel_ms that computes (decodes, re-encodes)
+    collectives: int = 0  # collectives the exchange issues
 
 
 @cache
@@ -108,6 +117,17 @@ class StrategyCosts:
             return [measured]
         return [float(b) for b in compressor.round_payload_bytes(int(numel), self.element_size,
                                                                  list(shapes) if shapes else None)]
+
+    def exchange_collectives(self, spec: str, group: str, scheme: str) -> int:
+        """How many collectives the one-stage exchange over ``group`` issues."""
+        compressor = _compressor(spec)
+        if self.comm.ranks(group) <= 1:
+            return 0
+        gather = 1 if compressor.fixed_size else 2  # sizes first, unless fixed
+        if scheme == "allgather":
+            return gather
+        return sum(1 if collective == "allreduce" else gather
+                   for collective in compressor.collectives_of_rounds())
 
     def exchange_ms(self, spec: str, numel: float, group: str, scheme: str, shapes=None) -> float:
         """Channel time of the one-stage exchange of ``numel`` elements over ``group``."""
@@ -187,7 +207,7 @@ class StrategyCosts:
             # gathers a new group in most of its evaluations
             out = GroupCost(encode, cost.channel_ms, decode, cost.host, copy_in,
                             cost.copy_out_ms, cost.wire_bytes, cost.intra_ms, cost.hook_ms,
-                            cost.tail_ms)
+                            cost.tail_ms, cost.compute_ms, cost.collectives)
         self._gathered[key] = (cost, out)  # keeps cost alive, so its id stays its own
         return out
 
@@ -197,11 +217,14 @@ class StrategyCosts:
         if cost is None:
             path = path_of(option)
             c = self._cost(option, numel, shapes)
+            channel, decode, compute = c.channel_ms, c.decode_ms, c.compute_ms
+            if path == "fifo":  # the FIFO thread decodes before it takes the next group
+                channel, decode, compute = channel + decode, 0.0, compute + decode
             # the constructor, not dataclasses.replace: this runs thousands of times a search
             cost = self._cache[key] = GroupCost(
-                c.encode_ms, c.channel_ms, c.decode_ms, c.host, c.copy_in_ms, c.copy_out_ms,
+                c.encode_ms, channel, decode, c.host, c.copy_in_ms, c.copy_out_ms,
                 c.wire_bytes, c.intra_ms, self.executor.hook_ms[path],
-                self.executor.tail_ms[path])
+                self.executor.tail_ms[path], compute, c.collectives)
         return cost
 
     def _cost(self, option: Option, numel: int, shapes) -> GroupCost:
@@ -209,8 +232,10 @@ class StrategyCosts:
             channel = self.uncompressed_ms(option.collective, numel)
             intra = self.intra_collectives_ms(numel, option.collective) \
                 if option.collective in HIERARCHICAL else 0.0
+            count = 1 if option.collective not in HIERARCHICAL else \
+                (2 if self.comm.ranks("intra") > 1 else 0) + (self.comm.ranks("inter") > 1)
             return GroupCost(0.0, channel, 0.0, wire_bytes=numel * self.element_size,
-                             intra_ms=intra)
+                             intra_ms=intra, collectives=count)
         spec = option.spec
         device = "cpu" if option.place == "host" else self.device_type
         compressor = _compressor(spec)
@@ -226,10 +251,12 @@ class StrategyCosts:
 
         world = self.comm.ranks("world")
         scheme = option.collective
-        intra = 0.0
+        intra = compute = 0.0
+        variable = 0 if compressor.fixed_size else 2  # the element counts' collectives
         if scheme in ("allreduce", "allgather"):
             encode_ms = encode(numel)
             channel = self.exchange_ms(spec, numel, "world", scheme, shapes)
+            count = self.exchange_collectives(spec, "world", scheme)
             gathers = scheme == "allgather" or compressor.collectives_of_rounds()[-1] == "allgather"
             decode_ms = aggregate(numel, world) if gathers else decode(numel)
             wire = sum(self._payload(spec, numel, shapes))
@@ -237,9 +264,10 @@ class StrategyCosts:
             chunk = math.ceil(numel / world)
             payload = sum(self._payload(spec, chunk, None))
             encode_ms = world * encode(chunk)
+            compute = aggregate(chunk, world) + encode(chunk)
             channel = (self._collective("alltoall", "world", "uint8", world * payload)
-                       + aggregate(chunk, world) + encode(chunk)
-                       + self._gather("world", world, payload, True, 0))
+                       + compute + self._gather("world", world, payload, True, 0))
+            count = 2 + variable
             if not compressor.fixed_size:
                 counts = world * COUNT_BYTES * 2
                 channel += (self._collective("alltoall", "world", "uint8", counts)
@@ -247,16 +275,17 @@ class StrategyCosts:
             decode_ms = world * decode(chunk)
             wire = 2 * world * payload
         elif scheme == "twolevel":
-            encode_ms, channel, decode_ms, wire, intra = self._two_level(spec, numel, encode,
-                                                                         decode, aggregate)
+            encode_ms, channel, decode_ms, wire, intra, compute, count = self._two_level(
+                spec, numel, encode, decode, aggregate)
         else:  # the hierarchical schemes
             per_node = self.comm.ranks("intra")
             nodes = self.comm.ranks("inter")
             chunk = math.ceil(numel / per_node)
             native = native_scheme(compressor)
             intra = self.intra_collectives_ms(numel, scheme)
-            channel = (intra + self.casts_ms(numel, scheme, option.place)
-                       + self.exchange_ms(spec, chunk, "inter", native))
+            compute = self.casts_ms(numel, scheme, option.place)
+            channel = intra + compute + self.exchange_ms(spec, chunk, "inter", native)
+            count = (2 if per_node > 1 else 0) + self.exchange_collectives(spec, "inter", native)
             encode_ms = encode(chunk)
             decode_ms = aggregate(chunk, nodes) if native == "allgather" else decode(chunk)
             wire = 2 * numel * (2 if scheme in CASTS else self.element_size) \
@@ -265,14 +294,15 @@ class StrategyCosts:
         copies = numel * self.element_size
         return GroupCost(encode_ms, channel, decode_ms, host,
                          self.compute.copy_ms("d2h", copies) if host else 0.0,
-                         self.compute.copy_ms("h2d", copies) if host else 0.0, wire, intra)
+                         self.compute.copy_ms("h2d", copies) if host else 0.0, wire, intra,
+                         compute_ms=compute, collectives=count)
 
     def _two_level(self, spec: str, numel: float, encode, decode, aggregate):
-        """(encode, channel, decode, wire bytes, intra-node channel) of the two-level
-        scheme: every chunk encoded; on the channel an intra-node alltoall of the
-        payloads, their average, the inter-node exchange of this rank's chunk (its
-        encode, collectives and decodes), its re-encode and an intra-node allgather;
-        every gathered chunk decoded."""
+        """(encode, channel, decode, wire bytes, intra-node channel, the channel's compute,
+        collectives) of the two-level scheme: every chunk encoded; on the channel an
+        intra-node alltoall of the payloads, their average, the inter-node exchange of
+        this rank's chunk (its encode, collectives and decodes), its re-encode and an
+        intra-node allgather; every gathered chunk decoded."""
         compressor = _compressor(spec)
         per_node, nodes = self.comm.ranks("intra"), self.comm.ranks("inter")
         chunk = math.ceil(numel / per_node)
@@ -283,11 +313,18 @@ class StrategyCosts:
             counts = per_node * COUNT_BYTES * 2
             intra += (self._collective("alltoall", "intra", "uint8", counts)
                       + self._collective("allgather", "intra", "uint8", counts))
-        channel = intra + aggregate(chunk, per_node) + encode(chunk)
+        compute = aggregate(chunk, per_node) + encode(chunk)
+        count = (2 + (0 if compressor.fixed_size else 2)) if per_node > 1 else 0
         wire = (per_node + 1) * payload
         if nodes > 1:
             native = native_scheme(compressor)
-            channel += (encode(chunk) + self.exchange_ms(spec, chunk, "inter", native)
-                        + (aggregate(chunk, nodes) if native == "allgather" else decode(chunk)))
+            compute += encode(chunk) + (aggregate(chunk, nodes) if native == "allgather"
+                                        else decode(chunk))
+            inter = self.exchange_ms(spec, chunk, "inter", native)
+            count += self.exchange_collectives(spec, "inter", native)
             wire += payload
-        return per_node * encode(chunk), channel, per_node * decode(chunk), wire, intra
+        else:
+            inter = 0.0
+        channel = intra + compute + inter
+        return (per_node * encode(chunk), channel, per_node * decode(chunk), wire, intra,
+                compute, count)

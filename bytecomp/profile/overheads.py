@@ -21,9 +21,11 @@ what the model hides on the channel may not hide at all. There the same
 ``GROUPS`` parameters are also trained with a backward pass that computes
 (``BUSY_DIM`` matrix products between parameters, one bucket each) in ``FEW``
 groups and in ``GROUPS`` groups, so that groups are exchanged while the
-backward computes: the difference per added group, less the encode and decode
-the model already puts on the compute stream, is what a group costs the
-backward pass even with compute to hide behind. Where it exceeds the hook's
+backward computes: the difference per added group, less the compute the model
+already charges for it (encode, decode, the channel's compute) and the longer
+waits of its collectives while the backward computes (the profile's
+``busy_collective_ms`` per collective), is what a group costs the backward pass
+even with compute to hide behind. Where it exceeds the hook's
 figure it becomes the hook's figure (the channel keeps the rest of the fixed
 cost, if any). On a GPU, where the backward is the device's, this is not
 measured. Every figure is the median over iterations of the slowest rank.
@@ -139,11 +141,12 @@ class _ThroughExecutor:
         return _slowest_median(self.backward), _slowest_median(self.hook)
 
 
-def model_charges(collectives: list[dict], device, nodes: int,
-                  ranks_per_node: int) -> tuple[dict[str, float], dict[str, float]]:
+def model_charges(collectives: list[dict], device, nodes: int, ranks_per_node: int
+                  ) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
     """What the model charges per path for one group of ``NUMEL`` elements (encode,
-    channel, decode, copies), and the part of it on the compute stream (a device
-    path's encode and decode), from ``collectives`` (this profile's sweep rows) and a
+    channel, decode, copies), the part of it that computes on the rank (a device
+    path's encode and decode, and the channel's compute), and how many collectives
+    the group issues, from ``collectives`` (this profile's sweep rows) and a
     compressor sweep of the measurement's options."""
     import pandas as pd
 
@@ -160,23 +163,28 @@ def model_charges(collectives: list[dict], device, nodes: int,
     profile = Profile(meta, pd.DataFrame(), pd.DataFrame(collectives), pd.DataFrame(rows))
     costs = StrategyCosts(CommModel(profile, profiled_cluster(profile)), ComputeModel(profile),
                           device.type)
-    charges, compute = {}, {}
+    charges, compute, counts = {}, {}, {}
     for path, option in OPTIONS.items():
         cost = costs.cost(option, NUMEL)
         charges[path] = (cost.encode_ms + cost.channel_ms + cost.decode_ms + cost.copy_in_ms
                          + cost.copy_out_ms)
-        compute[path] = 0.0 if cost.host else cost.encode_ms + cost.decode_ms
-    return charges, compute
+        compute[path] = 0.0 if cost.host else cost.encode_ms + cost.decode_ms + cost.compute_ms
+        counts[path] = cost.collectives
+    return charges, compute, counts
 
 
 def measure_executor_costs(device, nodes: int, charges: dict[str, float],
                            compute_charges: dict[str, float], warmup: int, iterations: int,
-                           progress=None, busy_dim: int = BUSY_DIM) -> ExecutorCosts:
+                           progress=None, busy_dim: int = BUSY_DIM,
+                           collectives: dict[str, int] | None = None,
+                           busy_collective_ms: float = 0.0) -> ExecutorCosts:
     """The executor's fixed costs on this job (collective: call on every rank), given
-    what the model charges per group on each path and the part of it on the compute
-    stream (:func:`model_charges`); on the CPU
-    the busy backward multiplies ``busy_dim`` x ``busy_dim`` matrices. The
-    configurations run interleaved, round after round, so that drift hits all alike."""
+    what the model charges per group on each path, the part of it that computes on
+    the rank and its collectives (:func:`model_charges`); on the CPU the busy
+    backward multiplies ``busy_dim`` x ``busy_dim`` matrices, and each collective of
+    a group exchanged while it computes is charged ``busy_collective_ms`` more (the
+    profile's measurement), not counted again as a fixed cost. The configurations
+    run interleaved, round after round, so that drift hits all alike."""
     runs: dict[tuple, _ThroughExecutor] = {}
     for path in PATHS:
         runs[(path, FEW)] = _ThroughExecutor(OPTIONS[path], FEW, ONE_BUCKET_MB, nodes, device)
@@ -210,7 +218,8 @@ def measure_executor_costs(device, nodes: int, charges: dict[str, float],
         if busy:  # what a group still costs the backward with compute to hide behind
             few, _ = runs[("busy", path, FEW)].medians()
             many, _ = runs[("busy", path, GROUPS)].medians()
-            exposed = (many - few) / added - compute_charges[path]
+            waits = (collectives or {}).get(path, 0) * busy_collective_ms
+            exposed = (many - few) / added - compute_charges[path] - waits
             hook_ms[path] = max(hook_ms[path], exposed)
         tail_ms[path] = max(0.0, fixed - hook_ms[path])
     one_bucket, _ = runs[("direct", GROUPS)].medians()

@@ -179,12 +179,14 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
             config.specs, devices, sweep,
             reporter.phase("aggregation sweeps", aggregation_steps(config.specs, devices, sweep)))
         copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
-        charges, compute_charges = model_charges(collectives, device, nodes, ranks_per_node)
+        charges, compute_charges, counts = model_charges(collectives, device, nodes,
+                                                         ranks_per_node)
         rounds = 2 * training.iterations
         executor = measure_executor_costs(
             device, nodes, charges, compute_charges, training.warmup, rounds,
             reporter.phase("executor fixed costs", training.warmup + rounds),
-            QUICK_BUSY_DIM if config.quick else BUSY_DIM)
+            QUICK_BUSY_DIM if config.quick else BUSY_DIM, counts,
+            float(interference.get("busy_collective_ms", 0.0)))
         fidelity_specs = [s for s in config.specs if from_spec(s).name != "none"]
         fidelity = []
         if config.fidelity_iterations and fidelity_specs:

@@ -171,7 +171,8 @@ def _check_finite(path: Path, value, where: str = "") -> None:
 
 
 def _check_interference(path: Path, entry) -> None:
-    """Optional: shares of the compute stream lost to communication, in [0, 1)."""
+    """Optional: shares of the compute stream lost to communication, in [0, 1), and what a
+    collective waits while the rank computes (ms)."""
     if entry is None:
         return
     if not isinstance(entry, dict):
@@ -180,6 +181,9 @@ def _check_interference(path: Path, entry) -> None:
         value = entry.get(key, 0.0)
         if not _number(value) or not 0 <= value < 1:
             _fail(path, f"field 'interference.{key}' must be a number in [0, 1)")
+    for key in ("busy_collective_ms", "collective_alone_ms", "collective_busy_ms"):
+        if not _milliseconds(entry.get(key, 0.0)):
+            _fail(path, f"field 'interference.{key}' must be a non-negative number of ms")
 
 
 def _milliseconds(value) -> bool:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import statistics
 import threading
+import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -171,6 +173,7 @@ class _BackgroundTraffic:
         self.buffer = torch.zeros(nbytes // 4, device=device)
         self.stop_requested = False
         self.error: Exception | None = None
+        self.times_s: list[float] = []  # each allreduce's, issue to completion
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -178,7 +181,9 @@ class _BackgroundTraffic:
         try:
             while True:
                 self.buffer[0] = 1.0 if self.stop_requested else 0.0
+                started = time.perf_counter()
                 dist.all_reduce(self.buffer, group=self.group)
+                self.times_s.append(time.perf_counter() - started)
                 if self.buffer[0].item() > 0:
                     return
         except RuntimeError as error:  # a peer died: the rank's main thread reports it
@@ -212,6 +217,38 @@ def measure_interference(ddp, workload, batch, optimizer, clock, group, rounds: 
             "backward_with_traffic_ms": round(busy_ms, 4)}
 
 
+SMALL_COLLECTIVE_BYTES = 4096  # latency-bound at every link speed worth profiling
+IDLE_S = 0.25  # how long the small collectives run beside an idle main thread, per round
+
+
+def measure_busy_collectives(ddp, workload, batch, optimizer, clock, group, rounds: int = 2,
+                             per_round: int = 4) -> dict:
+    """How much longer a small collective takes while the rank computes (CPU jobs: gloo's
+    threads and the executor's share the cores with the backward pass; measured: a
+    4 KB allreduce 0.9 ms alone, 3-4 ms beside matrix products): small allreduces
+    back to back on a thread, timed while the main thread sleeps and while it runs
+    compute-only iterations. ``busy_collective_ms`` = the difference of the medians
+    (slowest rank), never negative."""
+    alone: list[float] = []
+    busy: list[float] = []
+    for _ in range(rounds):
+        traffic = _BackgroundTraffic(group, clock.device, SMALL_COLLECTIVE_BYTES)
+        time.sleep(IDLE_S)
+        traffic.stop()
+        alone += traffic.times_s[1:]  # the first may have waited for the other rank
+        traffic = _BackgroundTraffic(group, clock.device, SMALL_COLLECTIVE_BYTES)
+        for _ in range(per_round):
+            _one_iteration(ddp, workload, batch, optimizer, clock, True)
+        traffic.stop()
+        busy += traffic.times_s[1:-1]  # the last one ran after the iterations
+    medians = torch.tensor([statistics.median(alone or [0.0]), statistics.median(busy or [0.0])],
+                           dtype=torch.float64)
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX)
+    alone_ms, busy_ms = (1000.0 * float(value) for value in medians)
+    return {"collective_alone_ms": round(alone_ms, 4), "collective_busy_ms": round(busy_ms, 4),
+            "busy_collective_ms": round(max(0.0, busy_ms - alone_ms), 4)}
+
+
 def measure_training(workload: Workload, device: torch.device, settings: TrainingSettings,
                      progress=None, intra_group=None) -> tuple[dict, pd.DataFrame, dict]:
     """Return ``(times, tensors, interference)``: statistics of each phase, one row per
@@ -219,7 +256,8 @@ def measure_training(workload: Workload, device: torch.device, settings: Trainin
     bucket), and :func:`measure_interference`'s result for traffic over the whole
     world; with ``intra_group`` (several nodes of several ranks) also its
     ``intra_fraction``, for traffic inside a node only (loopback or NVLink, which
-    can take far more of the compute than a slow link between nodes)."""
+    can take far more of the compute than a slow link between nodes); on the CPU
+    also :func:`measure_busy_collectives`'s figures."""
     model = workload.model.to(device)
     clock = Clock(device)
     batch = to_device(workload.make_batch(settings.batch_size), device)
@@ -232,6 +270,9 @@ def measure_training(workload: Workload, device: torch.device, settings: Trainin
     recorder.remove()
     world = new_group(list(range(dist.get_world_size())))
     interference = measure_interference(ddp, workload, batch, optimizer, clock, world)
+    if device.type == "cpu":  # on a GPU the backward's compute is the device's
+        interference.update(measure_busy_collectives(ddp, workload, batch, optimizer, clock,
+                                                     world))
     if intra_group is not None:
         inside = measure_interference(ddp, workload, batch, optimizer, clock, intra_group)
         interference["intra_fraction"] = inside["fraction"]

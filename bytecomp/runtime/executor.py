@@ -31,13 +31,16 @@ import time
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
 from bytecomp.comm.schemes import take_residuals
 from bytecomp.comm.topology import Topology, new_group, release_groups
 from bytecomp.comm.worker import CommWorker
+from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.errors import BytecompError
 from bytecomp.plan import Plan, load_plan
 from bytecomp.runtime.checks import agree, check_bucket_cap, local_problem
@@ -53,6 +56,12 @@ log = logging.getLogger("bytecomp.runtime")
 # the job, is exactly what PyTorch's own hook (or DDP's own allreduce) does with a bucket
 # (PyTorch's bf16_compress_hook is left out: it refuses any backend but NCCL and XCCL)
 BUILTIN_HOOKS = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook}
+# A static plan of PowerSGD (error feedback and warm start on) on exactly the matrices that
+# PyTorch's powerSGD_hook compresses at its rank, and fp32 allreduce on the rest, is what
+# that hook does: it runs as the hook. The hook allreduces its first iterations plainly;
+# 2 is the fewest it takes with error feedback.
+POWERSGD_START_ITER = 2
+POWERSGD_KEY = "<powerSGD_hook>"  # its state among the groups' in state_dict
 
 
 class Executor:
@@ -102,7 +111,11 @@ class Executor:
         self._current = Step()
         check_bucket_cap(ddp, plan)
         builtin = self._builtin_exchange()
-        self.native = native and self.controller is None and builtin is not None
+        self.powersgd_rank = self._powersgd_hook_rank() if builtin is None and \
+            not self.measures_gain else None
+        self.native = native and self.controller is None and \
+            (builtin is not None or self.powersgd_rank is not None)
+        self.powersgd_state: powersgd.PowerSGDState | None = None
         # groups of its own, so its traffic never interleaves with DDP's (none where native)
         self.device_path: DevicePath | None = None
         self.host_path: HostPath | None = None
@@ -122,7 +135,15 @@ class Executor:
         # the controller's agreement travels on a group of its own, on the host
         self.control = new_group(list(range(dist.get_world_size())), backend="gloo") \
             if self.controller is not None else None
-        if self.native:  # DDP's own allreduce or PyTorch's hook is this plan: no groups
+        if self.native and self.powersgd_rank is not None:  # PyTorch's powerSGD_hook
+            self.powersgd_state = powersgd.PowerSGDState(
+                process_group=None, matrix_approximation_rank=self.powersgd_rank,
+                start_powerSGD_iter=POWERSGD_START_ITER, min_compression_rate=2,
+                use_error_feedback=True, warm_start=True, random_seed=0)
+            ddp.register_comm_hook(self.powersgd_state, powersgd.powerSGD_hook)
+            self._native_sent = self._powersgd_sent_bytes(self.powersgd_rank)
+            ddp.register_forward_pre_hook(self._count_native_step)
+        elif self.native:  # DDP's own allreduce or PyTorch's hook is this plan: no groups
             hook = BUILTIN_HOOKS[builtin]  # type: ignore[index]  # native: not None
             if hook is not default_hooks.allreduce_hook:  # fp32: DDP's own, no hook at all
                 ddp.register_comm_hook(None, hook)
@@ -195,6 +216,46 @@ class Executor:
                not g.compressor.error_feedback for g in self.groups):
             return names.pop()
         return None
+
+    def _powersgd_hook_rank(self) -> int | None:
+        """The rank at which this static plan is what PyTorch's powerSGD_hook does: PowerSGD
+        with error feedback and warm start on exactly the matrices the hook's rule
+        compresses (:func:`~bytecomp.compress.lowrank.powersgd_compresses`), fp32 on the
+        others, all allreduced on the device over the whole job; else None."""
+        if self.controller is not None:
+            return None
+        ranks = set()
+        for group in self.groups:
+            compressor = group.compressor
+            if group.place != "device" or group.scheme != "allreduce":
+                return None
+            if compressor.name == "powersgd" and compressor.error_feedback and \
+                    compressor.values.get("warm_start"):
+                ranks.add(compressor.values["rank"])
+            elif compressor.name != "none" or compressor.error_feedback:
+                return None
+        if len(ranks) != 1:
+            return None
+        rank = ranks.pop()
+        for group in self.groups:
+            compressed = group.compressor.name == "powersgd"
+            if any(powersgd_compresses(tuple(self.params[name].shape), rank) != compressed
+                   for name in group.names):
+                return None
+        return rank
+
+    def _powersgd_sent_bytes(self, rank: int) -> int:
+        """Bytes a compressed step of PyTorch's powerSGD_hook sends: both factors of every
+        matrix it compresses, the other gradients whole."""
+        sent = 0
+        for param in self.params.values():
+            shape = tuple(param.shape)
+            if powersgd_compresses(shape, rank):
+                rows, cols = shape[0], param.numel() // shape[0]
+                sent += (rows + cols) * min(rank, rows, cols) * param.element_size()
+            else:
+                sent += param.numel() * param.element_size()
+        return sent
 
     def _sent_bytes(self, hook) -> int:
         """Bytes a step sends through one of :data:`BUILTIN_HOOKS` (fp16: half)."""
@@ -399,7 +460,14 @@ class Executor:
         """Every rank's residuals and compressor state per group, the step and the plan's
         digest. Collective: call it on every rank (residuals differ between ranks, so
         each rank's are gathered; rank 0 can then save the whole job's state alone)."""
-        saved = self.states.state_dict()
+        if self.powersgd_state is not None:  # travels with the groups' (none here)
+            self.states.by_group[POWERSGD_KEY] = _powersgd_state_of(self.powersgd_state)
+            try:
+                saved = self.states.state_dict()
+            finally:
+                self.states.by_group.pop(POWERSGD_KEY)
+        else:
+            saved = self.states.state_dict()
         if self.controller is not None:
             self._collect()  # agreed on, and kept for the next step
             if self._batch:  # agreed now, observed when the batch would have been
@@ -412,6 +480,14 @@ class Executor:
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (from a run with the same plan); each rank takes its own."""
         self.states.load_state_dict(state)
+        hook_state = self.states.by_group.pop(POWERSGD_KEY, None)
+        if (hook_state is None) != (self.powersgd_state is None):
+            how = "as PyTorch's powerSGD_hook" if hook_state is not None else \
+                "through bytecomp's executor"
+            raise BytecompError(f"this executor state was saved running the plan {how}; "
+                                f"apply the plan the same way (apply_plan's native=) to load it")
+        if self.powersgd_state is not None and hook_state is not None:
+            _restore_powersgd_state(self.powersgd_state, hook_state)
         if self.controller is not None:
             if not isinstance(state.get("controller"), dict):
                 raise BytecompError("this executor state has no controller (saved with a "
@@ -473,6 +549,37 @@ def _read_together(tensors: list[torch.Tensor]) -> list[float]:
         for index, value in zip(indices, read):
             values[index] = value
     return [float(v) for v in values if v is not None]
+
+
+def _powersgd_state_of(state: powersgd.PowerSGDState) -> dict:
+    """What PyTorch's powerSGD_hook keeps between steps (its residuals and factors by
+    bucket, its step, its random generator), as tensors, numbers and dicts."""
+    _, keys, position, has_gauss, gauss = state.rng.get_state(legacy=True)
+    return {"iter": state.iter, "error": dict(state.error_dict), "p": dict(state.p_memory_dict),
+            "q": dict(state.q_memory_dict),
+            "rng_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "rng_position": int(position), "rng_has_gauss": int(has_gauss),
+            "rng_gauss": float(gauss),
+            "numel_before": state.total_numel_before_compression,
+            "numel_after": state.total_numel_after_compression,
+            "next_stats_report": state.next_stats_report}
+
+
+def _restore_powersgd_state(state: powersgd.PowerSGDState, saved: dict) -> None:
+    try:
+        state.iter = int(saved["iter"])
+        state.error_dict = dict(saved["error"])
+        state.p_memory_dict = dict(saved["p"])
+        state.q_memory_dict = dict(saved["q"])
+        state.rng.set_state(("MT19937", saved["rng_keys"].numpy().astype(np.uint32),
+                             int(saved["rng_position"]), int(saved["rng_has_gauss"]),
+                             float(saved["rng_gauss"])))
+        state.total_numel_before_compression = saved["numel_before"]
+        state.total_numel_after_compression = saved["numel_after"]
+        state.next_stats_report = saved["next_stats_report"]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise BytecompError(f"this executor state is corrupted: PyTorch's powerSGD_hook "
+                            f"state is malformed ({error})") from None
 
 
 def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,

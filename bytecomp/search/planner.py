@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 import bytecomp
 from bytecomp.compress import canonical, from_spec
+from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import Cluster
 from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
@@ -160,13 +161,21 @@ def choose_specs(profile: Profile, requested: list[str] | None, compute: Compute
     return [spec for spec in dict.fromkeys(specs) if from_spec(spec).name != "none"]
 
 
-def powersgd_compresses(shape: tuple, rank: int) -> bool:
-    """PyTorch's powerSGD_hook rule: matrices with (n + m) r * 2 < n m."""
-    if len(shape) < 2:
-        return False
-    rows = shape[0]
-    cols = math.prod(shape) // rows
-    return (rows + cols) * min(rank, rows, cols) * 2 < rows * cols
+def powersgd_hook_assignment(problem: Problem, spec: str) -> list[int] | None:
+    """What PyTorch's ``powerSGD_hook`` does with PowerSGD ``spec`` (error feedback and
+    warm start on, as the hook's), as an assignment: ``spec`` on the matrices its rule
+    compresses, fp32 on the rest; None where ``spec`` is not that or an option is missing."""
+    compressor = from_spec(spec)
+    if compressor.name != "powersgd" or not getattr(compressor, "error_feedback", False) or \
+            not compressor.values.get("warm_start", False):
+        return None
+    try:
+        compress = problem.index_of(native_option(spec))
+        keep = problem.index_of(NO_COMPRESSION)
+    except ValueError:
+        return None
+    rank = compressor.values["rank"]
+    return [compress if powersgd_compresses(t.shape, rank) else keep for t in problem.tensors]
 
 
 def _baseline_options(profile_specs: set[str]) -> tuple[str | None, str | None]:
@@ -234,8 +243,16 @@ class Planner:
                                host_workers=host_workers_of(self.cluster),
                                interference=float(measured.get("fraction", 0.0)),
                                intra_interference=measured.get("intra_fraction"),
-                               bucket_hook_ms=executor.bucket_ms)
+                               bucket_hook_ms=executor.bucket_ms,
+                               shared_compute=profile.device_type == "cpu",
+                               busy_collective_ms=float(measured.get("busy_collective_ms", 0.0)))
         self.searchable = list(range(searchable))
+        # a plan that is what PyTorch's powerSGD_hook does runs as that hook (see
+        # bytecomp.runtime.executor), without the executor's fixed costs
+        self.hooks = [hook for hook in (powersgd_hook_assignment(self.problem, spec)
+                                        for spec in searched) if hook is not None]
+        for hook in self.hooks:
+            self.problem.add_hook(hook)
         self._set_objective(objective, min_fidelity, fidelity_weights, calibrate)
 
     def _set_objective(self, name: str | None, min_fidelity: float | None,
@@ -358,6 +375,8 @@ class Planner:
         searchable = set(self.searchable)
         offered = [Point(list(b.assignment), b.cap_mb, math.nan) for b in baselines
                    if set(b.assignment) <= searchable]
+        offered += [Point(list(hook), cap, math.nan) for hook in self.hooks
+                    if set(hook) <= searchable for cap in caps]
         for assignment, cap in starts or []:
             if len(assignment) != len(problem.tensors) or not set(assignment) <= searchable:
                 raise BytecompError("a start must give every tensor a searchable option")
@@ -424,6 +443,13 @@ class Planner:
             assignment, value, cap = list(kept.assignment), kept.value, kept.cap_mb
             name += f", then the {kept.name} baseline kept (--min-gain)"
         time_ms = view.simulate(assignment, cap).iteration_ms
+        if tuple(assignment) in {tuple(hook) for hook in self.hooks}:
+            spec = next(problem.options[i].spec for i in set(assignment)
+                        if problem.options[i].compressed)
+            rank = from_spec(spec).values["rank"]
+            notes.append(f"the plan is what PyTorch's powerSGD_hook does at rank {rank} (PowerSGD "
+                         f"on the matrices it compresses, fp32 on the rest): apply_plan "
+                         f"registers that hook")
         problem.evaluations = view.evaluations
         return PlanResult(problem, self.cluster, self.specs, assignment, cap, time_ms, baselines,
                           name, 1000 * (time.perf_counter() - started), bound, exact,
@@ -588,8 +614,11 @@ def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
         release = max(owner[m] for m in members)  # the executor launches it then
         groups.append((release, group_id, Group(release, problem.options.index(option), members)))
     ordered = [group for _, _, group in sorted(groups, key=lambda item: item[:2])]
-    native = all(problem.options[group.option] == NO_COMPRESSION for group in ordered)
-    model = problem.iteration_model(plan.bucket_cap_mb, native)
+    assignment = [0] * len(problem.tensors)
+    for group in ordered:
+        for member in group.members:
+            assignment[member] = group.option
+    model = problem.iteration_model(plan.bucket_cap_mb, problem.is_native(assignment))
     if model.host_workers != plan.host_workers:  # the executor's pool is the plan's
         model = replace(model, host_workers=plan.host_workers)
     return simulate(model, problem.sim_groups(ordered, plan.bucket_cap_mb), record)

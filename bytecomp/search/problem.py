@@ -81,7 +81,8 @@ class Problem:
     def __init__(self, tensors: list[Tensor], forward_ms: float, backward_ms: float,
                  optimizer_ms: float, costs: StrategyCosts, options: list[Option],
                  host_workers: int = HOST_WORKERS, interference: float = 0.0,
-                 intra_interference: float | None = None, bucket_hook_ms: float = 0.0) -> None:
+                 intra_interference: float | None = None, bucket_hook_ms: float = 0.0,
+                 shared_compute: bool = False, busy_collective_ms: float = 0.0) -> None:
         self.tensors = tensors
         self.forward_ms = forward_ms
         self.backward_ms = max(backward_ms, max((t.ready_ms for t in tensors), default=0.0))
@@ -92,8 +93,11 @@ class Problem:
         self.interference = interference
         self.intra_interference = intra_interference
         self.bucket_hook_ms = bucket_hook_ms
+        self.shared_compute = shared_compute
+        self.busy_collective_ms = busy_collective_ms
         # fp32 allreduce on every tensor runs as DDP's own allreduce: no hook, no fixed costs
         self._native = options.index(NO_COMPRESSION) if NO_COMPRESSION in options else None
+        self._hooks: frozenset[tuple[int, ...]] = frozenset()  # add_hook's
         self._buckets: dict[float, list[list[int]]] = {}
         self._models: dict[tuple[float, bool], IterationModel] = {}
         self.low_rank = [_low_rank(o) for o in options]
@@ -143,17 +147,30 @@ class Problem:
                                                self.optimizer_ms, ready, self.host_workers,
                                                self.interference, self.intra_interference,
                                                through_hook=not native,
-                                               bucket_hook_ms=self.bucket_hook_ms)
+                                               bucket_hook_ms=self.bucket_hook_ms,
+                                               shared_compute=self.shared_compute,
+                                               busy_collective_ms=self.busy_collective_ms)
         return self._models[key]
 
+    def add_hook(self, assignment) -> None:
+        """An assignment that runs as PyTorch's own hook, without bytecomp's executor
+        (PowerSGD's, :func:`bytecomp.search.planner.powersgd_hook_assignment`)."""
+        self._hooks = self._hooks | {tuple(assignment)}
+
     def is_native(self, assignment) -> bool:
-        """Whether the assignment is fp32 allreduce on every tensor (DDP's own)."""
-        return self._native is not None and assignment.count(self._native) == len(assignment)
+        """Whether the assignment runs without bytecomp's executor (so without its fixed
+        costs): fp32 allreduce on every tensor (DDP's own), or one of the hooks'."""
+        if self._native is not None and assignment.count(self._native) == len(assignment):
+            return True
+        return bool(self._hooks) and tuple(assignment) in self._hooks
 
     def may_be_native(self, assignment) -> bool:
         """Whether some completion of a partial assignment is :meth:`is_native`."""
-        return self._native is not None and \
-            assignment.count(self._native) + assignment.count(UNASSIGNED) == len(assignment)
+        if self._native is not None and \
+                assignment.count(self._native) + assignment.count(UNASSIGNED) == len(assignment):
+            return True
+        return any(all(a == UNASSIGNED or a == h for a, h in zip(assignment, hook))
+                   for hook in self._hooks)
 
     # -- groups and evaluation ---------------------------------------------------------
     def groups(self, assignment, cap_mb: float) -> list[Group]:
@@ -353,6 +370,7 @@ class Problem:
         view._values = {}
         if view._native is not None and view._native >= count:
             view._native = None
+        view._hooks = frozenset(hook for hook in self._hooks if max(hook, default=0) < count)
         return view
 
     # -- helpers -----------------------------------------------------------------------

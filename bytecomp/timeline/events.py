@@ -86,8 +86,9 @@ class EventSimulation:
         if target is None or self.running_since is None:
             return
         self.version += 1
-        self.push(self.now + max(0.0, target - self.work) / self.rate, self._milestone,
-                  self.version, target)
+        if self.rate > 0:  # else stopped until the rate changes (_set_rate reschedules)
+            self.push(self.now + max(0.0, target - self.work) / self.rate, self._milestone,
+                      self.version, target)
 
     def _set_rate(self, rate: float) -> None:
         """The backward pass's speed changes (a group enters or the channel idles)."""
@@ -192,7 +193,9 @@ class EventSimulation:
         index = self.next_channel
         self.next_channel += 1
         cost = self.groups[index].cost
-        duration = cost.channel_ms + (cost.tail_ms if self.model.through_hook else 0.0)
+        group = self.groups[index]
+        duration = cost.channel_ms + (cost.tail_ms if self.model.through_hook else 0.0) + \
+            self.model.busy_extra_ms(cost, group.bucket)
         self.channel_busy = True
         self._set_rate(self.model.channel_rate(self.groups[index].cost))
         self.channel[index] = (self.now, self.now + duration)

@@ -35,19 +35,42 @@ class IterationModel:
     # every group its hook_ms and tail_ms; DDP's own allreduce (through_hook False) none.
     through_hook: bool = True
     bucket_hook_ms: float = 0.0
+    # A CPU job: the compute on the channel (``GroupCost.compute_ms``) runs on the cores
+    # the backward pass runs on, and every collective a group issues while the backward
+    # computes waits ``busy_collective_ms`` longer (both measured by the profile).
+    shared_compute: bool = False
+    busy_collective_ms: float = 0.0
+
+    @property
+    def steady(self) -> bool:
+        """Whether the channel never slows the backward pass."""
+        return self.interference == 0.0 and not self.intra_interference and \
+            not self.shared_compute
 
     def channel_rate(self, cost: GroupCost) -> float:
         """The backward pass's speed while ``cost``'s collectives run: its intra-node
-        share of the channel time slows it by ``intra_interference``, the rest by
+        share of the channel time slows it by ``intra_interference``, its compute share
+        (a CPU job's, ``shared_compute``) stops it, the rest slows it by
         ``interference``."""
-        if self.interference == 0.0 and not self.intra_interference:
+        if self.steady:
             return 1.0
         intra = self.interference if self.intra_interference is None \
             else self.intra_interference
         if cost.channel_ms <= 0:
             return 1.0 - self.interference
         share = min(1.0, cost.intra_ms / cost.channel_ms)
-        return 1.0 - (self.interference * (1.0 - share) + intra * share)
+        compute = min(1.0 - share, cost.compute_ms / cost.channel_ms) \
+            if self.shared_compute else 0.0
+        return max(0.0, 1.0 - (self.interference * (1.0 - share - compute) + intra * share
+                               + compute))
+
+    def busy_extra_ms(self, cost: GroupCost, bucket: int) -> float:
+        """What a group's collectives wait beyond their sweep's time when the group is
+        launched while the backward pass still computes: by a bucket before the last
+        (the last is ready when the backward's last gradients are)."""
+        if bucket >= len(self.bucket_ready_ms) - 1 or self.busy_collective_ms == 0.0:
+            return 0.0
+        return cost.collectives * self.busy_collective_ms
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,10 @@ communication, then the optimizer. Resources:
   reduces and moves bytes with the CPU), as the profile measures;
 * the **channel** is FIFO (bytecomp runs every exchange on one communication
   thread): a group's collectives start when the group is encoded and every
-  earlier group has left the channel;
+  earlier group has left the channel. On a CPU job its compute (a FIFO group's
+  decode, re-compression) stops the backward pass while it runs, and each
+  collective of a group launched before the last bucket waits
+  ``busy_collective_ms`` longer (the cores are busy with the backward);
 * a pool of **host workers** runs host-side encodes and decodes, after a
   device-to-host copy and before a host-to-device copy on the **copy
   engine** (FIFO).

@@ -73,7 +73,7 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup],
                 last_finish = copy_free
 
     # without interference the channel never slows the backward pass: no need to look
-    steady = model.interference == 0.0 and not model.intra_interference
+    steady = model.steady
 
     def finish_time(start: float, need: float) -> float:
         """When ``need`` ms of backward work started at ``start`` are done."""
@@ -92,7 +92,7 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup],
                 time = begin
             capacity = (end - time) * slow
             if need <= capacity:
-                return time + need / slow
+                return time + (need / slow if slow > 0 else 0.0)
             need -= capacity
             time = end
         return time + need
@@ -124,6 +124,7 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup],
 
     ready = 0.0
     hooked = model.through_hook
+    busy, last_bucket = model.busy_collective_ms, len(by_bucket) - 1
     for bucket, bucket_groups in enumerate(by_bucket):
         if model.bucket_ready_ms[bucket] > ready:
             ready = model.bucket_ready_ms[bucket]
@@ -150,6 +151,8 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup],
                 encoded = clock
             start = encoded if encoded > channel_free else channel_free
             channel_free = start + cost.channel_ms + (cost.tail_ms if hooked else 0.0)
+            if busy and bucket < last_bucket:  # launched while the backward computes
+                channel_free += cost.collectives * busy
             channel.append((start, channel_free))
             rates.append(1.0 if steady else model.channel_rate(cost))
             if cost.host:
