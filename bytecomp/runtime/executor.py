@@ -61,6 +61,18 @@ BUILTIN_HOOKS = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp1
 # that hook does: it runs as the hook. The hook allreduces its first iterations plainly;
 # 2 is the fewest it takes with error feedback.
 POWERSGD_START_ITER = 2
+
+
+def one_bucket(params, bucket_cap_mb: float) -> bool:
+    """Whether DDP keeps every gradient of ``params`` in one bucket at this cap: one dtype,
+    fewer bytes than the cap (so no bucket closes early, whatever the ready order).
+    PyTorch's powerSGD_hook issues a bucket's second allreduce from the first one's
+    completion callback, which may reach the process group before or after the next
+    bucket's first allreduce, in another order on each rank (measured: gloo aborted
+    with 'Received data size doesn't match expected size' on 2 buckets); in one bucket
+    the order is fixed."""
+    return len({p.dtype for p in params}) == 1 and \
+        sum(p.numel() * p.element_size() for p in params) < bucket_cap_mb * (1 << 20)
 POWERSGD_KEY = "<powerSGD_hook>"  # its state among the groups' in state_dict
 
 
@@ -112,7 +124,8 @@ class Executor:
         check_bucket_cap(ddp, plan)
         builtin = self._builtin_exchange()
         self.powersgd_rank = self._powersgd_hook_rank() if builtin is None and \
-            not self.measures_gain else None
+            not self.measures_gain and one_bucket(self.params.values(), plan.bucket_cap_mb) \
+            else None
         self.native = native and self.controller is None and \
             (builtin is not None or self.powersgd_rank is not None)
         self.powersgd_state: powersgd.PowerSGDState | None = None

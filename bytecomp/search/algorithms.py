@@ -466,7 +466,7 @@ def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], valu
                 return relaxed
         problem.evaluations += 1
         # a completion may run as DDP's own allreduce, without the hook's fixed costs
-        bounding = native_model if problem.may_be_native(partial) else model
+        bounding = native_model if problem.may_be_native(partial, cap_mb) else model
         return simulate(bounding, groups).iteration_ms * scale
 
     def descend(depth: int) -> None:

@@ -247,8 +247,8 @@ class Planner:
                                shared_compute=profile.device_type == "cpu",
                                busy_collective_ms=float(measured.get("busy_collective_ms", 0.0)))
         self.searchable = list(range(searchable))
-        # a plan that is what PyTorch's powerSGD_hook does runs as that hook (see
-        # bytecomp.runtime.executor), without the executor's fixed costs
+        # a plan that is what PyTorch's powerSGD_hook does runs as that hook where DDP
+        # makes one bucket (see bytecomp.runtime.executor), without the executor's costs
         self.hooks = [hook for hook in (powersgd_hook_assignment(self.problem, spec)
                                         for spec in searched) if hook is not None]
         for hook in self.hooks:
@@ -376,7 +376,7 @@ class Planner:
         offered = [Point(list(b.assignment), b.cap_mb, math.nan) for b in baselines
                    if set(b.assignment) <= searchable]
         offered += [Point(list(hook), cap, math.nan) for hook in self.hooks
-                    if set(hook) <= searchable for cap in caps]
+                    if set(hook) <= searchable for cap in caps if problem.one_bucket(cap)]
         for assignment, cap in starts or []:
             if len(assignment) != len(problem.tensors) or not set(assignment) <= searchable:
                 raise BytecompError("a start must give every tensor a searchable option")
@@ -443,7 +443,8 @@ class Planner:
             assignment, value, cap = list(kept.assignment), kept.value, kept.cap_mb
             name += f", then the {kept.name} baseline kept (--min-gain)"
         time_ms = view.simulate(assignment, cap).iteration_ms
-        if tuple(assignment) in {tuple(hook) for hook in self.hooks}:
+        if tuple(assignment) in {tuple(hook) for hook in self.hooks} and \
+                problem.one_bucket(cap):
             spec = next(problem.options[i].spec for i in set(assignment)
                         if problem.options[i].compressed)
             rank = from_spec(spec).values["rank"]
@@ -618,7 +619,8 @@ def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
     for group in ordered:
         for member in group.members:
             assignment[member] = group.option
-    model = problem.iteration_model(plan.bucket_cap_mb, problem.is_native(assignment))
+    model = problem.iteration_model(plan.bucket_cap_mb,
+                                    problem.is_native(assignment, plan.bucket_cap_mb))
     if model.host_workers != plan.host_workers:  # the executor's pool is the plan's
         model = replace(model, host_workers=plan.host_workers)
     return simulate(model, problem.sim_groups(ordered, plan.bucket_cap_mb), record)

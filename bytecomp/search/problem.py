@@ -153,24 +153,35 @@ class Problem:
         return self._models[key]
 
     def add_hook(self, assignment) -> None:
-        """An assignment that runs as PyTorch's own hook, without bytecomp's executor
-        (PowerSGD's, :func:`bytecomp.search.planner.powersgd_hook_assignment`)."""
+        """An assignment that runs as PyTorch's own hook, without bytecomp's executor, at
+        a cap where DDP makes one bucket (PowerSGD's,
+        :func:`bytecomp.search.planner.powersgd_hook_assignment`: see
+        :func:`bytecomp.runtime.executor.one_bucket`)."""
         self._hooks = self._hooks | {tuple(assignment)}
 
-    def is_native(self, assignment) -> bool:
+    def one_bucket(self, cap_mb: float) -> bool:
+        """Whether DDP keeps every gradient in one bucket at ``cap_mb`` by the executor's
+        rule (:func:`bytecomp.runtime.executor.one_bucket`): one dtype, less than the cap."""
+        return len({t.dtype for t in self.tensors}) == 1 and \
+            sum(self._bytes) < cap_mb * (1 << 20)
+
+    def is_native(self, assignment, cap_mb: float) -> bool:
         """Whether the assignment runs without bytecomp's executor (so without its fixed
-        costs): fp32 allreduce on every tensor (DDP's own), or one of the hooks'."""
+        costs) at ``cap_mb``: fp32 allreduce on every tensor (DDP's own), or one of the
+        hooks' in one bucket."""
         if self._native is not None and assignment.count(self._native) == len(assignment):
             return True
-        return bool(self._hooks) and tuple(assignment) in self._hooks
+        return bool(self._hooks) and tuple(assignment) in self._hooks and \
+            self.one_bucket(cap_mb)
 
-    def may_be_native(self, assignment) -> bool:
+    def may_be_native(self, assignment, cap_mb: float) -> bool:
         """Whether some completion of a partial assignment is :meth:`is_native`."""
         if self._native is not None and \
                 assignment.count(self._native) + assignment.count(UNASSIGNED) == len(assignment):
             return True
-        return any(all(a == UNASSIGNED or a == h for a, h in zip(assignment, hook))
-                   for hook in self._hooks)
+        return self.one_bucket(cap_mb) and any(
+            all(a == UNASSIGNED or a == h for a, h in zip(assignment, hook))
+            for hook in self._hooks)
 
     # -- groups and evaluation ---------------------------------------------------------
     def groups(self, assignment, cap_mb: float) -> list[Group]:
@@ -276,7 +287,7 @@ class Problem:
 
     def simulate(self, assignment, cap_mb: float, record: bool = False) -> SimResult:
         self.evaluations += 1
-        model = self.iteration_model(cap_mb, self.is_native(assignment))
+        model = self.iteration_model(cap_mb, self.is_native(assignment, cap_mb))
         if record:
             return simulate(model, self._fast_sim_groups(assignment, cap_mb), record)
         return simulate_single_pass(model, [], self._groups_by_bucket(assignment, cap_mb))
