@@ -61,6 +61,7 @@ BUILTIN_HOOKS = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp1
 # that hook does: it runs as the hook. The hook allreduces its first iterations plainly;
 # 2 is the fewest it takes with error feedback.
 POWERSGD_START_ITER = 2
+POWERSGD_KEY = "<powerSGD_hook>"  # its state among the groups' in state_dict
 
 
 def one_bucket(params, bucket_cap_mb: float) -> bool:
@@ -73,7 +74,6 @@ def one_bucket(params, bucket_cap_mb: float) -> bool:
     the order is fixed."""
     return len({p.dtype for p in params}) == 1 and \
         sum(p.numel() * p.element_size() for p in params) < bucket_cap_mb * (1 << 20)
-POWERSGD_KEY = "<powerSGD_hook>"  # its state among the groups' in state_dict
 
 
 class Executor:
@@ -608,10 +608,14 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     ``fallback="fp32"``. Host-placed groups run on ``host_workers`` threads per rank
     (default: the plan's ``host_workers``, a node's cores shared by its ranks where the
     cluster config gave them, else 2). A plan that allreduces every gradient in fp32 is what
-    DDP does by itself, and one that allreduces every gradient in fp16 is PyTorch's
-    ``fp16_compress_hook``: with ``native=True`` no
-    hook, or PyTorch's, is registered for it (the executor only counts steps and
-    bytes); ``native=False`` runs it through the executor's hook like any other plan.
+    DDP does by itself, one that allreduces every gradient in fp16 is PyTorch's
+    ``fp16_compress_hook``, and, where DDP keeps every gradient in one bucket
+    (:func:`one_bucket`), a static plan of PowerSGD rank r (error feedback and warm
+    start on) on the matrices PyTorch's ``powerSGD_hook`` compresses at rank r and fp32
+    on the rest is that hook: with ``native=True`` no hook, or PyTorch's, is registered
+    for it (the executor only counts steps and bytes, and keeps the PowerSGD hook's
+    state in :meth:`Executor.state_dict`); ``native=False`` runs it through the
+    executor's hook like any other plan.
     An adaptive plan keeps the executor's hook, which hands the buckets of such a level
     to PyTorch's hook. With ``measure_gain=True`` the compressors with error
     feedback measure what they keep of each step's gradient (two norms per group), for
