@@ -33,8 +33,21 @@ def batch(rank: int, step: int, inputs: int = 32):
                                                                        generator=generator)
 
 
+def flat_parameters(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def sgd_step_side_by_side(runs, inputs, target) -> None:
+    """One plain SGD step (lr 0.1) of each (workload, ddp) on the same batch."""
+    for workload, ddp in runs:
+        workload.loss(ddp(inputs), target).backward()
+        for p in workload.model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+            p.grad = None
+
+
 def parameters_agree(model) -> bool:
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = flat_parameters(model)
     everyone = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, flat)
     return all(torch.equal(everyone[0], other) for other in everyone)
@@ -98,14 +111,9 @@ def fp16_plan_against_the_fp16_hook(rank, world, native):
                           world, bucket_cap_mb=1)
     executor = bytecomp.apply_plan(ddp_planned, plan, native=native)
     for step in range(3):
-        inputs, target = batch(rank, step, 512)
-        for workload, ddp in ((reference, ddp_reference), (planned, ddp_planned)):
-            workload.loss(ddp(inputs), target).backward()
-            for p in workload.model.parameters():
-                p.data.add_(p.grad, alpha=-0.1)
-                p.grad = None
-    flat = [torch.cat([p.detach().reshape(-1) for p in w.model.parameters()])
-            for w in (reference, planned)]
+        sgd_step_side_by_side(((reference, ddp_reference), (planned, ddp_planned)),
+                              *batch(rank, step, 512))
+    flat = [flat_parameters(w.model) for w in (reference, planned)]
     summary = executor.stats.summary()
     executor.close()
     return executor.native, flat[0], flat[1], summary["bytes_vs_fp32"], summary["steps"]
@@ -169,14 +177,9 @@ def powersgd_plan_against_the_powersgd_hook(rank, world, native, resume, cap=25.
             executor = bytecomp.apply_plan(ddp_planned, plan, native=native)
             saved.seek(0)
             executor.load_state_dict(torch.load(saved, weights_only=True))
-        inputs, target = batch(rank, step, 512)
-        for workload, ddp in ((reference, ddp_reference), (planned, ddp_planned)):
-            workload.loss(ddp(inputs), target).backward()
-            for p in workload.model.parameters():
-                p.data.add_(p.grad, alpha=-0.1)
-                p.grad = None
-    flat = [torch.cat([p.detach().reshape(-1) for p in w.model.parameters()])
-            for w in (reference, planned)]
+        sgd_step_side_by_side(((reference, ddp_reference), (planned, ddp_planned)),
+                              *batch(rank, step, 512))
+    flat = [flat_parameters(w.model) for w in (reference, planned)]
     summary = executor.stats.summary()
     executor.close()
     return is_native, flat[0], flat[1], ratio or summary["bytes_vs_fp32"]

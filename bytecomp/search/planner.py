@@ -443,8 +443,7 @@ class Planner:
             assignment, value, cap = list(kept.assignment), kept.value, kept.cap_mb
             name += f", then the {kept.name} baseline kept (--min-gain)"
         time_ms = view.simulate(assignment, cap).iteration_ms
-        if tuple(assignment) in {tuple(hook) for hook in self.hooks} and \
-                problem.one_bucket(cap):
+        if assignment in self.hooks and problem.one_bucket(cap):
             spec = next(problem.options[i].spec for i in set(assignment)
                         if problem.options[i].compressed)
             rank = from_spec(spec).values["rank"]

@@ -98,6 +98,9 @@ class Problem:
         # fp32 allreduce on every tensor runs as DDP's own allreduce: no hook, no fixed costs
         self._native = options.index(NO_COMPRESSION) if NO_COMPRESSION in options else None
         self._hooks: frozenset[tuple[int, ...]] = frozenset()  # add_hook's
+        # one_bucket's facts (branch and bound asks at every node)
+        self._one_dtype = len({t.dtype for t in tensors}) == 1
+        self._total_bytes = sum(t.bytes for t in tensors)
         self._buckets: dict[float, list[list[int]]] = {}
         self._models: dict[tuple[float, bool], IterationModel] = {}
         self.low_rank = [_low_rank(o) for o in options]
@@ -162,8 +165,7 @@ class Problem:
     def one_bucket(self, cap_mb: float) -> bool:
         """Whether DDP keeps every gradient in one bucket at ``cap_mb`` by the executor's
         rule (:func:`bytecomp.runtime.executor.one_bucket`): one dtype, less than the cap."""
-        return len({t.dtype for t in self.tensors}) == 1 and \
-            sum(self._bytes) < cap_mb * (1 << 20)
+        return self._one_dtype and self._total_bytes < cap_mb * (1 << 20)
 
     def is_native(self, assignment, cap_mb: float) -> bool:
         """Whether the assignment runs without bytecomp's executor (so without its fixed

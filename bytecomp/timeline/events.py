@@ -192,12 +192,12 @@ class EventSimulation:
             return
         index = self.next_channel
         self.next_channel += 1
-        cost = self.groups[index].cost
         group = self.groups[index]
+        cost = group.cost
         duration = cost.channel_ms + (cost.tail_ms if self.model.through_hook else 0.0) + \
             self.model.busy_extra_ms(cost, group.bucket)
         self.channel_busy = True
-        self._set_rate(self.model.channel_rate(self.groups[index].cost))
+        self._set_rate(self.model.channel_rate(cost))
         self.channel[index] = (self.now, self.now + duration)
         if self.record:
             self.log("channel", "collective", self.now, self.now + duration, self.groups[index].label)

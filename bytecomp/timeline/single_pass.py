@@ -124,7 +124,7 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup],
 
     ready = 0.0
     hooked = model.through_hook
-    busy, last_bucket = model.busy_collective_ms, len(by_bucket) - 1
+    busy = model.busy_collective_ms
     for bucket, bucket_groups in enumerate(by_bucket):
         if model.bucket_ready_ms[bucket] > ready:
             ready = model.bucket_ready_ms[bucket]
@@ -151,8 +151,8 @@ def simulate_single_pass(model: IterationModel, groups: list[SimGroup],
                 encoded = clock
             start = encoded if encoded > channel_free else channel_free
             channel_free = start + cost.channel_ms + (cost.tail_ms if hooked else 0.0)
-            if busy and bucket < last_bucket:  # launched while the backward computes
-                channel_free += cost.collectives * busy
+            if busy:  # (a collective waits longer while the backward computes)
+                channel_free += model.busy_extra_ms(cost, bucket)
             channel.append((start, channel_free))
             rates.append(1.0 if steady else model.channel_rate(cost))
             if cost.host:
