@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -223,6 +224,30 @@ def test_the_probe_table_goes_through_the_same_checks(profile):
     for steps in ("nan", "-1", "'x'", "[1]"):
         edit_meta(profile, lambda meta, s=steps: meta.update(probe={"steps": yaml.safe_load(s)}))
         with pytest.raises(BytecompError, match="field 'probe.steps' must be an integer"):
+            load_profile(profile)
+
+
+def test_the_compressors_advance_column_is_optional_and_checked(profile):
+    """compressors.csv's advance_ms (a multi-round encode's part between its
+    collectives): profiles before it load without it; it is a non-negative part of
+    the encode; it survives a save."""
+    from bytecomp.profile.store import save_profile
+
+    table = profile / "compressors.csv"
+    rows = pd.read_csv(table)
+    assert "advance_ms" not in rows.columns  # the fixture is an older profile
+    rows["advance_ms"] = rows["encode_ms"] / 2
+    rows.to_csv(table, index=False)
+    loaded = load_profile(profile)
+    assert list(loaded.compressors["advance_ms"]) == pytest.approx(list(rows["encode_ms"] / 2))
+    save_profile(loaded, profile, force=True)
+    assert "advance_ms" in pd.read_csv(table).columns
+    for value, reason in ((-1.0, "must not be negative"), (None, "is more than encode_ms")):
+        bad = rows.copy()
+        bad.loc[1, "advance_ms"] = value if value is not None else bad.loc[1, "encode_ms"] * 2
+        bad.to_csv(table, index=False)
+        with pytest.raises(BytecompError,
+                           match=f"compressors.csv: column 'advance_ms', row 2: .*{reason}"):
             load_profile(profile)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from bytecomp.compress import default_specs
+from bytecomp.compress import default_specs, from_spec
 from bytecomp.plan import fingerprint
 from bytecomp.profile import load_profile
 from bytecomp.profile.sweeps import COLLECTIVES, DTYPES, EXTRA_SAMPLES, samples_per_round
@@ -108,6 +108,10 @@ def test_every_collective_and_compressor_row_is_present_and_positive(mlp_profile
         assert list(rows.numel) == numels, spec
         assert (rows.encode_ms > 0).all() and (rows.decode_ms > 0).all(), spec
         assert (rows.payload_bytes > 0).all(), spec
+        # the encode's part between the collectives: only compressors of several rounds
+        assert (rows.advance_ms <= rows.encode_ms).all(), spec
+        several = len(from_spec(spec).collectives_of_rounds()) > 1
+        assert (rows.advance_ms > 0).all() if several else (rows.advance_ms == 0).all(), spec
 
 
 def test_the_aggregation_of_gathered_payloads_is_swept(mlp_profile):

@@ -218,6 +218,30 @@ def test_the_fifo_thread_decodes_on_the_channel():
                                                               "allreduce") + decode)
 
 
+def test_a_multi_round_encodes_later_rounds_on_the_channel():
+    """The profile's advance_ms (PowerSGD's orthogonalization and Q = M^T P, run by
+    the executor between the two allreduces) is channel work that computes, not
+    encode: one-stage and hierarchical; a one-round compressor has none; a profile
+    from before the column keeps the whole encode on the compute stream."""
+    old = hand_costs()
+    profile = synthetic_profile(mlp_shapes(), world_size=2, device="cpu")
+    two_rounds = profile.compressors["spec"].map(lambda spec: spec.startswith("powersgd"))
+    profile.compressors["advance_ms"] = profile.compressors["encode_ms"].where(two_rounds, 0.0) * 0.6
+    new = StrategyCosts(CommModel(profile, HAND), ComputeModel(profile), "cpu")
+    for scheme, numel in (("allreduce", N), ("hierarchical", N // 16)):
+        option = Option("powersgd:rank=4", "device", scheme)
+        before, after = old.cost(option, N), new.cost(option, N)
+        between = new.compute.advance_ms("powersgd:rank=4", "cpu", numel)
+        assert between == pytest.approx(0.6 * new.compute.encode_ms("powersgd:rank=4", "cpu",
+                                                                     numel), rel=1e-3)
+        assert after.encode_ms == pytest.approx(before.encode_ms - between)
+        assert after.channel_ms == pytest.approx(before.channel_ms + between)
+        assert after.compute_ms == pytest.approx(before.compute_ms + between)
+    topk = Option("topk:ratio=0.01", "device", "allgather")
+    assert new.cost(topk, N) == old.cost(topk, N)
+    assert old.compute.advance_ms("powersgd:rank=4", "cpu", N) == 0.0
+
+
 def test_buckets_launch_in_index_order():
     model = IterationModel(0, 100, 0, [30, 10])  # a later bucket cannot go first
     result = simulate(model, [SimGroup(0, GroupCost(0, 1, 0)), SimGroup(1, GroupCost(0, 1, 0))])

@@ -25,6 +25,13 @@ class Encoded:
 def encode(compressor: Compressor, x: torch.Tensor, state: dict) -> Encoded:
     """Compress ``x`` through every round as if this rank were alone."""
     payload, ctx = compressor.compress(x, state, SOLO)
+    return advance_rounds(compressor, payload, ctx, state)
+
+
+def advance_rounds(compressor: Compressor, payload: Payload, ctx: object,
+                   state: dict) -> Encoded:
+    """The rounds after the first (``compress``'s ``payload`` and ``ctx``), as if this
+    rank were alone: what a multi-round compressor computes between its collectives."""
     sent = payload_nbytes(payload)
     collectives = compressor.collectives_of_rounds()
     for collective in collectives[:-1]:

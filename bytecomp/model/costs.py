@@ -169,10 +169,15 @@ class ComputeModel:
         self.encode: dict[tuple[str, str], PiecewiseFit] = {}
         self.decode: dict[tuple[str, str], PiecewiseFit] = {}
         self.payload: dict[tuple[str, str], LinearFit] = {}
+        # the part of a multi-round compressor's encode between its collectives (profiles
+        # before it: none, the whole encode before the first collective)
+        self.advance: dict[tuple[str, str], PiecewiseFit] = {}
         for (spec, device), rows in profile.compressors.groupby(["spec", "device"]):
             self.encode[(spec, device)] = fit_piecewise(rows["numel"], rows["encode_ms"])
             self.decode[(spec, device)] = fit_piecewise(rows["numel"], rows["decode_ms"])
             self.payload[(spec, device)] = fit_linear(rows["numel"], rows["payload_bytes"])
+            if "advance_ms" in rows.columns and (rows["advance_ms"] > 0).any():
+                self.advance[(spec, device)] = fit_piecewise(rows["numel"], rows["advance_ms"])
         self.copies = {direction: fit_linear(rows["bytes"], rows["time_ms"])
                        for direction, rows in profile.copies.groupby("direction")}
         # the executor's decode of a gathered exchange (profiles before it: decode_ms x
@@ -198,6 +203,11 @@ class ComputeModel:
     def decode_ms(self, spec: str, device: str, numel: float) -> float:
         return self.decode[(spec, device)](numel)
 
+    def advance_ms(self, spec: str, device: str, numel: float) -> float:
+        """The part of :meth:`encode_ms` computed between the collectives (never more)."""
+        fit = self.advance.get((spec, device))
+        return min(fit(numel), self.encode_ms(spec, device, numel)) if fit is not None else 0.0
+
     def aggregate_ms(self, spec: str, device: str, numel: float, payloads: int) -> float:
         """Decompress ``payloads`` payloads of ``numel`` elements and average them, as the
         executor does for a gathered exchange: from the profile's aggregation sweep where
@@ -218,7 +228,8 @@ class ComputeModel:
 
     def rows(self) -> list[FitRow]:
         rows = []
-        for name, fits in (("encode", self.encode), ("decode", self.decode)):
+        for name, fits in (("encode", self.encode), ("decode", self.decode),
+                           ("advance", self.advance)):
             rows += [FitRow(name, f"{spec}/{device}", fit) for (spec, device), fit in
                      sorted(fits.items())]
         rows += [FitRow("copy", direction, fit) for direction, fit in sorted(self.copies.items())]

@@ -5,17 +5,20 @@ where it encodes and decodes (``device``: on the compute stream, ``host``: on
 a CPU worker, with copies on GPUs) and a collective scheme. Its cost for a
 merged group of ``numel`` elements has three parts:
 
-* ``encode_ms``: on the compute stream (device) or a host worker (host);
+* ``encode_ms``: on the compute stream (device) or a host worker (host): the
+  compression up to the first collective's payload;
 * ``channel_ms``: on the communication channel, in FIFO order: every
   collective of the scheme plus the compute the scheme does between them
-  (two-shot's re-compression, the 16-bit casts of a hierarchical scheme's
+  (a multi-round compressor's later rounds, such as PowerSGD's orthogonalization
+  and ``Q = M^T P`` between its two allreduces: the profile's ``advance_ms``;
+  two-shot's re-compression, the 16-bit casts of a hierarchical scheme's
   intra-node stages, the two-level scheme's averaging, inter-node exchange and
   re-compression, for example);
 * ``decode_ms``: like encode, except on the FIFO path (several rounds, or a
   scheme of several stages), whose thread decodes a group before it takes the
   next: there the decode is on the channel;
 * ``compute_ms``: the part of ``channel_ms`` that computes (the decode above,
-  re-compression, casts, averaging): on a CPU job it runs on the cores the
+  later rounds, re-compression, casts, averaging): on a CPU job it runs on the cores the
   backward pass runs on (:class:`~bytecomp.timeline.iteration.IterationModel`);
 * ``collectives``: how many collectives the exchange issues (each waits longer
   while the backward pass computes, on a CPU job);
@@ -249,13 +252,17 @@ class StrategyCosts:
         def aggregate(n, payloads):  # decode and average every rank's payload
             return self.compute.aggregate_ms(spec, device, n, payloads)
 
+        def advance(n):  # a multi-round encode's part between its collectives: channel work
+            return self.compute.advance_ms(spec, device, n)
+
         world = self.comm.ranks("world")
         scheme = option.collective
         intra = compute = 0.0
         variable = 0 if compressor.fixed_size else 2  # the element counts' collectives
         if scheme in ("allreduce", "allgather"):
-            encode_ms = encode(numel)
-            channel = self.exchange_ms(spec, numel, "world", scheme, shapes)
+            compute = advance(numel)
+            encode_ms = encode(numel) - compute
+            channel = self.exchange_ms(spec, numel, "world", scheme, shapes) + compute
             count = self.exchange_collectives(spec, "world", scheme)
             gathers = scheme == "allgather" or compressor.collectives_of_rounds()[-1] == "allgather"
             decode_ms = aggregate(numel, world) if gathers else decode(numel)
@@ -283,10 +290,11 @@ class StrategyCosts:
             chunk = math.ceil(numel / per_node)
             native = native_scheme(compressor)
             intra = self.intra_collectives_ms(numel, scheme)
-            compute = self.casts_ms(numel, scheme, option.place)
+            between = advance(chunk)
+            compute = self.casts_ms(numel, scheme, option.place) + between
             channel = intra + compute + self.exchange_ms(spec, chunk, "inter", native)
             count = (2 if per_node > 1 else 0) + self.exchange_collectives(spec, "inter", native)
-            encode_ms = encode(chunk)
+            encode_ms = encode(chunk) - between
             decode_ms = aggregate(chunk, nodes) if native == "allgather" else decode(chunk)
             wire = 2 * numel * (2 if scheme in CASTS else self.element_size) \
                 + sum(self._payload(spec, chunk, None))

@@ -181,7 +181,7 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
         charges, compute_charges, counts = model_charges(collectives, device, nodes,
                                                          ranks_per_node)
-        rounds = 2 * training.iterations
+        rounds = training.iterations if config.quick else 2 * training.iterations
         executor = measure_executor_costs(
             device, nodes, charges, compute_charges, training.warmup, rounds,
             reporter.phase("executor fixed costs", training.warmup + rounds),

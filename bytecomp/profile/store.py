@@ -56,9 +56,10 @@ TABLES = {
                     "each_ms": float},
 }
 OPTIONAL_TABLES = ("copies", "fidelity", "probe", "aggregation")  # profiles without them load
-OPTIONAL_COLUMNS = {"probe": {"gain": float}}  # tables written before they existed load
+# tables written before these columns existed load (an advance_ms of 0 is the old reading)
+OPTIONAL_COLUMNS = {"probe": {"gain": float}, "compressors": {"advance_ms": float}}
 NON_NEGATIVE = {"numel", "bytes", "ready_ms", "ranks", "time_ms", "p10_ms", "p90_ms",
-                "encode_ms", "decode_ms", "payload_bytes", "steps_factor", "steps",
+                "encode_ms", "decode_ms", "advance_ms", "payload_bytes", "steps_factor", "steps",
                 "one_ms", "each_ms"}
 FRACTIONS = {"gain", "gain_p10", "gain_p90", "norm_share"}  # between 0 and 1
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -417,6 +418,9 @@ def _check_sweep(path: Path, table: pd.DataFrame) -> None:
     _row_fail(path, table, ~table["device"].isin(["cpu", "cuda"]), "device",
               "is not cpu or cuda")
     _row_fail(path, table, table["numel"] < 1, "numel", "must be at least 1")
+    if "advance_ms" in table.columns:  # a part of the encode
+        _row_fail(path, table, table["advance_ms"] > table["encode_ms"], "advance_ms",
+                  "is more than encode_ms (it is a part of it)")
 
 
 def _check_probe(path: Path, probe: pd.DataFrame) -> None:

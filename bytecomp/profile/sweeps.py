@@ -23,7 +23,8 @@ from bytecomp.comm.compat import all_gather_flat, reduce_scatter_flat
 from bytecomp.comm.schemes import supported_schemes
 from bytecomp.comm.topology import Topology
 from bytecomp.compress import from_spec
-from bytecomp.compress.local import decode, encode
+from bytecomp.compress.base import SOLO
+from bytecomp.compress.local import advance_rounds, decode, encode
 from bytecomp.profile.timing import Clock, summarize, time_call_ms
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast")
@@ -191,18 +192,26 @@ def collective_steps(topology: Topology, settings: SweepSettings) -> int:
     return len(groups_to_sweep(topology)) * len(COLLECTIVES) * len(DTYPES) + settings.repeats
 
 
-def _time_compression(compressor, x, other, clock) -> tuple[float, float, int]:
-    """Encode ``x`` as a second step (the state a first step on ``other`` left), decode it."""
+def _time_compression(compressor, x, other, clock) -> tuple[float, float, float, int]:
+    """Encode ``x`` as a second step (the state a first step on ``other`` left), decode it:
+    ``(encode_ms, decode_ms, advance_ms, bytes sent)``, where ``advance_ms`` is the part
+    of the encode after the first round's payload (a multi-round compressor's work
+    between its collectives, which the executor runs on the channel)."""
     state: dict = {}
     encode(compressor, other, state)
     clock.sync()
     start = clock.mark()
-    encoded = encode(compressor, x, state)
+    payload, ctx = compressor.compress(x, state, SOLO)
+    first = clock.mark()
+    encoded = advance_rounds(compressor, payload, ctx, state)
     middle = clock.mark()
     decode(compressor, encoded)
     end = clock.mark()
     clock.sync()
-    return clock.elapsed_ms(start, middle), clock.elapsed_ms(middle, end), encoded.bytes_sent
+    advance_ms = clock.elapsed_ms(first, middle) if len(compressor.collectives_of_rounds()) > 1 \
+        else 0.0
+    return (clock.elapsed_ms(start, middle), clock.elapsed_ms(middle, end), advance_ms,
+            encoded.bytes_sent)
 
 
 def _sweep_cases(specs: list[str], devices: list[torch.device], settings: SweepSettings,
@@ -248,19 +257,20 @@ def _sweep_cases(specs: list[str], devices: list[torch.device], settings: SweepS
 
 def sweep_compressors(specs: list[str], devices: list[torch.device], settings: SweepSettings,
                       progress=None) -> list[dict]:
-    """Rows of compressors.csv: spec, device, numel, encode_ms, decode_ms, payload_bytes
-    (see :func:`_sweep_cases`; the pilot times the encode)."""
+    """Rows of compressors.csv: spec, device, numel, encode_ms, decode_ms, payload_bytes,
+    advance_ms (see :func:`_sweep_cases`; the pilot times the encode)."""
 
     def timer(compressor, x, other, clock, _round):
-        encode_ms, decode_ms, payload = _time_compression(compressor, x, other, clock)
-        return (encode_ms, decode_ms), payload
+        encode_ms, decode_ms, advance_ms, payload = _time_compression(compressor, x, other,
+                                                                      clock)
+        return (encode_ms, decode_ms, advance_ms), payload
 
     cases, medians, payloads = _sweep_cases(specs, devices, settings, timer,
                                             lambda times: times[0], progress)
     return [{"spec": compressor.spec, "device": device.type, "numel": numel,
              "encode_ms": round(encode_ms, 5), "decode_ms": round(decode_ms, 5),
-             "payload_bytes": payload}
-            for (device, compressor, numel), (encode_ms, decode_ms), payload
+             "payload_bytes": payload, "advance_ms": round(min(advance_ms, encode_ms), 5)}
+            for (device, compressor, numel), (encode_ms, decode_ms, advance_ms), payload
             in zip(cases, medians, payloads)]
 
 

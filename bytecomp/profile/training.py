@@ -165,11 +165,14 @@ def _record_buckets(model, device, workload, batch, optimizer, settings) -> dict
 
 
 class _BackgroundTraffic:
-    """Allreduces back to back, on a group of their own, until any rank asks to stop (the
-    request travels in the allreduce itself, so every rank stops after the same one)."""
+    """Allreduces back to back (or ``pause_s`` apart), on a group of their own, until any
+    rank asks to stop (the request travels in the allreduce itself, so every rank stops
+    after the same one)."""
 
-    def __init__(self, group, device: torch.device, nbytes: int = 4 << 20) -> None:
+    def __init__(self, group, device: torch.device, nbytes: int = 4 << 20,
+                 pause_s: float = 0.0) -> None:
         self.group = group
+        self.pause_s = pause_s
         self.buffer = torch.zeros(nbytes // 4, device=device)
         self.stop_requested = False
         self.error: Exception | None = None
@@ -186,6 +189,8 @@ class _BackgroundTraffic:
                 self.times_s.append(time.perf_counter() - started)
                 if self.buffer[0].item() > 0:
                     return
+                if self.pause_s:
+                    time.sleep(self.pause_s)
         except RuntimeError as error:  # a peer died: the rank's main thread reports it
             self.error = error
 
@@ -219,16 +224,24 @@ def measure_interference(ddp, workload, batch, optimizer, clock, group, rounds: 
 
 SMALL_COLLECTIVE_BYTES = 4096  # latency-bound at every link speed worth profiling
 IDLE_S = 0.25  # how long the small collectives run beside an idle main thread, per round
+# The executor issues a group's collectives one at a time, with hooks, encodes and
+# decodes between them, so gloo's threads sleep between its collectives and must wake
+# on cores the backward pass keeps busy; the collective sweeps time them back to back
+# (measured here, a 4 KB allreduce: mean 1.4 ms back to back beside an idle thread,
+# 4.2 ms 2 ms apart beside matrix products).
+BUSY_PAUSE_S = 0.002
 
 
 def measure_busy_collectives(ddp, workload, batch, optimizer, clock, group, rounds: int = 2,
                              per_round: int = 4) -> dict:
-    """How much longer a small collective takes while the rank computes (CPU jobs: gloo's
-    threads and the executor's share the cores with the backward pass; measured: a
-    4 KB allreduce 0.9 ms alone, 3-4 ms beside matrix products): small allreduces
-    back to back on a thread, timed while the main thread sleeps and while it runs
-    compute-only iterations. ``busy_collective_ms`` = the difference of the medians
-    (slowest rank), never negative."""
+    """How much longer a small collective takes in the executor's conditions than in the
+    sweep's (CPU jobs: gloo's threads and the executor's share the cores with the
+    backward pass): small allreduces on a thread, back to back while the main thread
+    sleeps (as the sweep times them), then ``BUSY_PAUSE_S`` apart while it runs
+    compute-only iterations. ``busy_collective_ms`` = the difference of the means
+    (slowest rank), never negative. Means, not medians: beside compute most collectives
+    finish as fast as alone and some wait milliseconds for a core (measured: median
+    0.69 -> 0.85 ms, 90th percentile 3.5 -> 8.3 ms), and a group pays the mean."""
     alone: list[float] = []
     busy: list[float] = []
     for _ in range(rounds):
@@ -236,15 +249,15 @@ def measure_busy_collectives(ddp, workload, batch, optimizer, clock, group, roun
         time.sleep(IDLE_S)
         traffic.stop()
         alone += traffic.times_s[1:]  # the first may have waited for the other rank
-        traffic = _BackgroundTraffic(group, clock.device, SMALL_COLLECTIVE_BYTES)
+        traffic = _BackgroundTraffic(group, clock.device, SMALL_COLLECTIVE_BYTES, BUSY_PAUSE_S)
         for _ in range(per_round):
             _one_iteration(ddp, workload, batch, optimizer, clock, True)
         traffic.stop()
         busy += traffic.times_s[1:-1]  # the last one ran after the iterations
-    medians = torch.tensor([statistics.median(alone or [0.0]), statistics.median(busy or [0.0])],
-                           dtype=torch.float64)
-    dist.all_reduce(medians, op=dist.ReduceOp.MAX)
-    alone_ms, busy_ms = (1000.0 * float(value) for value in medians)
+    means = torch.tensor([statistics.fmean(alone or [0.0]), statistics.fmean(busy or [0.0])],
+                         dtype=torch.float64)
+    dist.all_reduce(means, op=dist.ReduceOp.MAX)
+    alone_ms, busy_ms = (1000.0 * float(value) for value in means)
     return {"collective_alone_ms": round(alone_ms, 4), "collective_busy_ms": round(busy_ms, 4),
             "busy_collective_ms": round(max(0.0, busy_ms - alone_ms), 4)}
 
