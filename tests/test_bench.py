@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -123,3 +124,23 @@ def test_typical_step_times_are_medians_per_level():
     assert training.typical_ms("a")[:4] == [3.1] * 4  # the 30 ms stall is not a's
     assert training.typical_ms("a")[4] != training.typical_ms("a")[4]  # stopped: NaN
     assert training.typical_ms("b") == [11.0, 11.0, 20.0, 20.0, 20.0]
+
+
+def test_the_drift_correction_scales_every_compute_time_of_the_profile():
+    """The timing bench's drift correction (``scaled_compute``) scales the compute
+    phases, ready times, encodes, decodes, their between-round part and the
+    aggregation, and no communication."""
+    from bytecomp.bench.runner import scaled_compute
+    from bytecomp.profile import load_profile
+
+    profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "transformer")
+    profile.compressors["advance_ms"] = profile.compressors["encode_ms"] / 2
+    scaled = scaled_compute(profile, 1.5)
+    for column in ("encode_ms", "decode_ms", "advance_ms"):
+        assert list(scaled.compressors[column]) == pytest.approx(
+            list(1.5 * profile.compressors[column]))
+    assert list(scaled.tensors["ready_ms"]) == pytest.approx(
+        list(1.5 * profile.tensors["ready_ms"]))
+    assert scaled.time_ms("backward_compute") == pytest.approx(
+        1.5 * profile.time_ms("backward_compute"))
+    assert scaled.collectives.equals(profile.collectives)

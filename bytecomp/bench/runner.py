@@ -186,6 +186,8 @@ def scaled_compute(profile: Profile, factor: float) -> Profile:
     tensors = profile.tensors.assign(ready_ms=profile.tensors["ready_ms"] * factor)
     compressors = profile.compressors.assign(encode_ms=profile.compressors["encode_ms"] * factor,
                                              decode_ms=profile.compressors["decode_ms"] * factor)
+    if "advance_ms" in compressors.columns:  # a part of the encode
+        compressors["advance_ms"] = compressors["advance_ms"] * factor
     aggregation = profile.aggregation.assign(one_ms=profile.aggregation["one_ms"] * factor,
                                              each_ms=profile.aggregation["each_ms"] * factor)
     return Profile(meta, tensors, profile.collectives, compressors, profile.copies, profile.path,
