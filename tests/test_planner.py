@@ -449,6 +449,10 @@ def test_a_plan_not_faster_than_the_best_baseline_by_min_gain_is_that_baseline(t
     assert just_above.assignment == best.assignment and just_above.cap_mb == best.cap_mb
     assert "baseline kept" in just_above.algorithm
     assert any(best.name in note for note in just_above.notes)
+    # the note says what the search had found, and how to keep it
+    found = f"the search's plan ({searched.composition()}, {searched.cap_mb:g} MB buckets; "
+    assert any(note.startswith(found) and "--min-gain 0 keeps it" in note
+               for note in just_above.notes)
     just_below = Planner(profile, None, TOPK_AND_BASELINES).search(min_gain=gain * 0.5)
     assert just_below.time_ms == pytest.approx(searched.time_ms, rel=0.02)
     plan = to_plan(just_above, profile)
@@ -865,4 +869,7 @@ def test_pytorchs_powersgd_hook_is_simulated_as_that_hook_and_searched_from():
     # with the executor's fixed costs to pay, the hook's plan wins here, and says so
     assert result.assignment == hook  # (at the cap the search chose)
     assert any("powerSGD_hook does at rank 4" in note for note in result.notes)
+    # a margin's note names the hook the search found, not its strategies
+    assert planner._describe(hook, cap) == "PyTorch's powerSGD_hook at rank 4"
+    assert planner._describe(hook, 1.0).endswith(", 1 MB buckets")
     assert powersgd_hook_assignment(problem, "topk:ratio=0.01") is None

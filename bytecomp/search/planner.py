@@ -135,8 +135,13 @@ class PlanResult:
 
     def composition(self) -> str:
         """The plan's strategies, most used first: ``"26 x fp32 allreduce, 16 x ..."``."""
-        counts = Counter(self.problem.options[o].label for o in self.assignment)
-        return ", ".join(f"{n} x {label}" for label, n in counts.most_common())
+        return composition_of(self.problem, self.assignment)
+
+
+def composition_of(problem: Problem, assignment: list[int]) -> str:
+    """An assignment's strategies, most used first: ``"26 x fp32 allreduce, 16 x ..."``."""
+    counts = Counter(problem.options[o].label for o in assignment)
+    return ", ".join(f"{n} x {label}" for label, n in counts.most_common())
 
 
 def parse_shape(text) -> tuple:
@@ -364,6 +369,21 @@ class Planner:
             return self._search(caps, algorithm, budget_s, min_gain, starts, evaluations, seed,
                                 stop_gap)
 
+    def _hook_rank(self, assignment: list[int], cap: float) -> int | None:
+        """The rank of PyTorch's PowerSGD hook that ``assignment`` at ``cap`` is, if any."""
+        if assignment not in self.hooks or not self.problem.one_bucket(cap):
+            return None
+        spec = next(self.problem.options[i].spec for i in set(assignment)
+                    if self.problem.options[i].compressed)
+        return from_spec(spec).values["rank"]
+
+    def _describe(self, assignment: list[int], cap: float) -> str:
+        """A searched plan in a note: the hook it is, or its strategies and bucket cap."""
+        rank = self._hook_rank(assignment, cap)
+        if rank is not None:
+            return f"PyTorch's powerSGD_hook at rank {rank}"
+        return f"{composition_of(self.problem, assignment)}, {cap:g} MB buckets"
+
     def _search(self, caps, algorithm, budget_s, min_gain, starts, evaluations,
                 seed, stop_gap) -> PlanResult:
         started = time.perf_counter()
@@ -432,7 +452,8 @@ class Planner:
                 baselines, searchable, value, min_gain,
                 problem.fidelity(assignment) if by_fidelity else None, over_fp32=False)
             assert close is not None  # kept directly, or through the baseline close to it
-            notes.append(f"the search's plan ({value:.2f} {unit}) is predicted less than "
+            notes.append(f"the search's plan ({self._describe(assignment, cap)}; {value:.2f} "
+                         f"{unit}; --min-gain 0 keeps it) is predicted less than "
                          f"{100 * min_gain:g}% better than the {close.name} baseline "
                          f"({close.value:.2f} {unit})" + (
                              "" if close is kept else
@@ -443,10 +464,8 @@ class Planner:
             assignment, value, cap = list(kept.assignment), kept.value, kept.cap_mb
             name += f", then the {kept.name} baseline kept (--min-gain)"
         time_ms = view.simulate(assignment, cap).iteration_ms
-        if assignment in self.hooks and problem.one_bucket(cap):
-            spec = next(problem.options[i].spec for i in set(assignment)
-                        if problem.options[i].compressed)
-            rank = from_spec(spec).values["rank"]
+        rank = self._hook_rank(assignment, cap)
+        if rank is not None:
             notes.append(f"the plan is what PyTorch's powerSGD_hook does at rank {rank} (PowerSGD "
                          f"on the matrices it compresses, fp32 on the rest): apply_plan "
                          f"registers that hook")
