@@ -23,3 +23,16 @@ def test_the_executor_overhead_benchmark_runs(tmp_path):
                  "an adaptive plan at its fp32 level",
                  "bytecomp fp16 plan, through the hook", "the same, one group per tensor"):
         assert name in result.stdout and name in table.read_text()
+
+
+def test_the_busy_collectives_benchmark_runs():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "busy_collectives.py"), "--seconds", "0.2",
+         "--rounds", "1", "--dim", "64"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0][2:] for row in rows] == [
+        "back to back, idle rank", "back to back, rank computing", "2 ms apart, idle rank",
+        "2 ms apart, rank computing", "back to back, idle rank beside a busy process"]
+    assert all(int(row.split(" | ")[1]) > 0 for row in rows)  # allreduces timed in each
+    assert "busy_collective_ms as the profile computes it" in result.stdout

@@ -227,8 +227,8 @@ IDLE_S = 0.25  # how long the small collectives run beside an idle main thread, 
 # The executor issues a group's collectives one at a time, with hooks, encodes and
 # decodes between them, so gloo's threads sleep between its collectives and must wake
 # on cores the backward pass keeps busy; the collective sweeps time them back to back
-# (measured here, a 4 KB allreduce: mean 1.4 ms back to back beside an idle thread,
-# 4.2 ms 2 ms apart beside matrix products).
+# (benchmarks/busy_collectives.py, a 4 KB allreduce on loopback: mean 1.5-1.8 ms back
+# to back beside an idle rank, 2.6-3.0 ms 2 ms apart beside matrix products).
 BUSY_PAUSE_S = 0.002
 
 
@@ -240,8 +240,9 @@ def measure_busy_collectives(ddp, workload, batch, optimizer, clock, group, roun
     sleeps (as the sweep times them), then ``BUSY_PAUSE_S`` apart while it runs
     compute-only iterations. ``busy_collective_ms`` = the difference of the means
     (slowest rank), never negative. Means, not medians: beside compute most collectives
-    finish as fast as alone and some wait milliseconds for a core (measured: median
-    0.69 -> 0.85 ms, 90th percentile 3.5 -> 8.3 ms), and a group pays the mean."""
+    finish as fast as alone and some wait milliseconds for a core (the same benchmark:
+    medians 0.6-0.8 ms in both, 90th percentiles 4.0-4.2 and 7.7-9.3 ms), and a group pays the
+    mean."""
     alone: list[float] = []
     busy: list[float] = []
     for _ in range(rounds):
