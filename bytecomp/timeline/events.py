@@ -200,7 +200,7 @@ class EventSimulation:
         self._set_rate(self.model.channel_rate(cost))
         self.channel[index] = (self.now, self.now + duration)
         if self.record:
-            self.log("channel", "collective", self.now, self.now + duration, self.groups[index].label)
+            self.log("channel", "collective", self.now, self.now + duration, group.label)
         self.push(self.now + duration, self._channel_done, index)
 
     def _channel_done(self, index: int) -> None:
