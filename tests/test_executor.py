@@ -431,6 +431,48 @@ def test_close_frees_every_thread_and_group_it_made():
         assert "this executor is closed" in message
 
 
+def _close_while_a_callback_lingers(rank, world):
+    """close() right after a step whose completion callback (on gloo's thread) has called
+    done() but not yet returned, as when that thread is descheduled; then the rank goes on.
+    Let go of first by that thread, the group it runs on was freed there and the thread
+    joined itself: the process aborted ("Resource deadlock avoided", once in a CI run)."""
+    import threading
+
+    from bytecomp.comm.topology import _RETIRED
+    from bytecomp.runtime import paths
+
+    workload = load_workload(SMALL)
+    ddp = DistributedDataParallel(workload.model, bucket_cap_mb=0.01)
+    plan = plan_for_model(workload.model, lambda n, p: Option("int8", "device", "allgather"),
+                          world, bucket_cap_mb=0.01)
+    executor = bytecomp.apply_plan(ddp, plan)
+    lingering, closed = threading.Event(), threading.Event()
+    finish = paths.DevicePath._finish
+
+    def finish_then_linger(self, *args):
+        finish(self, *args)
+        if lingering.is_set():
+            closed.wait(0.3)
+
+    paths.DevicePath._finish = finish_then_linger
+    try:
+        for step in range(3):
+            if step == 2:
+                lingering.set()
+            inputs, target = batch(rank, step)
+            workload.loss(ddp(inputs), target).backward()
+        executor.close()
+        closed.set()
+        time.sleep(0.3)  # the callbacks return, and let go of what they hold
+    finally:
+        paths.DevicePath._finish = finish
+    return len(_RETIRED)
+
+
+def test_close_outlasts_a_completion_callback_still_running():
+    assert run_ranks(_close_while_a_callback_lingers, 2) == [0, 0]
+
+
 # -- exchange without DDP buckets: bucket cap 0, one group per tensor ---------------------------
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
+import sys
+import time
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -38,12 +41,47 @@ def release_groups(*groups: dist.ProcessGroup | None) -> None:
     """Destroy groups made by :func:`new_group` once they are done with. A gloo group
     keeps a thread polling its sockets for the life of the process: left behind by
     every executor a process makes (a benchmark's strategies, one after another),
-    they would take CPU from the training that follows."""
+    they would take CPU from the training that follows.
+
+    The destroyed groups are retired, not dropped: see :func:`free_retired_groups`."""
     for group in groups:
         if group is None or group is dist.GroupMember.NON_GROUP_MEMBER:
             continue
         with contextlib.suppress(Exception):  # already destroyed, or the job is torn down
             dist.destroy_process_group(group)
+        _RETIRED.append(group)
+    free_retired_groups()  # those of earlier releases that are free by now
+
+
+# A group is freed by whichever thread drops its last reference, and freeing a gloo
+# group joins the group's threads. A completion callback (runtime/paths.py) runs on one
+# of them and holds the group until gloo lets go of it, after the step has gone on: if
+# the executor had let go first, that thread would free the group and join itself,
+# which aborts the process ("terminate called after throwing an instance of
+# 'std::system_error' ... Resource deadlock avoided").
+_RETIRED: list[dist.ProcessGroup] = []
+
+
+def free_retired_groups(wait_s: float = 0.0) -> bool:
+    """Free, on this thread, the retired groups that nothing else holds any longer. With
+    ``wait_s``, collect the reference cycles that hold some (the executor's exchanges
+    and callbacks make a few) and wait up to ``wait_s`` seconds for gloo's threads to
+    let go of the others. True when none is left.
+
+    A group something still holds stays retired: freed by a later call, or at exit."""
+    deadline = time.monotonic() + wait_s
+    collected = wait_s <= 0
+    while True:
+        for index in reversed(range(len(_RETIRED))):
+            if sys.getrefcount(_RETIRED[index]) <= 2:  # the list's and the argument's
+                del _RETIRED[index]
+        if not _RETIRED or time.monotonic() >= deadline:
+            return not _RETIRED
+        if not collected:
+            gc.collect()
+            collected = True
+        else:
+            time.sleep(0.001)
 
 
 @dataclass

@@ -38,7 +38,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
 from bytecomp.comm.schemes import take_residuals
-from bytecomp.comm.topology import Topology, new_group, release_groups
+from bytecomp.comm.topology import Topology, free_retired_groups, new_group, release_groups
 from bytecomp.comm.worker import CommWorker
 from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.errors import BytecompError
@@ -62,6 +62,9 @@ BUILTIN_HOOKS = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp1
 # 2 is the fewest it takes with error feedback.
 POWERSGD_START_ITER = 2
 POWERSGD_KEY = "<powerSGD_hook>"  # its state among the groups' in state_dict
+# close() waits this long at most for gloo's threads to let go of the groups: they do
+# within microseconds of the last callback returning, unless descheduled
+CLOSE_WAIT_S = 2.0
 
 
 def one_bucket(params, bucket_cap_mb: float) -> bool:
@@ -518,10 +521,11 @@ class Executor:
         """Stop the background threads and destroy the executor's process groups, on
         every rank after the last step (an idle gloo group still polls its sockets).
 
-        It also lets go of the groups: a gloo group's threads stop only once nothing
-        holds it, and one of them still tidying up after a collective (releasing the
-        Python tensors and callbacks it was given) when the interpreter exits aborts the
-        process ("terminate called without an active exception")."""
+        It waits until the groups are freed: a gloo group's threads stop only once
+        nothing holds it, and freeing it where a completion callback let go of it last
+        (on one of its own threads) aborts the process, as does a callback still
+        releasing what it was given when the interpreter exits ("terminate called
+        without an active exception"). See comm/topology.py's free_retired_groups."""
         if self._inflight is not None:
             self._inflight[3].wait()
             self._inflight = None
@@ -530,12 +534,13 @@ class Executor:
             self.host_path.close()
         if self.device_path is not None:
             self.device_path.close()
-        for topology in self.topologies:
-            topology.release()
+        while self.topologies:  # no loop variable left holding the last one's groups
+            self.topologies.pop().release()
         release_groups(self.control)
-        self.topologies, self.control = [], None
+        self.control = None
         self.device_path = self.host_path = None
         self.closed = True
+        free_retired_groups(wait_s=CLOSE_WAIT_S)
 
 
 def _entries_of(saved, what: str) -> list[list]:

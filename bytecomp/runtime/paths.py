@@ -16,6 +16,7 @@ its bucket, from whichever thread finished the work.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,9 +56,15 @@ class DevicePath:
         # hook order, on a group of their own (the FIFO thread's collectives use another).
         self.direct = new_group(list(range(dist.get_world_size())))
         self.direct_peers = Peers(dist.get_rank(self.direct), dist.get_world_size(self.direct))
+        self.callbacks: list[torch.futures.Future] = []  # the completions not yet seen done
 
     def close(self) -> None:
-        """Destroy the group of single-collective exchanges (after the last step)."""
+        """Wait for the completion callbacks to return (they run on gloo's threads), then
+        destroy the group of single-collective exchanges (after the last step)."""
+        for callback in self.callbacks:
+            with contextlib.suppress(Exception):  # _finish reports its errors to done()
+                callback.wait()
+        self.callbacks = []
         release_groups(self.direct)
 
     def launch(self, group: GroupSpec, views: list[torch.Tensor], state: dict,
@@ -71,8 +78,9 @@ class DevicePath:
                 flat.encode()
                 issued = time.perf_counter()
                 self.stats.add(encode_s=issued - started)
-                flat.communicate_async().then(
-                    lambda future: self._finish(future, flat, views, x, in_bucket, done, issued))
+                self.callbacks = [c for c in self.callbacks if not c.done()]
+                self.callbacks.append(flat.communicate_async().then(
+                    lambda future: self._finish(future, flat, views, x, in_bucket, done, issued)))
                 return
             staged = make_exchange(x, group.compressor, state, self.topology, group.scheme)
             staged.encode()
