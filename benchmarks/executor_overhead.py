@@ -27,6 +27,9 @@ backward with communication, optimizer; after a barrier; slowest rank):
 * an adaptive plan at its fp32 level (level 0 of the same ladder, agreeing every
   ten steps) vs PyTorch's ``allreduce_hook`` (an adaptive plan keeps its hook
   at every level, so a hook is its reference, not DDP's built-in allreduce).
+* PyTorch's ``powerSGD_hook`` (rank 4, one bucket: a plan that is that hook, which
+  ``apply_plan`` hands to it) vs the same plan forced through bytecomp's hook, where
+  the rounds run on the FIFO thread and the products are bytecomp's own;
 * what a group costs: an EF-signSGD plan (allgather, every tensor, one group
   per bucket) vs the same compressor with one group per tensor (the same
   bytes and compression, more exchanges: the executor's cost of each group).
@@ -65,6 +68,7 @@ from torch.nn.parallel import DistributedDataParallel
 import bytecomp
 from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress import from_spec
+from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.launch import backend_for, free_port
 from bytecomp.plan import Adaptive, Option, ladder_for_model, plan_for_model, plan_from_dict
 from bytecomp.profile.workloads import load_workload
@@ -72,6 +76,7 @@ from bytecomp.profile.workloads import load_workload
 TOPK = "topk:ratio=0.01"
 POWERSGD = "powersgd:rank=4"
 EFSIGN = "efsignsgd"
+ONE_BUCKET_MB = 1024.0  # PyTorch's powerSGD_hook is a plan only where DDP makes one bucket
 
 
 def topk_hook(state, bucket):
@@ -118,6 +123,12 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
                                 bucket_cap_mb=cap_mb,
                                 predicted_ms=[1000.0, 1.0] if level else [1.0, 1000.0],
                                 ready_order=order)
+    def as_powersgd_hook():
+        rank = from_spec(POWERSGD).values["rank"]
+        return plan_for_model(
+            model, lambda n, p: powersgd if powersgd_compresses(tuple(p.shape), rank)
+            else Option(), world, bucket_cap_mb=ONE_BUCKET_MB, ready_order=order)
+
     # (name, hook, plan, native, measure_gain): each odd row is compared with the row above
     return [
         ("DDP built-in allreduce", None, None, True, False),
@@ -140,6 +151,8 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
         ("the same, agreeing every 10 steps", None, pinned(10), True, False),
         ("PyTorch allreduce_hook (again)", default_hooks.allreduce_hook, None, True, False),
         ("an adaptive plan at its fp32 level", None, pinned(10, level=0), True, False),
+        ("PyTorch powerSGD_hook, one bucket", None, as_powersgd_hook(), True, False),
+        ("the same plan, through bytecomp's hook", None, as_powersgd_hook(), False, False),
         ("bytecomp EF-signSGD plan", None, plan(EFSIGN, "allgather"), True, False),
         ("the same, one group per tensor", None, one_group_each(plan(EFSIGN, "allgather")),
          True, False),
@@ -188,13 +201,17 @@ def rank_main(rank, world, port, model_spec, rounds, warmup, cap_mb, device_type
     for name, hook, plan, native, meter in configurations(workload.model, world, cap_mb,
                                                           order):
         model = copy.deepcopy(workload.model)
-        ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=plan.bucket_cap_mb
+                                      if plan is not None else cap_mb)
         if hook is topk_hook:
             ddp.register_comm_hook({"compressor": from_spec(TOPK), "memory": {}}, hook)
         elif hook is not None:
             ddp.register_comm_hook(None, hook)
         executor = bytecomp.apply_plan(ddp, plan, native=native, measure_gain=meter) \
             if plan is not None else None
+        if name.startswith("PyTorch powerSGD_hook"):
+            assert executor is not None and executor.powersgd_state is not None, \
+                "the plan should have been handed to PyTorch's powerSGD_hook"
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         runs.append((name, ddp, optimizer, executor, []))
     for round_number in range(warmup + rounds):

@@ -21,7 +21,8 @@ def test_the_executor_overhead_benchmark_runs(tmp_path):
                  "hand-written top-k hook", "bytecomp top-k plan", "the same, gain metered",
                  "the same, an adaptive plan's level", "the same, agreeing every 10 steps",
                  "an adaptive plan at its fp32 level",
-                 "bytecomp fp16 plan, through the hook", "the same, one group per tensor"):
+                 "bytecomp fp16 plan, through the hook", "the same, one group per tensor",
+                 "PyTorch powerSGD_hook, one bucket", "the same plan, through bytecomp's hook"):
         assert name in result.stdout and name in table.read_text()
 
 

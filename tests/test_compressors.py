@@ -176,6 +176,41 @@ def test_powersgd_reconstructs_a_rank_r_matrix_exactly():
         assert torch.allclose(out, matrix.reshape(-1), atol=1e-4 * matrix.abs().max())
 
 
+def test_thin_products_equal_the_products_as_written():
+    """thin_product multiplies thin factor first below THIN_FIRST_BELOW on the CPU (the
+    same product, rounded differently), as written above; contiguous either way."""
+    from bytecomp.compress.lowrank import THIN_FIRST_BELOW, thin_product
+
+    generator = torch.Generator().manual_seed(0)
+    matrix = torch.randn(70, 30, generator=generator)
+    for rank in (1, 4, THIN_FIRST_BELOW - 1, THIN_FIRST_BELOW):
+        q, p = torch.randn(30, rank, generator=generator), torch.randn(70, rank,
+                                                                      generator=generator)
+        for got, want in [(thin_product(matrix, q), matrix @ q),
+                          (thin_product(matrix, p, transpose=True), matrix.T @ p)]:
+            assert got.shape == want.shape and got.is_contiguous()
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["powersgd:rank=3", "acpsgd:rank=3"])
+def test_low_rank_decompress_into_writes_what_decompress_returns(spec):
+    """Into a float32 buffer it writes in place (a padded matrix too); into another dtype
+    it converts, as decompress does."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(40 * 25 + 37, generator=generator)  # a matrix, then a padded vector
+    state = {"shapes": [(40, 25), (37,)]}
+    compressor = from_spec(spec)
+    payload, ctx = compressor.compress(x, state)
+    for _ in range(1, len(compressor.collectives_of_rounds())):
+        payload, ctx = compressor.advance(payload, ctx, state)
+    want = compressor.decompress(payload, ctx)
+    out = torch.full_like(x, float("nan"))
+    assert compressor.decompress_into(payload, ctx, out) is out
+    assert torch.equal(out, want)
+    half = torch.zeros(x.shape, dtype=torch.float16)
+    assert torch.equal(compressor.decompress_into(payload, ctx, half), want.half())
+
+
 def test_acpsgd_alternates_factors_and_recovers_a_low_rank_matrix():
     matrix = torch.randn(30, 2) @ torch.randn(2, 20)
     compressor = from_spec("acpsgd:rank=2,ef=false")
