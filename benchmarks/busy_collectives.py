@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from machine_load import load  # noqa: E402
+
 from bytecomp.launch import spawn  # noqa: E402
 from bytecomp.profile.training import (  # noqa: E402
     BUSY_PAUSE_S,
@@ -37,13 +39,6 @@ CONDITIONS = [  # (name, pause between allreduces in s, what the main thread doe
     (f"{BUSY_PAUSE_S * 1000:g} ms apart, rank computing", BUSY_PAUSE_S, "compute"),
     ("back to back, idle rank beside a busy process", 0.0, "hog"),
 ]
-
-
-def load() -> str:
-    """The load average and the machine's steal time so far (s)."""
-    average = Path("/proc/loadavg").read_text().split()[:3]
-    cpu = Path("/proc/stat").read_text().splitlines()[0].split()
-    return f"load average {' '.join(average)}, steal {int(cpu[8]) / 100:.1f} s since boot"
 
 
 def one_condition(group, pause_s: float, main: str, seconds: float, dim: int) -> list[float]:

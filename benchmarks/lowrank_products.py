@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from machine_load import load  # noqa: E402
+
 from bytecomp.compress.lowrank import THIN_FIRST_BELOW  # noqa: E402
 
 # the matrices of the convergence bench's transformer (layers=2, width=128) that
@@ -31,12 +33,6 @@ SETS = {
                                         (512, 128), (128, 512), (256, 128)],
     "one 4096 x 4096": [(4096, 4096)],
 }
-
-
-def load() -> str:
-    average = Path("/proc/loadavg").read_text().split()[:3]
-    cpu = Path("/proc/stat").read_text().splitlines()[0].split()
-    return f"load average {' '.join(average)}, steal {int(cpu[8]) / 100:.1f} s since boot"
 
 
 def timed(fn, repeats: int, rounds: int) -> float:

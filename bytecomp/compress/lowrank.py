@@ -150,6 +150,13 @@ class _LowRank(Compressor):
         generator = seeded_generator(device, self.seed, state.get("salt", 0), step)
         return torch.randn(size, generator=generator, device=device)
 
+    @staticmethod
+    def _factor(matrices, thins, transpose: bool = False) -> torch.Tensor:
+        """Every matrix times its thin factor (``M Q``; ``M^T P`` with ``transpose``),
+        concatenated flat: the payload of one round."""
+        return torch.cat([thin_product(m, thin, transpose).reshape(-1)
+                          for m, thin in zip(matrices, thins)])
+
     def _products(self, lefts, rights, segments, meta,
                   out: torch.Tensor | None = None) -> torch.Tensor:
         """Every segment's ``left @ right.T``, written in its place of a flat tensor of
@@ -202,16 +209,14 @@ class PowerSGD(_LowRank):
         if q is None or q.numel() != q_size or q.device != x.device:
             q = self._random_factor(q_size, x.device, state, 0 if self.warm_start else step)
         qs = self._views(q, segments, lambda s: s.cols)
-        p = torch.cat([thin_product(m, qi).reshape(-1) for m, qi in zip(matrices, qs)]) \
-            if segments else q
+        p = self._factor(matrices, qs) if segments else q
         return [p], (meta_of(x), segments, matrices)
 
     def advance(self, result, ctx, state, peers: Peers = SOLO):
         meta, segments, matrices = ctx
         p_hats = [orthogonalize(p, self.orth)
                   for p in self._views(result[0], segments, lambda s: s.rows)]
-        q = torch.cat([thin_product(m, p, transpose=True).reshape(-1)
-                       for m, p in zip(matrices, p_hats)])
+        q = self._factor(matrices, p_hats, transpose=True)
         if self.warm_start:
             state["q"] = q  # averaged in place by the next allreduce
         return [q], (meta, segments, p_hats)
@@ -253,14 +258,12 @@ class ACPSGD(_LowRank):
             q_hats = [orthogonalize(q, self.orth)
                       for q in self._views(state["q"], segments, lambda s: s.cols)]
             state["q"] = torch.cat([q.reshape(-1) for q in q_hats])
-            state["p"] = torch.cat([thin_product(m, q).reshape(-1)
-                                    for m, q in zip(matrices, q_hats)])
+            state["p"] = self._factor(matrices, q_hats)
             return [state["p"]], (meta_of(x), segments, "p", q_hats)  # p: averaged in place
         p_hats = [orthogonalize(p, self.orth)
                   for p in self._views(state["p"], segments, lambda s: s.rows)]
         state["p"] = torch.cat([p.reshape(-1) for p in p_hats])
-        state["q"] = torch.cat([thin_product(m, p, transpose=True).reshape(-1)
-                                for m, p in zip(matrices, p_hats)])
+        state["q"] = self._factor(matrices, p_hats, transpose=True)
         return [state["q"]], (meta_of(x), segments, "q", p_hats)
 
     def decompress(self, payload, ctx):

@@ -1,0 +1,12 @@
+"""The machine's load, for the benchmarks to print before and after a measurement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def load() -> str:
+    """The load average and the machine's steal time so far (s)."""
+    average = Path("/proc/loadavg").read_text().split()[:3]
+    cpu = Path("/proc/stat").read_text().splitlines()[0].split()
+    return f"load average {' '.join(average)}, steal {int(cpu[8]) / 100:.1f} s since boot"
