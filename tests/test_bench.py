@@ -12,11 +12,14 @@ import torch
 from bytecomp.profile.convergence import (
     ConvergenceConfig,
     loss_at,
+    step_order,
     steps_to,
     target_loss,
     time_at,
 )
 from bytecomp.profile.workloads import load_workload
+
+from ranks import run_ranks
 
 MLP = "mlp:inputs=16,width=32,depth=2"
 
@@ -33,6 +36,54 @@ def test_curve_arithmetic():
     assert target_loss([curve], ConvergenceConfig(30, 10, to_loss=2.5)) == 2.5
     assert time_at([10.0, 20.0, 30.0], 2.5) == pytest.approx(0.045)
     assert time_at([10.0, 20.0], 2) == pytest.approx(0.03)
+
+
+def test_each_step_takes_the_strategies_in_an_order_of_its_own():
+    orders = [step_order(8, 0, step) for step in range(1, 41)]
+    assert all(sorted(order) == list(range(8)) for order in orders)
+    assert orders == [step_order(8, 0, step) for step in range(1, 41)]  # every rank alike
+    assert len({order[0] for order in orders}) > 4  # no strategy always first
+    # no strategy always after the same one
+    for strategy in range(8):
+        before = {order[order.index(strategy) - 1] for order in orders
+                  if order.index(strategy) > 0}
+        assert len(before) > 2
+    assert [step_order(8, 1, step) for step in range(1, 41)] != orders  # the seed's
+    assert step_order(1, 0, 5) == [0]
+
+
+def _curves_in_both_orders(rank, world):
+    import copy
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bytecomp.profile.convergence import train_curves
+    from bytecomp.profile.probe import Trainee
+
+    workload = load_workload(MLP)
+    out = {}
+    for shuffle in (False, True):
+        torch.manual_seed(0)
+        trainees = []
+        for name in ("fp32", "fp16", "fp32 again"):
+            model = copy.deepcopy(workload.model)
+            ddp = DistributedDataParallel(model)
+            if name == "fp16":
+                ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            trainees.append(Trainee(name, ddp, torch.optim.Adam(model.parameters(), 1e-3)))
+        training = train_curves(trainees, workload, 8, torch.device("cpu"),
+                                ConvergenceConfig(6, 3, shuffle=shuffle),
+                                workload.validation(8, 2))
+        out[shuffle] = training.curves
+    return out
+
+
+def test_the_order_of_the_strategies_changes_no_curve():
+    for curves in run_ranks(_curves_in_both_orders, 2):
+        assert curves[True] == curves[False]
+        assert curves[True]["fp32"] == curves[True]["fp32 again"]
+        assert len(curves[True]["fp16"]) == 3  # steps 0, 3 and 6
 
 
 def test_only_workloads_with_real_data_validate():

@@ -37,3 +37,15 @@ def test_the_busy_collectives_benchmark_runs():
         "2 ms apart, rank computing", "back to back, idle rank beside a busy process"]
     assert all(int(row.split(" | ")[1]) > 0 for row in rows)  # allreduces timed in each
     assert "busy_collective_ms as the profile computes it" in result.stdout
+
+
+def test_the_interleaving_order_benchmark_runs():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "interleaving_order.py"), "--steps", "8",
+         "--rounds", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 8 and all(len(row.split(" | ")) == 4 for row in rows)
+    for kind in ("fp16", "powersgd"):
+        assert f"{kind} copies, fixed order: slowest over fastest" in result.stdout
+        assert f"{kind} copies, shuffled order: slowest over fastest" in result.stdout

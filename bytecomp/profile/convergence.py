@@ -4,7 +4,14 @@ Every strategy (fp32 DDP, the fp16 and PowerSGD hooks, each compressor on every
 tensor, the plan) trains from the same initial weights on the same batches (the
 batch of step s on rank r is drawn after seeding with (seed, r, s), whatever the
 strategy), strategies interleaved step by step, each step timed (after a
-barrier; the slowest rank's time). Every ``eval_every`` steps the validation loss
+barrier; the slowest rank's time). Each step takes the strategies in an order
+of its own (:func:`step_order`, the same on every rank), so that no strategy
+always follows the same one: a step's time can depend on the step before it,
+and a fixed order turns that into a bias for whichever strategy follows a
+similar one, an adaptive plan's ladder levels most (measured under a 100 Mbit/s
+link, ``benchmarks/interleaving_order.py``: in a fixed order, copies of
+PyTorch's PowerSGD hook that followed another ran 2.3% faster than those after
+the fp16 hook, and identical copies spread 2.8%; shuffled, 1.6%). Every ``eval_every`` steps the validation loss
 on fixed held-out batches is recorded (not timed). The target is ``to_loss``, or
 else fp32 DDP's validation loss at ``target_fraction`` of its steps. Steps to
 target come from the loss curve; time to target is the sum of the strategy's
@@ -18,6 +25,7 @@ is reported beside it).
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -39,6 +47,16 @@ class ConvergenceConfig:
     seed: int = 0
     target_fraction: float = 0.6
     validation_batches: int = 8
+    shuffle: bool = True  # each step in its own order (step_order); False: as given
+
+
+def step_order(count: int, seed: int, step: int) -> list[int]:
+    """The order in which step ``step`` takes ``count`` strategies: a permutation drawn
+    from (``seed``, ``step``) alone, so the same on every rank (their collectives pair
+    up) and on every run."""
+    order = list(range(count))
+    random.Random(seed * 1_000_003 + step).shuffle(order)
+    return order
 
 
 def training_optimizer(lr: float):
@@ -118,7 +136,10 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
     for step in range(1, config.train_steps + 1):
         inputs, target = _batch(workload, batch_size, device, config.seed, step)
         finite = torch.ones(len(strategies))
-        for index, strategy in enumerate(strategies):
+        order = step_order(len(strategies), config.seed, step) if config.shuffle \
+            else range(len(strategies))
+        for index in order:
+            strategy = strategies[index]
             if not alive[index]:
                 continue
             dist.barrier()
