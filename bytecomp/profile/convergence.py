@@ -11,15 +11,15 @@ and a fixed order turns that into a bias for whichever strategy follows a
 similar one, an adaptive plan's ladder levels most (measured under a 100 Mbit/s
 link, ``benchmarks/interleaving_order.py``: in a fixed order, copies of
 PyTorch's PowerSGD hook that followed another ran 2.3% faster than those after
-the fp16 hook, and identical copies spread 2.8%; shuffled, 1.6%). Every ``eval_every`` steps the validation loss
-on fixed held-out batches is recorded (not timed). The target is ``to_loss``, or
-else fp32 DDP's validation loss at ``target_fraction`` of its steps. Steps to
-target come from the loss curve; time to target is the sum of the strategy's
-step times up to there, each step taken as the median of the strategy's steps
-at the same level (a static strategy's median step x steps): wall-clock time on
-the links the job runs on (under ``bytecomp emulate``, the shaped ones), at
-whatever level an adaptive plan was, without the machine's stalls (the raw sum
-is reported beside it).
+the fp16 hook, and identical copies spread 2.8%; shuffled, 1.6%). Every
+``eval_every`` steps the validation loss on fixed held-out batches is recorded
+(not timed). The target is ``to_loss``, or else fp32 DDP's validation loss at
+``target_fraction`` of its steps. Steps to target come from the loss curve;
+time to target is the sum of the strategy's step times up to there, each step
+taken as the median of the strategy's steps at the same level (a static
+strategy's median step x steps): wall-clock time on the links the job runs on
+(under ``bytecomp emulate``, the shaped ones), at whatever level an adaptive
+plan was, without the machine's stalls (the raw sum is reported beside it).
 """
 
 from __future__ import annotations
