@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from machine_load import load  # noqa: E402
 
-from bytecomp.launch import spawn  # noqa: E402
+from bytecomp.launch import in_torchrun, run_job  # noqa: E402
 from bytecomp.profile.convergence import ConvergenceConfig, train_curves  # noqa: E402
 from bytecomp.profile.probe import Trainee  # noqa: E402
 from bytecomp.profile.workloads import load_workload  # noqa: E402
@@ -73,7 +73,9 @@ def spread(medians: list[float], kind: str) -> float:
     return max(mine) / min(mine) - 1
 
 
-def rank_main(steps: int, rounds: int) -> None:
+def rank_main(steps: int, rounds: int, nodes: int, ranks_per_node: int) -> None:
+    """Both orders, ``rounds`` times each; rank 0 prints the tables (the job's shape,
+    which run_job passes, is not used: every rank trains every copy)."""
     workload = load_workload(WORKLOAD)
     runs: dict[bool, list[list[float]]] = {False: [], True: []}
     for _ in range(rounds):  # alternated, so that drift hits both orders alike
@@ -108,18 +110,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="training steps a run")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each order")
     args = parser.parse_args()
-    launched = "RANK" in os.environ
-    if not launched or os.environ["RANK"] == "0":
+    first = os.environ.get("RANK", "0") == "0"  # this launcher's rank 0, or no launcher
+    if first:
         print(f"before: {load()}", flush=True)
-    if launched:
-        dist.init_process_group("gloo")
-        rank_main(args.steps, args.rounds)
-        dist.destroy_process_group()
-    else:
-        spawn(rank_main, (args.steps, args.rounds), nproc=2, backend="gloo", timeout_s=3600)
-    if not launched or os.environ["RANK"] == "0":
+    run_job(rank_main, (args.steps, args.rounds), None if in_torchrun() else 2, "gloo", 3600)
+    if first:
         print(f"after: {load()}")
-
 
 if __name__ == "__main__":
     main()
