@@ -1,0 +1,220 @@
+"""Golden executor results: parameters and executor state after training with plans
+that cover every compressor on every scheme it supports (device and host paths),
+PyTorch's native hooks (fp16, PowerSGD), an fp32 fallback and an adaptive plan, on
+2 ranks (2 x 1) and 4 ranks (2 x 2), recorded as sha256 digests before a
+refactoring, so that one can show it changed no result to the bit.
+
+``python tests/golden/executor.py --write`` records them (``executor.json``);
+``tests/test_golden.py`` runs every case again and compares. Floating-point
+results depend on the CPU's vector unit as well as on the code: the record keeps
+the CPU capability it was made on (``torch.backends.cpu.get_cpu_capability()``), and
+the test is skipped with that reason on a machine of another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/: ranks.py
+RECORD = HERE / "executor.json"
+STEPS = 12
+SMALL = "mlp:inputs=32,width=64,depth=2"
+
+
+def _digest(tensors) -> str:
+    import torch
+
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes()
+                      if tensor.numel() else b"")
+        digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+    return digest.hexdigest()
+
+
+def _state_digest(state) -> str:
+    """A digest of an executor's state_dict: every tensor, number and string, in order."""
+    import torch
+
+    digest = hashlib.sha256()
+
+    def walk(value) -> None:
+        if isinstance(value, torch.Tensor):
+            digest.update(_digest([value]).encode())
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                digest.update(repr(key).encode())
+                walk(value[key])
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        else:
+            digest.update(repr(value).encode())
+
+    walk(state)
+    return digest.hexdigest()
+
+
+def _batch(rank: int, step: int):
+    import torch
+
+    generator = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(8, 32, generator=generator), torch.randint(0, 10, (8,),
+                                                                   generator=generator)
+
+
+def _train(rank, world, plan_of, adaptive=None, native=True, fallback=None, resume_at=None):
+    """Train SMALL for STEPS steps with the plan ``plan_of(model)``; the digests of the
+    parameters and of the executor's state (every rank's, gathered), and its stats."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import bytecomp
+    from bytecomp.profile.workloads import load_workload
+
+    torch.manual_seed(0)
+    workload = load_workload(SMALL)
+    plan = plan_of(workload.model)
+    ddp = DistributedDataParallel(workload.model, bucket_cap_mb=plan.bucket_cap_mb)
+    executor = bytecomp.apply_plan(ddp, plan, native=native, fallback=fallback)
+    optimizer = torch.optim.SGD(workload.model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(STEPS):
+        if resume_at == step:
+            saved = io.BytesIO()
+            torch.save(executor.state_dict(), saved)
+            executor.close()
+            ddp = DistributedDataParallel(workload.model, bucket_cap_mb=plan.bucket_cap_mb)
+            executor = bytecomp.apply_plan(ddp, plan, native=native, fallback=fallback)
+            saved.seek(0)
+            executor.load_state_dict(torch.load(saved, weights_only=True))
+        inputs, target = _batch(rank, step)
+        workload.loss(ddp(inputs), target).backward()
+        if adaptive:
+            executor.report_step_ms(10.0)  # decisions on the gains alone
+        optimizer.step()
+        optimizer.zero_grad()
+    state = executor.state_dict()
+    summary = executor.stats.summary()
+    result = {"parameters": _digest(list(workload.model.parameters())),
+              "state": _state_digest(state), "steps": summary["steps"],
+              "bytes_vs_fp32": round(summary["bytes_vs_fp32"], 9),
+              "switches": [s.to_list()[:3] for s in executor.switches]}
+    executor.close()
+    return result
+
+
+def _every_compressor(world, nodes):
+    """Per compressor: a plan rotating its schemes and places over the tensors."""
+    from bytecomp.comm.schemes import supported_schemes
+    from bytecomp.compress import default_specs, from_spec
+    from bytecomp.plan import Option, plan_for_model
+
+    cases = {}
+    for spec in default_specs():
+        compressor = from_spec(spec)
+        if compressor.spec == "none":
+            continue
+        schemes = [s for s in supported_schemes(compressor) if s != "hierarchical" or nodes > 1]
+
+        def plan_of(model, spec=spec, schemes=schemes):
+            names = [n for n, _ in model.named_parameters()]
+
+            def choose(name, param):
+                index = names.index(name)
+                return Option(spec, "host" if index % 3 == 2 else "device",
+                              schemes[index % len(schemes)])
+            return plan_for_model(model, choose, world, nodes, bucket_cap_mb=0.01)
+        cases[f"{spec} on {', '.join(schemes)}"] = plan_of
+    return cases
+
+
+def _special(world, nodes):
+    """Native hooks, the fp32 fallback, an adaptive ladder, a resumed run."""
+    from bytecomp.compress.lowrank import powersgd_compresses
+    from bytecomp.plan import NO_COMPRESSION, Adaptive, Option, ladder_for_model, plan_for_model
+
+    def uniform(option, cap=25.0):
+        return lambda model: plan_for_model(model, lambda n, p: option, world, nodes,
+                                            bucket_cap_mb=cap)
+
+    def powersgd(model):
+        return plan_for_model(model, lambda n, p: Option("powersgd:rank=2", "device",
+                                                         "allreduce")
+                              if powersgd_compresses(tuple(p.shape), 2) else NO_COMPRESSION,
+                              world, nodes, bucket_cap_mb=25.0)
+
+    def partial(model):  # the first weight unplanned: the fp32 fallback takes it
+        plan = uniform(Option("topk:ratio=0.1", "device", "allgather"), 0.01)(model)
+        plan.entries = plan.entries[1:]
+        return plan
+
+    def ladder(model):
+        adaptive = Adaptive("topk", threshold=0.2, window=2, explore_every=4,
+                            timing="predicted", agree_every=2)
+        options = [Option("fp16", "device", "allreduce")] + [
+            Option(f"topk:ratio={r}", "device", "allgather") for r in (0.1, 0.05, 0.025)]
+        return ladder_for_model(model, [lambda n, p, o=o: o for o in options], world, adaptive,
+                                nodes, bucket_cap_mb=0.01, predicted_ms=[10.0, 8.0, 6.0, 5.0])
+
+    cases = {
+        "fp32 native": (uniform(NO_COMPRESSION), {}),
+        "fp32 through the hook": (uniform(NO_COMPRESSION, 0.01), {"native": False}),
+        "fp16 native": (uniform(Option("fp16", "device", "allreduce")), {}),
+        "fp16 through the hook": (uniform(Option("fp16", "device", "allreduce")),
+                                  {"native": False}),
+        "powersgd hook": (powersgd, {}),
+        "powersgd hook resumed": (powersgd, {"resume_at": 5}),
+        "powersgd through the hook": (powersgd, {"native": False}),
+        "fp32 fallback": (partial, {"fallback": "fp32"}),
+        "adaptive topk": (ladder, {"adaptive": True}),
+        "adaptive topk resumed": (ladder, {"adaptive": True, "resume_at": 7}),
+        "topk resumed": (uniform(Option("topk:ratio=0.1", "device", "allgather"), 0.01),
+                         {"resume_at": 6}),
+    }
+    if nodes > 1:
+        cases["hierarchical-fp16 fp32"] = (uniform(Option("none", "device",
+                                                          "hierarchical-fp16"), 0.01), {})
+    return cases
+
+
+def run_cases(rank, world, nodes):
+    results = {}
+    for name, plan_of in _every_compressor(world, nodes).items():
+        results[name] = _train(rank, world, plan_of)
+    for name, (plan_of, options) in _special(world, nodes).items():
+        results[name] = _train(rank, world, plan_of, **options)
+    return results
+
+
+SHAPES = [(2, 1), (4, 2)]
+
+
+def record() -> dict:
+    import torch
+
+    from ranks import run_ranks
+
+    out = {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "torch": torch.__version__.split("+")[0], "runs": {}}
+    for world, nodes in SHAPES:
+        per_rank = run_ranks(run_cases, world, nodes, timeout=1200)
+        out["runs"][f"{world}x{nodes}"] = per_rank[0]
+        assert all(r.keys() == per_rank[0].keys() for r in per_rank)
+        for name in per_rank[0]:  # every rank holds the same parameters
+            assert len({r[name]["parameters"] for r in per_rank}) == 1, name
+    return out
+
+
+def main() -> None:
+    if "--write" not in sys.argv:
+        raise SystemExit("usage: python tests/golden/executor.py --write")
+    RECORD.write_text(json.dumps(record(), indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
