@@ -1,5 +1,6 @@
-# Quick start: `make run` (install + main job), `make test` (install + tests),
-# `make check` (what CI runs: lint and types, tests, the built wheel in a fresh venv).
+# Quick start: `make run` (install + main job), `make test` (install + the fast tests),
+# `make test-all` (every test), `make check` (what CI runs: lint and types, every test, the
+# built wheel in a fresh venv).
 # Everything goes into a virtual environment in .venv; with no torch there, the
 # CPU build torch==2.13.0 is installed first (set TORCH=... to choose another).
 PYTHON ?= python3
@@ -7,7 +8,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install install-dev run test lint wheel-check check bench gpu-check
+.PHONY: install install-dev run test test-all lint wheel-check check bench gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +39,13 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 run: install
 	$(BIN)/bytecomp plan profiles/transformer --cluster gbe1 --out plan.yaml
 
+# The fast tier (under 3 minutes here): unit tests, references, the hostile corpus and a
+# few multi-rank smoke tests. test-all: every test (multi-rank, faults, notebooks,
+# benchmark smoke runs), what CI runs.
 test: install-dev
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15
+
+test-all: install-dev
 	$(BIN)/python -m pytest -q --durations=15
 
 lint: install-dev
@@ -48,7 +55,7 @@ lint: install-dev
 wheel-check: install
 	.ci/wheel-check $(BIN)/python "$(TORCH)"
 
-check: lint test wheel-check
+check: lint test-all wheel-check
 
 bench: install
 	$(BIN)/python benchmarks/compressors.py

@@ -32,8 +32,8 @@ from bytecomp.files import write_text_atomic
 from bytecomp.launch import run_job
 from bytecomp.profile import load_profile
 from bytecomp.profile.runner import ProfileConfig
-from bytecomp.profile.store import TABLES
 from bytecomp.profile.sweeps import sweep_aggregation
+from bytecomp.profile_store import TABLES
 
 
 def _rank(profile_dir: str, nodes: int, ranks_per_node: int) -> None:

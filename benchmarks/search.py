@@ -44,8 +44,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bytecomp.buckets import cap_label
 from bytecomp.model.clusters import load_cluster
 from bytecomp.search import Planner
+from bytecomp.search.options import BaselineKind
 from bytecomp.testing.synthetic import (
     bert_shapes,
     gpt2_shapes,
@@ -57,7 +59,6 @@ from bytecomp.testing.synthetic import (
     transformer_shapes,
     vgg16_shapes,
 )
-from bytecomp.timeline.buckets import cap_label
 
 # (name, shapes, backward ms): GPU-like backward passes of 10 to 400 ms
 SCALE_MODELS = [("LSTM", lstm_shapes(), 10.0), ("VGG-16", vgg16_shapes(), 100.0),
@@ -111,7 +112,7 @@ def scale_row(name, shapes, backward_ms, cluster, allowed, specs, args) -> dict:
         row.update(long_ms=long.value, long_evaluations=long.evaluations,
                    bound_ms=max(default.lower_bound_ms, long.lower_bound_ms))
     best = min(default.baselines, key=lambda b: b.value)
-    row.update(fp32_ms=next(b.value for b in default.baselines if b.name == "fp32 DDP"),
+    row.update(fp32_ms=default.baseline(BaselineKind.FP32_DDP).value,
                best_baseline=f"{best.name} ({best.value:.2f})")
     return row
 
@@ -246,7 +247,7 @@ def run(shapes, bandwidth: float, specs, repeats: int, objective: str) -> dict:
         planner = Planner(profile, None, specs, objective=objective)
         result = planner.search()
         times.append(result.search_ms)
-    fp32 = next(b for b in result.baselines if b.name == "fp32 DDP")
+    fp32 = result.baseline(BaselineKind.FP32_DDP)
     best = min(result.baselines, key=lambda b: b.value)
     return {"tensors": len(shapes), "options": len(planner.searchable),
             "search_ms": statistics.median(times), "algorithm": result.algorithm,

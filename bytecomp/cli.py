@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -14,9 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bytecomp.buckets import SEARCHED_CAPS_MB, cap_label
 from bytecomp.errors import BytecompError
 from bytecomp.files import atomic_files, check_output_file, check_outputs_spare_inputs
-from bytecomp.timeline.buckets import SEARCHED_CAPS_MB, cap_label
 
 app = typer.Typer(
     help="Gradient-compression strategy optimizer for PyTorch DDP: profile, plan, apply.",
@@ -42,33 +43,20 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Gradient-compression strategy optimizer for PyTorch DDP: profile, plan, apply."""
 
 
-# The default --min-gain (percent) by objective: the margin a searched plan must win by
-# over fp32 DDP and the baselines. Effective time carries two errors, the iteration's
-# (mixed plans measured up to 21% slower than predicted on the emulated 100 Mbit/s link)
-# and the steps factor's (the probe's factors were 6-11% above the steps measured).
-MIN_GAIN = {"time": 5.0, "effective": 10.0}
-MAX_EVALUATIONS = 10**9  # of the annealing
-
-SCHEME_ABBREVIATIONS = {"allreduce": "AR", "allgather": "AG", "twoshot": "2S",
-                        "hierarchical": "H", "hierarchical-fp16": "H16", "hierarchical-bf16": "Hb",
-                        "twolevel": "2L"}
-
-
 @app.command()
 def compressors(
     specs: list[str] = typer.Argument(None, help="Specs to show (default: every compressor)."),
     numel: int = typer.Option(1 << 20, min=1, help="Elements used for the payload column."),
 ):
     """List the compressors: parameters, capabilities and payload size."""
-    from bytecomp.comm.schemes import supported_schemes
+    from bytecomp.comm.schemes import SCHEMES, supported_schemes
     from bytecomp.compress import COMPRESSORS, from_spec
 
     chosen = [from_spec(spec) for spec in specs] if specs else \
         [from_spec(name) for name in COMPRESSORS]
     table = Table(title=f"bytecomp compressors: payload for {numel:,} float32 elements",
-                  caption="schemes: AR allreduce, AG allgather, 2S two-shot alltoall+allgather, "
-                          "H hierarchical (H16, Hb: intra-node stages in fp16, bf16), 2L "
-                          "two-level")
+                  caption="schemes: " + ", ".join(f"{s.label} {s.name}"
+                                                  for s in SCHEMES.values()))
     for column in ("name", "parameters", "EF", "sum", "schemes", "payload bytes", "ratio"):
         table.add_column(column, overflow="fold",
                          justify="right" if column in ("payload bytes", "ratio") else "left")
@@ -77,12 +65,10 @@ def compressors(
         parameters = ", ".join(f"{key}={_shown(value)}" for key, value in
                                compressor.values.items())
         payload = compressor.payload_bytes(numel, 4)
-        note = "" if compressor.fixed_size else " (bound)"
-        if compressor.name == "exdyna":
-            note = " (target)"
+        note = "" if compressor.fixed_size else f" ({compressor.payload_estimate})"
         table.add_row(compressor.name, parameters, "on" if compressor.error_feedback else "off",
                       "yes" if compressor.summable else "no",
-                      " ".join(SCHEME_ABBREVIATIONS[s] for s in supported_schemes(compressor)),
+                      " ".join(SCHEMES[s].label for s in supported_schemes(compressor)),
                       f"{payload:,}{note}", f"{dense / payload:.1f}x")
     console.print(table)
 
@@ -146,7 +132,7 @@ def _require_positive(option: str, value: float) -> None:
 def _inputs(profile: str, plan_file: str | None, cluster: str | None) -> list[Path]:
     """The files a command reads, which none of its outputs may overwrite."""
     from bytecomp.model.clusters import cluster_file
-    from bytecomp.profile.store import profile_files
+    from bytecomp.profile_store import profile_files
 
     files = profile_files(profile) + ([Path(plan_file)] if plan_file else [])
     config = cluster_file(cluster) if cluster else None
@@ -226,9 +212,16 @@ def plan(
     from bytecomp.plan import MAX_BUCKET_CAP_MB
     from bytecomp.profile import load_profile
     from bytecomp.search import Planner, to_plan
+    from bytecomp.search.options import (
+        ALGORITHMS,
+        MAX_EVALUATIONS,
+        SearchOptions,
+        default_min_gain,
+    )
 
-    if algorithm not in ("auto", "greedy", "local", "exact"):
-        raise BytecompError(f"--algorithm must be auto, greedy, local or exact, got {algorithm!r}")
+    if algorithm not in ALGORITHMS:
+        raise BytecompError(f"--algorithm must be {', '.join(ALGORITHMS[:-1])} or "
+                            f"{ALGORITHMS[-1]}, got {algorithm!r}")
     for cap in bucket_cap_mb or []:
         if not 0 <= cap <= MAX_BUCKET_CAP_MB:  # also false for NaN
             raise BytecompError(f"--bucket-cap-mb must be a number of MB from 0 (one bucket "
@@ -242,35 +235,34 @@ def plan(
         raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
     if stop_gap is not None and not 0 <= stop_gap < 100:
         raise BytecompError(f"--stop-gap is a percentage in [0, 100), got {stop_gap:g}")
-    gap = None if stop_gap is None else stop_gap / 100
+    options = SearchOptions(tuple(bucket_cap_mb) if bucket_cap_mb else None, algorithm, budget,
+                            0.0 if min_gain is None else min_gain / 100, evaluations,
+                            stop_gap=None if stop_gap is None else stop_gap / 100)
+    settings = _adaptive_settings(adaptive, gain_threshold, window, timing, agree_every) \
+        if adaptive is not None else None
     check_output_file(out, "--out")
     check_outputs_spare_inputs({"--out": out}, _inputs(profile, None, cluster))
     loaded = load_profile(profile)
-    if adaptive is not None:
-        _plan_adaptive(loaded, _load_cluster(cluster), adaptive, gain_threshold, window, timing,
-                       bucket_cap_mb or None, algorithm, budget,
-                       (5.0 if min_gain is None else min_gain) / 100, out, evaluations,
-                       agree_every, gap)
+    if settings is not None:
+        if min_gain is None:  # the levels are searched by time
+            options = replace(options, min_gain=default_min_gain("time"))
+        _plan_adaptive(loaded, _load_cluster(cluster), settings, agree_every, options, out)
         return
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
                       min_fidelity, fidelity_weights, probe)
     if min_gain is None:
-        min_gain = MIN_GAIN[planner.problem.objective.name]
-    result = planner.search(bucket_cap_mb or None, algorithm, budget, min_gain / 100,
-                            evaluations=evaluations, stop_gap=gap)
+        options = replace(options, min_gain=default_min_gain(planner.problem.objective.name))
+    result = planner.search(options)
     written = to_plan(result, loaded).save(out)
     if verbose:
         _print_fits(planner)
     _print_plan(result, written)
 
 
-def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int, timing: str,
-                   caps, algorithm: str, budget: float | None, min_gain: float,
-                   out: str, evaluations: int | None = None,
-                   agree_every: int | None = None, stop_gap: float | None = None) -> None:
+def _adaptive_settings(family: str, threshold: float, window: int, timing: str,
+                       agree_every: int | None):
+    """The controller's settings from --adaptive and its options, checked."""
     from bytecomp.plan import TIMINGS, Adaptive
-    from bytecomp.search.ladder import level_rows, plan_ladder, to_ladder_plan
-    from bytecomp.search.planner import effective_ms
 
     if not 0 <= threshold <= 1:
         raise BytecompError(f"--gain-threshold must be between 0 and 1, got {threshold:g}")
@@ -280,9 +272,16 @@ def _plan_adaptive(profile, cluster, family: str, threshold: float, window: int,
         raise BytecompError(f"--timing must be {' or '.join(TIMINGS)}, got {timing!r}")
     if agree_every is not None and agree_every < 1:
         raise BytecompError(f"--agree-every must be at least 1, got {agree_every}")
-    settings = Adaptive(family, threshold, window, timing=timing)
-    result = plan_ladder(profile, cluster, settings, caps, algorithm, budget, min_gain,
-                         evaluations, agree_every, stop_gap)
+    return Adaptive(family, threshold, window, timing=timing)
+
+
+def _plan_adaptive(profile, cluster, settings, agree_every: int | None, options,
+                   out: str) -> None:
+    from bytecomp.search.ladder import level_rows, plan_ladder, to_ladder_plan
+    from bytecomp.search.planner import effective_ms
+
+    family, threshold = settings.family, settings.threshold
+    result = plan_ladder(profile, cluster, settings, options, agree_every)
     written = to_ladder_plan(result, profile).save(out)
     level = result.levels[0]
     start = result.adaptive.start

@@ -22,7 +22,8 @@
          collective: allreduce, group: 1}
 
 Tensors with the same ``group`` are concatenated and exchanged once; they
-must share their strategy. Files are read with a safe YAML loader only (no anchors or
+must share their strategy. An entry's ``collective`` names its collective scheme
+(:mod:`bytecomp.comm.schemes`; :attr:`Option.scheme` in Python). Files are read with a safe YAML loader only (no anchors or
 aliases: :func:`bytecomp.files.load_yaml`), and a
 bad one is reported with its path, the field and the reason.
 
@@ -57,7 +58,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bytecomp.comm.schemes import SCHEMES, UNCOMPRESSED_SCHEMES, supported_schemes
+from bytecomp.comm.schemes import SCHEMES, supported_schemes, uncompressed_schemes
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import dump_yaml, read_yaml_file, write_text_atomic
@@ -87,11 +88,12 @@ def exchange_of(bucket_cap_mb: float) -> str:
 @dataclass(frozen=True)
 class Option:
     """A strategy for a tensor: a compressor spec (``"none"``: uncompressed, fp32), where
-    it encodes and decodes (``device`` or ``host``) and its collective scheme."""
+    it encodes and decodes (``device`` or ``host``) and its collective scheme (a name in
+    :data:`bytecomp.comm.schemes.SCHEMES`)."""
 
     spec: str = UNCOMPRESSED
     place: str = "device"
-    collective: str = "allreduce"
+    scheme: str = "allreduce"
 
     @property
     def compressed(self) -> bool:
@@ -100,8 +102,8 @@ class Option:
     @property
     def label(self) -> str:
         if not self.compressed:
-            return f"fp32 {self.collective}"
-        return f"{self.spec} {self.collective} @{self.place}"
+            return f"fp32 {self.scheme}"
+        return f"{self.spec} {self.scheme} @{self.place}"
 
 
 NO_COMPRESSION = Option(UNCOMPRESSED, "device", "allreduce")
@@ -118,30 +120,30 @@ def fingerprint(model) -> str:
 
 @dataclass(frozen=True)
 class PlanEntry:
-    """One tensor's strategy."""
+    """One tensor's strategy (in the file, ``scheme`` is the entry's ``collective``)."""
 
     name: str
     action: str
     compressor: str | None
     place: str
-    collective: str
+    scheme: str
     group: int
 
     @classmethod
     def of(cls, name: str, option: Option, group: int) -> PlanEntry:
         """The entry giving tensor ``name`` the strategy ``option`` in ``group``."""
         if not option.compressed:
-            return cls(name, "none", None, option.place, option.collective, group)
-        return cls(name, "compress", option.spec, option.place, option.collective, group)
+            return cls(name, "none", None, option.place, option.scheme, group)
+        return cls(name, "compress", option.spec, option.place, option.scheme, group)
 
     @property
     def option(self) -> Option:
         spec = self.compressor if self.action == "compress" and self.compressor else UNCOMPRESSED
-        return Option(spec, self.place, self.collective)
+        return Option(spec, self.place, self.scheme)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "action": self.action, "compressor": self.compressor,
-                "place": self.place, "collective": self.collective, "group": self.group}
+                "place": self.place, "collective": self.scheme, "group": self.group}
 
 
 ADAPTIVE_DEFAULTS = {"threshold": 0.75, "window": 10, "tolerance": 0.03, "explore_every": 200,
@@ -357,9 +359,9 @@ def _entry(reader: _Reader, index: int, data, within: str = "tensors") -> PlanEn
     else:
         if compressor is not None:
             reader.fail(f"{where}compressor", "must be null when action is none")
-        if collective not in UNCOMPRESSED_SCHEMES:
+        if collective not in uncompressed_schemes():
             reader.fail(f"{where}collective", f"uncompressed tensors use "
-                                              f"{', '.join(UNCOMPRESSED_SCHEMES)}")
+                                              f"{', '.join(uncompressed_schemes())}")
     return PlanEntry(name, action, compressor, place, collective, group)
 
 
@@ -441,7 +443,7 @@ def _entries(reader: _Reader, raw_entries: list, where: str) -> list[PlanEntry]:
             reader.fail(f"{where}[{index}].name",
                         f"{entry.name!r} also at {where}[{seen[entry.name]}]")
         seen[entry.name] = index
-        strategy = (entry.action, entry.compressor, entry.place, entry.collective)
+        strategy = (entry.action, entry.compressor, entry.place, entry.scheme)
         if strategies.setdefault(entry.group, strategy) != strategy:
             reader.fail(f"{where}[{index}].group", f"group {entry.group} mixes strategies")
     return entries
@@ -478,11 +480,12 @@ def _adaptive(reader: _Reader, data) -> Adaptive:
 
 def _metered(entry: PlanEntry) -> bool:
     """Whether the controller can measure this entry's gain (error feedback), or need
-    not (uncompressed, or a 16-bit cast)."""
+    not (uncompressed, or a compressor it takes as keeping the whole gradient: a
+    16-bit cast)."""
     if entry.compressor is None:
         return True
     compressor = from_spec(entry.compressor)
-    return compressor.error_feedback or compressor.name in ("fp16", "bf16")
+    return compressor.error_feedback or compressor.metered_without_ef
 
 
 def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
@@ -542,7 +545,7 @@ def plan_for_model(model, choose, world_size: int, nodes: int = 1,
     >>> plan = plan_for_model(model, lambda n, p: Option("topk:ratio=0.01", "device",
     ...                       "allgather"), world_size=4)
     """
-    from bytecomp.timeline.buckets import ddp_buckets
+    from bytecomp.buckets import ddp_buckets
 
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if ready_order is not None:

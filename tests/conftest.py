@@ -12,6 +12,19 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# Markers that put a test in the second tier (make test-all), unless it is also `smoke`.
+SECOND_TIER = ("multirank", "faults", "notebook", "benchmark", "slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `slow` every test of the second tier, so that `make test` (-m "not slow")
+    runs the fast tier: a `multirank`, `faults`, `notebook` or `benchmark` test not
+    marked `smoke`."""
+    for item in items:
+        kinds = {mark.name for mark in item.iter_markers()}
+        if kinds & set(SECOND_TIER) and "smoke" not in kinds and "slow" not in kinds:
+            item.add_marker(pytest.mark.slow)
+
 # Warnings a fresh interpreter does not print (Python's default filters).
 SILENT_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
 

@@ -10,8 +10,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bytecomp.comm.schemes import INTER_SALT, SERVER_SALT
+from bytecomp.comm.exchanges import INTER_SALT, SERVER_SALT
+from bytecomp.comm.schemes import SCHEMES, Hierarchical
 from bytecomp.compress.base import Peers
+
+# The hierarchical schemes, with their intra-node stages' dtype (None: the tensor's own).
+HIERARCHICAL = {name: getattr(torch, scheme.intra_dtype) if scheme.intra_dtype else None
+                for name, scheme in SCHEMES.items() if isinstance(scheme, Hierarchical)}
 
 
 def rank_order_mean(compressor, payloads, ctx, like):

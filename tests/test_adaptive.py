@@ -217,6 +217,7 @@ def run_phases(rank, world, phases, settings, device="cpu"):
     return levels, switches
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("agree_every", [1, 4])
 def test_every_rank_takes_the_same_decisions_on_its_own_gradients(world, agree_every):
@@ -227,6 +228,7 @@ def test_every_rank_takes_the_same_decisions_on_its_own_gradients(world, agree_e
     assert runs[0][1], "no switch happened: the test shows nothing"
 
 
+@pytest.mark.multirank
 def test_agreeing_every_few_steps_decides_only_when_a_batch_is_agreed():
     """With ``agree_every: 4`` the ranks share four steps' measurements at once: the
     controller observes them at the step after each fourth (steps 5, 9, ...), so every
@@ -237,6 +239,7 @@ def test_agreeing_every_few_steps_decides_only_when_a_batch_is_agreed():
     assert levels[19] == 2 and min(levels[20:50]) == 0 and levels[-1] == 2, levels
 
 
+@pytest.mark.multirank
 def test_the_executor_follows_the_compressibility_of_the_gradients():
     levels, switches = run_ranks(run_phases, 2, [(15, True), (30, False), (45, True)], {})[0]
     assert levels[14] == 2, levels  # sparse: climbed to top-k 1%
@@ -279,6 +282,7 @@ def at_level_0(rank, world, spec):
     return results
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("spec,sent", [("none", 1.0), ("fp16", 0.5)])
 def test_an_adaptive_plan_at_a_level_pytorch_has_a_hook_for_trains_as_that_hook(spec, sent):
     # fp32 or fp16 allreduce everywhere: PyTorch's hook exchanges, not the executor's groups
@@ -303,6 +307,7 @@ def reported_times(rank, world):
     return times
 
 
+@pytest.mark.multirank
 def test_reported_step_times_replace_the_wall_clock():
     # bytecomp bench trains every strategy in turn: the wall-clock time between two steps
     # of one executor holds all the others' steps
@@ -344,6 +349,7 @@ def conservation(rank, world, scheme, nodes, threshold):
     return float((applied * world + left - given).abs().max()), float(given.abs().max()), moves
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world,scheme,nodes", [(2, "allgather", 1), (2, "twoshot", 1),
                                                 (4, "hierarchical", 2), (4, "twolevel", 2)])
 @pytest.mark.parametrize("threshold", [0.0, 0.99])  # climbs to the top / falls back to fp32
@@ -390,6 +396,8 @@ def resume(rank, world, tmp, device="cpu", settings=None):
             switches == switches_resumed, [s[0] for s in switches])
 
 
+@pytest.mark.multirank
+@pytest.mark.smoke
 @pytest.mark.parametrize("agree_every", [1, 5])  # 5: saved with two steps not yet agreed
 def test_a_resumed_run_continues_bit_for_bit_across_a_switch(tmp_path, agree_every):
     for equal, same_levels, same_switches, steps in run_ranks(
@@ -408,6 +416,7 @@ def wrong_world(rank, world):
     return None
 
 
+@pytest.mark.multirank
 def test_a_ladder_for_another_world_size_fails_on_every_rank():
     for error in run_ranks(wrong_world, 2):
         assert error is not None and "the plan is for 4 ranks but this job has 2" in error
@@ -529,9 +538,10 @@ def test_level_0_is_one_of_pytorchs_hooks(min_gain):
     exchange would run."""
     from bytecomp.plan import NO_COMPRESSION
     from bytecomp.search.ladder import plan_ladder
+    from bytecomp.search.options import SearchOptions
 
     profile = ladder_profile(["fp16", "topk:ratio=0.1", "topk:ratio=0.01"])
-    result = plan_ladder(profile, None, Adaptive("topk"), min_gain=min_gain)
+    result = plan_ladder(profile, None, Adaptive("topk"), SearchOptions(min_gain=min_gain))
     level = result.levels[0]
     fp16 = Option("fp16", "device", "allreduce")
     used = {level.problem.options[o] for o in level.assignment}

@@ -79,6 +79,7 @@ def _curves_in_both_orders(rank, world):
     return out
 
 
+@pytest.mark.multirank
 def test_the_order_of_the_strategies_changes_no_curve():
     for curves in run_ranks(_curves_in_both_orders, 2):
         assert curves[True] == curves[False]
@@ -92,6 +93,7 @@ def test_only_workloads_with_real_data_validate():
     assert load_workload("cnn").validation(8, 2) is None  # random images
 
 
+@pytest.mark.multirank
 def test_time_to_accuracy_on_mlp(tmp_path, cli):
     profile, plan, out = tmp_path / "profile", tmp_path / "plan.yaml", tmp_path / "bench"
     adaptive = tmp_path / "adaptive.yaml"

@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# the benchmark scripts' smoke runs: make test-all
+pytestmark = pytest.mark.benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -54,6 +54,7 @@ def test_parse_errors_are_one_line_with_a_pointer_to_help(cli):
     assert_one_line_error(cli("plan"), "Missing argument")
 
 
+@pytest.mark.slow
 def test_a_real_process_prints_a_parse_error_as_one_line():
     """The ``cli`` fixture's path, once as a process: ``python -m bytecomp``."""
     result = subprocess.run([sys.executable, "-m", "bytecomp", "compressors", "--numel", "0"],
@@ -130,7 +131,7 @@ def test_atomic_writes_use_the_usual_permissions_and_leave_nothing_behind(tmp_pa
 
 
 def test_plan_help_lists_the_bucket_caps_the_search_tries(cli):
-    from bytecomp.timeline.buckets import SEARCHED_CAPS_MB
+    from bytecomp.buckets import SEARCHED_CAPS_MB
 
     result = cli("plan", "--help")
     assert result.returncode == 0

@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 
 from bytecomp.comm import Communicator, Topology, exchange, supported_schemes
-from bytecomp.comm.schemes import HIERARCHICAL
 from bytecomp.compress import default_specs, from_spec
 
 import reference
@@ -42,7 +41,7 @@ def tolerance(compressor, want: torch.Tensor) -> float:
 
 
 def fresh_states(scheme, world, nodes, ranks_per_node):
-    if scheme in HIERARCHICAL:
+    if scheme in reference.HIERARCHICAL:
         return [[{} for _ in range(ranks_per_node)] for _ in range(nodes)]
     return [{} for _ in range(world)]
 
@@ -50,9 +49,9 @@ def fresh_states(scheme, world, nodes, ranks_per_node):
 def expected(compressor, scheme, xs, states, nodes, ranks_per_node):
     if scheme == "twoshot":
         return reference.two_shot(compressor, xs, states)
-    if scheme in HIERARCHICAL:
+    if scheme in reference.HIERARCHICAL:
         return reference.hierarchical(compressor, xs, states, nodes, ranks_per_node,
-                                      HIERARCHICAL[scheme])
+                                      reference.HIERARCHICAL[scheme])
     if scheme == "twolevel":
         return reference.two_level(compressor, xs, states, nodes, ranks_per_node)
     return reference.flat(compressor, xs, states, scheme)
@@ -119,6 +118,7 @@ def check_async(rank, world):
     return all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world,nodes,ranks_per_node", [(2, 2, 1), (4, 2, 2)])
 def test_every_compressor_on_every_scheme_matches_reference(world, nodes, ranks_per_node):
     results = run_ranks(check_all_schemes, world, nodes, ranks_per_node)
@@ -128,12 +128,15 @@ def test_every_compressor_on_every_scheme_matches_reference(world, nodes, ranks_
             "\n".join(failures[:20])
 
 
+@pytest.mark.multirank
+@pytest.mark.smoke
 @pytest.mark.parametrize("world", [2, 4])
 def test_uncompressed_and_half_allreduce_give_true_mean(world):
     for rank, failures in enumerate(run_ranks(check_true_mean, world)):
         assert not failures, f"rank {rank}: " + "; ".join(failures)
 
 
+@pytest.mark.multirank
 def test_communicator_futures_match_synchronous_exchange():
     assert all(run_ranks(check_async, 2))
 

@@ -14,6 +14,7 @@ from bytecomp.compress.base import Compressor
 from bytecomp.compress.exdyna import ExDyna
 from bytecomp.compress.local import encode, roundtrip
 from bytecomp.errors import SpecError
+from bytecomp.testing import check_compressor
 
 import reference
 
@@ -29,9 +30,71 @@ def randn(numel, seed=0, dtype=torch.float32):
 
 
 def test_every_designed_compressor_is_registered():
-    assert set(COMPRESSORS) == {
+    """The set the design names is built in (others may register beside it)."""
+    assert set(COMPRESSORS) >= {
         "none", "fp16", "bf16", "int8", "topk", "randomk", "dgc", "threshold", "qsgd",
         "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "acpsgd", "exdyna"}
+
+
+@pytest.mark.parametrize("name", list(COMPRESSORS))
+def test_every_registered_compressor_passes_the_conformance_check(name):
+    check_compressor(COMPRESSORS[name])
+
+
+def _broken(**overrides):
+    """A registered copy of top-k with one thing wrong, for the check to find."""
+    from bytecomp.compress.sparse import TopK
+
+    return type("Broken", (TopK,), {"name": "broken", **overrides})
+
+
+def _unseeded_topk(self, x, state, peers=None):
+    """Top-k's payload, its indices drawn from the global generator (no seed)."""
+    from bytecomp.compress.base import meta_of
+
+    kept = max(1, x.numel() // 100)
+    indices = torch.randint(0, max(1, x.numel()), (kept,), dtype=torch.int32)
+    return [x[indices.long()], indices], meta_of(x)
+
+
+@pytest.mark.parametrize("check,overrides,finds", [
+    ("payload_sizes", {"payload_bytes": lambda self, numel, element_size=4, shapes=None: numel},
+     "declared"),  # forgets the values
+    ("approximation", {"approximation": lambda self, payload, ctx, x: x * 0.5},
+     "approximation differs"),
+    ("error_feedback", {"approximation": lambda self, payload, ctx, x: x * 0.5},
+     "error feedback loses"),
+    ("declared", {"summable": True, "round_collectives": ("allgather",)},
+     "last round must be an allreduce"),
+    ("summable", {"summable": True}, "not summable"),
+    ("declared", {"payload_estimate": "guess"}, "payload_estimate"),
+    ("declared", {"cast_dtype": "float17"}, "not a torch dtype"),
+    ("agreement", {"compress": _unseeded_topk}, "different payloads"),
+    ("compresses", {"payload_bytes": lambda self, numel, element_size=4, shapes=None:
+                    numel * element_size}, "compresses, yet"),
+])
+def test_the_conformance_check_finds_what_is_wrong(check, overrides, finds):
+    """Each check fails a compressor that breaks what it checks (and one that is not
+    registered), naming the fault."""
+    from bytecomp.compress.registry import register
+
+    broken = _broken(**overrides)
+    with pytest.raises(AssertionError, match="not registered"):
+        check_compressor(broken, only=["declared"])
+    register(broken)
+    try:
+        with pytest.raises(AssertionError, match=finds):
+            check_compressor(broken, only=[check])
+    finally:
+        COMPRESSORS.pop("broken", None)
+
+
+def test_a_ladder_on_a_parameter_it_lacks_is_refused_at_registration():
+    from bytecomp.compress.registry import register
+
+    with pytest.raises(ValueError, match="ladder moves 'rank'"):
+        register(_broken(ladder=("rank", (4, 2))))
+    assert "broken" not in COMPRESSORS
 
 
 def test_spec_parsing_sets_parameters_and_error_feedback():

@@ -102,6 +102,8 @@ def readme_training_snippet() -> str:
     return training[0]
 
 
+@pytest.mark.multirank
+@pytest.mark.smoke
 def test_readme_training_snippet_runs_on_two_ranks(tmp_path):
     """The README's step 3, as written, with a plan for its model and world size."""
     from bytecomp.launch import free_port

@@ -22,6 +22,9 @@ from bytecomp.emulate.netns import (
 )
 from bytecomp.errors import BytecompError
 
+# every test here spawns ranks (profiles them, or emulates a cluster): make test-all
+pytestmark = pytest.mark.multirank
+
 
 def _netns_reason() -> str | None:
     if os.geteuid() != 0:

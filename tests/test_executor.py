@@ -90,6 +90,7 @@ def fp32_plan_difference(rank, world, collective, nodes, native):
     return worst
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world,collective,nodes", [(2, "allreduce", 1), (4, "allreduce", 1),
                                                     (4, "hierarchical", 2)])
 def test_fp32_plan_gives_ddp_default_gradients(world, collective, nodes):
@@ -119,6 +120,8 @@ def fp16_plan_against_the_fp16_hook(rank, world, native):
     return executor.native, flat[0], flat[1], summary["bytes_vs_fp32"], summary["steps"]
 
 
+@pytest.mark.multirank
+@pytest.mark.smoke
 @pytest.mark.parametrize("native", [True, False])
 def test_an_fp16_plan_is_pytorchs_fp16_hook(native):
     # fp16 on every tensor, allreduced: apply_plan registers PyTorch's own hook for it
@@ -185,6 +188,7 @@ def powersgd_plan_against_the_powersgd_hook(rank, world, native, resume, cap=25.
     return is_native, flat[0], flat[1], ratio or summary["bytes_vs_fp32"]
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("native,resume,cap", [(True, False, 25.0), (True, True, 25.0),
                                                (False, False, 25.0), (True, False, 1.0)])
 def test_a_plan_that_is_pytorchs_powersgd_hook_runs_as_that_hook(native, resume, cap):
@@ -239,6 +243,7 @@ def train_every_compressor(rank, world, nodes):
     return failures
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world,nodes", [(2, 1), (4, 2)])
 def test_every_compressor_leaves_bit_identical_parameters_after_20_steps(world, nodes):
     for rank, failures in enumerate(run_ranks(train_every_compressor, world, nodes)):
@@ -263,6 +268,7 @@ def example_run(rank, world, plans, tmp):
     return results
 
 
+@pytest.mark.multirank
 def test_topk_with_error_feedback_reaches_the_fp32_loss(tmp_path):
     plans = {"fp32": Option("none"), "topk": Option("topk:ratio=0.01", "device", "allgather")}
     losses = run_ranks(example_run, 2, plans, str(tmp_path))[0]
@@ -298,6 +304,8 @@ def checkpoint_resume(rank, world, tmp):
     return torch.equal(uninterrupted, resumed), (uninterrupted - resumed).abs().max().item()
 
 
+@pytest.mark.multirank
+@pytest.mark.smoke
 def test_resume_from_step_10_equals_the_uninterrupted_run(tmp_path):
     for equal, difference in run_ranks(checkpoint_resume, 2, str(tmp_path)):
         assert equal, f"parameters at step 20 differ by up to {difference}"
@@ -334,6 +342,7 @@ def mismatch(rank, world, case):
     ("other shapes", "the plan was made for another model (its fingerprint differs"),
     ("another world size", "the plan is for 4 ranks but this job has 2"),
 ])
+@pytest.mark.multirank
 def test_mismatched_plans_fail_clearly_on_every_rank(case, message):
     for rank, (error, seconds) in enumerate(run_ranks(mismatch, 2, case)):
         assert error is not None and message in error, (rank, error)
@@ -362,6 +371,7 @@ def unplanned_tensor(rank, world):
     return errors, parameters_agree(workload.model)
 
 
+@pytest.mark.multirank
 def test_unplanned_tensors_need_the_fp32_fallback():
     for errors, _ in run_ranks(unplanned_tensor, 2):
         assert "is not in the plan (pass fallback='fp32'" in errors[0]
@@ -387,6 +397,7 @@ def _one_rank_steps(rank, world):
     return executor.stats.steps
 
 
+@pytest.mark.multirank
 def test_a_one_rank_job_runs_a_compressing_plan():
     assert run_ranks(_one_rank_steps, 1) == [3]
 
@@ -396,13 +407,21 @@ def _threads() -> int:
     return sum(1 for _ in Path("/proc/self/task").iterdir())
 
 
-def _close_lets_go(rank, world):
-    """Threads before apply_plan and after close(), and what a step after close() says."""
+def _close_lets_go(rank, world, adaptive):
+    """Threads before apply_plan and after close(), and what a step after close() says
+    (an adaptive plan: its control group too, and the groups its moves lay residuals
+    out on)."""
+    from bytecomp.plan import Adaptive, ladder_for_model
+
     workload = load_workload(SMALL)
     ddp = DistributedDataParallel(workload.model, bucket_cap_mb=0.01)
-    plan = plan_for_model(workload.model, lambda n, p: Option(
-        "topk:ratio=0.1", "host" if "weight" in n else "device",
-        "allgather"), world, bucket_cap_mb=0.01)
+
+    def topk(n, p):
+        return Option("topk:ratio=0.1", "host" if "weight" in n else "device", "allgather")
+    plan = ladder_for_model(workload.model, [lambda n, p: Option("fp16"), topk], world,
+                            Adaptive("topk", timing="predicted"), bucket_cap_mb=0.01,
+                            predicted_ms=[2.0, 1.0]) if adaptive else \
+        plan_for_model(workload.model, topk, world, bucket_cap_mb=0.01)
     before = _threads()
     executor = bytecomp.apply_plan(ddp, plan)
     for step in range(3):
@@ -420,12 +439,14 @@ def _close_lets_go(rank, world):
     return before, during, after, message
 
 
+@pytest.mark.multirank
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
-def test_close_frees_every_thread_and_group_it_made():
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_close_frees_every_thread_and_group_it_made(adaptive):
     """A gloo group's threads outlive destroy_process_group while anything holds the group;
     one of them tidying up after a collective when the interpreter exits aborts the
     process (seen once in 30 runs of the README's snippet)."""
-    for before, during, after, message in run_ranks(_close_lets_go, 2):
+    for before, during, after, message in run_ranks(_close_lets_go, 2, adaptive):
         assert during > before  # its groups (a loop and two workers each) and pools
         assert after == before
         assert "this executor is closed" in message
@@ -469,6 +490,7 @@ def _close_while_a_callback_lingers(rank, world):
     return len(_RETIRED)
 
 
+@pytest.mark.multirank
 def test_close_outlasts_a_completion_callback_still_running():
     assert run_ranks(_close_while_a_callback_lingers, 2) == [0, 0]
 
@@ -478,15 +500,13 @@ def test_close_outlasts_a_completion_callback_still_running():
 
 def _reference_of(spec, scheme, xs, states, nodes):
     """The single-process reference (tests/reference.py) of one tensor's exchange."""
-    from bytecomp.comm.schemes import HIERARCHICAL
-
     import reference
 
     compressor = from_spec(spec)
     per_node = len(xs) // nodes
-    if scheme in HIERARCHICAL:
+    if scheme in reference.HIERARCHICAL:
         return reference.hierarchical(compressor, xs, states, nodes, per_node,
-                                      HIERARCHICAL[scheme])
+                                      reference.HIERARCHICAL[scheme])
     if scheme == "twolevel":
         return reference.two_level(compressor, xs, states, nodes, per_node)
     if scheme == "twoshot":
@@ -499,7 +519,7 @@ def per_tensor_plan_differences(rank, world, nodes, options):
     parameter is its own group and gets what the single-process reference of its scheme
     gives from every rank's own gradient of it; host groups run on the plan's host_workers
     threads. The worst relative difference per parameter."""
-    from bytecomp.comm.schemes import HIERARCHICAL
+    from reference import HIERARCHICAL
 
     planned, local = load_workload(SMALL), load_workload(SMALL)
     local.model.load_state_dict(planned.model.state_dict())
@@ -517,7 +537,7 @@ def per_tensor_plan_differences(rank, world, nodes, options):
         return {"salt": zlib.crc32(name.encode())}
 
     states = {name: ([[fresh(name) for _ in range(per_node)] for _ in range(nodes)]
-                     if choice[name].collective in HIERARCHICAL
+                     if choice[name].scheme in HIERARCHICAL
                      else [fresh(name) for _ in range(world)]) for name in names}
     worst = dict.fromkeys(names, 0.0)
     for step in range(2):
@@ -529,7 +549,7 @@ def per_tensor_plan_differences(rank, world, nodes, options):
             everyone = [torch.empty_like(mine.grad).reshape(-1) for _ in range(world)]
             dist.all_gather(everyone, mine.grad.reshape(-1).contiguous())
             option = choice[name]
-            want = _reference_of(option.spec, option.collective, everyone, states[name], nodes)
+            want = _reference_of(option.spec, option.scheme, everyone, states[name], nodes)
             error = (param.grad.reshape(-1) - want).abs().max().item()
             worst[name] = max(worst[name], error / max(1e-6, want.abs().max().item()))
         with torch.no_grad():
@@ -550,6 +570,7 @@ def per_tensor_plan_differences(rank, world, nodes, options):
             Option("none", "device", "hierarchical-fp16"),
             Option("signsgd", "host", "hierarchical")]),
 ])
+@pytest.mark.multirank
 def test_one_bucket_per_tensor_equals_each_tensors_reference(world, nodes, options):
     for rank, worst in enumerate(run_ranks(per_tensor_plan_differences, world, nodes, options)):
         bad = {name: error for name, error in worst.items() if error > 2e-3}

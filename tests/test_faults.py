@@ -28,6 +28,9 @@ from bytecomp.plan import Adaptive, Option, ladder_for_model, plan_for_model
 
 from ranks import free_port, run_ranks
 
+# every test here kills, stops or starves ranks: make test-all
+pytestmark = pytest.mark.faults
+
 FIXTURES = str(Path(__file__).parent / "fixtures")
 
 
@@ -69,7 +72,7 @@ def group_timeouts(rank, world):
                 "intra": seconds(topology.intra), "executor direct": seconds(
                     executor.device_path.direct), "executor FIFO": seconds(
                     executor.device_path.topology.world),
-                "adaptive control": seconds(adaptive.control)}
+                "adaptive control": seconds(adaptive.adaptation.control)}
     executor.close()
     adaptive.close()
     return timeouts

@@ -68,6 +68,7 @@ def _gains_on_ddp_gradients(rank, world):
             meter.rows())
 
 
+@pytest.mark.multirank
 def test_gains_on_real_ddp_buckets():
     results = run_ranks(_gains_on_ddp_gradients, 2)
     for captured, averaged_error, rows in results:
@@ -203,7 +204,7 @@ def test_effective_time_optimum_equals_brute_force(shapes, cluster, device, spec
                                     specs=specs, bandwidth_gbps=bandwidth, fidelity=True)
         planner = Planner(profile, None, specs, strict=True, objective="effective",
                           min_fidelity=min_fidelity, fidelity_weights=weights)
-        result = planner.search(caps)
+        result = planner.search(caps=caps)
         assert result.exact, result.algorithm
         expected = brute_force_effective(planner, caps, min_fidelity, weights)
         assert result.value == pytest.approx(expected, rel=1e-9)
@@ -372,7 +373,7 @@ def test_the_calibrated_optimum_equals_brute_force():
                                     probe={"powersgd:rank=4": 1.2, "int8": 1.1})
         planner = Planner(profile, None, specs, strict=True, objective="effective",
                           min_fidelity=min_fidelity)
-        result = planner.search([1.0, 25.0])
+        result = planner.search(caps=[1.0, 25.0])
         assert result.exact
         gains = FidelityModel(profile).gains
         expected = brute_force_effective(planner, [1.0, 25.0], min_fidelity, "params", gains)
@@ -388,9 +389,9 @@ def test_the_default_margin_is_wider_for_effective_time(cli, monkeypatch, tmp_pa
     seen = []
     search = planner_module.Planner.search
 
-    def recording(self, caps=None, algorithm="auto", budget_s=None, min_gain=0.0, **more):
-        seen.append((self.problem.objective.name, min_gain))
-        return search(self, caps, algorithm, budget_s, min_gain, **more)
+    def recording(self, options=None, **more):
+        seen.append((self.problem.objective.name, options.min_gain))
+        return search(self, options, **more)
 
     monkeypatch.setattr(planner_module.Planner, "search", recording)
     profile = ROOT / "profiles" / "transformer"
@@ -404,11 +405,13 @@ def test_the_default_margin_is_wider_for_effective_time(cli, monkeypatch, tmp_pa
 def test_within_the_margin_the_plan_that_keeps_more_of_the_gradient_wins():
     """By effective time, a baseline the search does not beat by --min-gain and that keeps
     more of the gradient is the plan; fp32 DDP first among equals."""
+    from bytecomp.search.options import BaselineKind
     from bytecomp.search.planner import Baseline, _baseline_to_keep
 
-    fast = Baseline("powersgd", [1, 1], 25.0, 5.0, 0.84, 6.1)
-    safe = Baseline("int8", [2, 2], 25.0, 6.3, 1.0, 6.3)
-    fp32 = Baseline("fp32 DDP", [0, 0], 25.0, 15.0, 1.0, 15.0)
+    every, kind = BaselineKind.EVERY_TENSOR, BaselineKind.FP32_DDP
+    fast = Baseline(every, "powersgd", [1, 1], 25.0, 5.0, 0.84, 6.1)
+    safe = Baseline(every, "int8", [2, 2], 25.0, 6.3, 1.0, 6.3)
+    fp32 = Baseline(kind, "fp32 DDP", [0, 0], 25.0, 15.0, 1.0, 15.0)
     searchable = {0, 1, 2}
     assert _baseline_to_keep([fp32, fast, safe], searchable, 6.0, 0.10, 0.84) is safe
     assert _baseline_to_keep([fp32, fast, safe], searchable, 5.0, 0.10, 0.84) is None
@@ -421,15 +424,16 @@ def test_within_the_margin_the_plan_that_keeps_more_of_the_gradient_wins():
 def test_a_kept_baseline_not_beating_fp32_ddp_by_the_margin_gives_way_to_it():
     """fp16 within the margin of the search's plan and of fp32 DDP: fp32 DDP is the plan
     (as conv12's digits at 1 Gbit/s: fp16 predicted 5% faster, measured 3-5% slower)."""
+    from bytecomp.search.options import BaselineKind
     from bytecomp.search.planner import Baseline, _baseline_to_keep
 
-    fp32 = Baseline("fp32 DDP", [0, 0], 25.0, 9.67, 1.0, 9.67)
-    fp16 = Baseline("fp16 hook", [1, 1], 25.0, 9.19, 1.0, 9.19)
+    fp32 = Baseline(BaselineKind.FP32_DDP, "fp32 DDP", [0, 0], 25.0, 9.67, 1.0, 9.67)
+    fp16 = Baseline(BaselineKind.FP16_HOOK, "fp16 hook", [1, 1], 25.0, 9.19, 1.0, 9.19)
     searchable = {0, 1, 2}
     for fidelity in (0.99, None):  # effective time, time
         assert _baseline_to_keep([fp32, fp16], searchable, 8.5, 0.10, fidelity) is fp32
         assert _baseline_to_keep([fp32, fp16], searchable, 8.5, 0.10, fidelity,
                                  over_fp32=False) is fp16
         assert _baseline_to_keep([fp32, fp16], searchable, 8.9, 0.04, fidelity) is fp16
-    faster = Baseline("fp16 hook", [1, 1], 25.0, 8.0, 1.0, 8.0)  # beats fp32 by 17%
+    faster = Baseline(BaselineKind.FP16_HOOK, "fp16 hook", [1, 1], 25.0, 8.0, 1.0, 8.0)  # beats fp32 by 17%
     assert _baseline_to_keep([fp32, faster], searchable, 7.5, 0.10, 0.99) is faster

@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-
 from golden import executor as golden_executor
 from golden import plans as golden_plans
 

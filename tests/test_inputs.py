@@ -173,7 +173,7 @@ def test_collectives_rank_counts_must_match_the_world(profile):
 
 def test_bytecomp_reads_back_a_profile_whose_meta_shares_an_object(tmp_path):
     """The loader refuses YAML aliases, so the writers must not emit them."""
-    from bytecomp.profile.store import save_profile
+    from bytecomp.profile_store import save_profile
 
     profile = synthetic_profile(mlp_shapes(2, 16), world_size=2)
     shared = [1, 2, 3]
@@ -194,7 +194,7 @@ def test_the_probe_table_goes_through_the_same_checks(profile):
     """probe.csv (the convergence probe) is read like every table: numbers finite and in
     range, specs known and not repeated, steps factors at most the probe's cap."""
     from bytecomp.profile.probe import MAX_FACTOR
-    from bytecomp.profile.store import MAX_STEPS_FACTOR
+    from bytecomp.profile_store import MAX_STEPS_FACTOR
 
     assert MAX_STEPS_FACTOR == MAX_FACTOR
     table = profile / "probe.csv"
@@ -231,7 +231,7 @@ def test_the_compressors_advance_column_is_optional_and_checked(profile):
     """compressors.csv's advance_ms (a multi-round encode's part between its
     collectives): profiles before it load without it; it is a non-negative part of
     the encode; it survives a save."""
-    from bytecomp.profile.store import save_profile
+    from bytecomp.profile_store import save_profile
 
     table = profile / "compressors.csv"
     rows = pd.read_csv(table)
@@ -301,6 +301,7 @@ def test_a_damaged_controller_state_is_refused():
             controller().load_state_dict({**saved, **damage})
 
 
+@pytest.mark.multirank
 def test_bench_checks_every_plan_before_any_rank_starts(cli, tmp_path):
     """Main's repeated --plan: the first (whose predictions are compared) fits the profile's
     shape, every one its model and world size, and --out spares each."""
@@ -439,6 +440,7 @@ def _dead_pid() -> int:
     return process.pid
 
 
+@pytest.mark.multirank
 def test_the_next_run_removes_stale_temporaries_of_its_own_naming(tmp_path):
     dead, alive = _dead_pid(), os.getpid()
     stale_file = tmp_path / f".plan.yaml.{dead}.abcd1234.tmp"
@@ -455,6 +457,7 @@ def test_the_next_run_removes_stale_temporaries_of_its_own_naming(tmp_path):
     assert not stale_dir.exists()
 
 
+@pytest.mark.multirank
 def test_a_killed_directory_swap_restores_the_old_directory(tmp_path):
     backup = tmp_path / f".prof.{_dead_pid()}.abcd1234.old"
     backup.mkdir()

@@ -21,6 +21,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+# executes the notebooks: make test-all
+pytestmark = pytest.mark.notebook
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 TIMEOUT_S = 600  # a whole notebook; the walkthrough takes about 35 s on a 2-core CPU

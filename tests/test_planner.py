@@ -63,7 +63,7 @@ def test_tree_prunes_what_cannot_run():
     assert labels == {"fp32 allreduce", "topk:ratio=0.01 allgather @device",
                       "topk:ratio=0.01 twoshot @device", "powersgd:rank=4 allreduce @device"}
     gpu_cluster = options_of(build_tree(["fp16"], 2, 4, "cuda"))
-    assert {o.collective for o in gpu_cluster} == {"allreduce", "allgather", "twoshot",
+    assert {o.scheme for o in gpu_cluster} == {"allreduce", "allgather", "twoshot",
                                                     "hierarchical", "hierarchical-fp16",
                                                     "hierarchical-bf16", "twolevel"}
     assert {o.place for o in gpu_cluster if o.compressed} == {"device", "host"}
@@ -71,19 +71,20 @@ def test_tree_prunes_what_cannot_run():
 
 
 def test_tree_prunes_the_new_exchange_options_with_a_reason():
-    tree = build_tree(["powersgd:rank=4", "topk:ratio=0.01"], 2, 4, "cuda", casts={"fp16"})
+    tree = build_tree(["powersgd:rank=4", "topk:ratio=0.01"], 2, 4, "cuda", casts={"float16"})
     reasons = pruned_counts(tree)
-    assert reasons["a bf16 intra-node stage needs the profile's bf16 timings"] == 1 + 2 * 2
+    assert reasons["a bfloat16 intra-node stage needs the profile's timings of a bfloat16 "
+                   "cast"] == 1 + 2 * 2
     assert reasons["powersgd does not support twolevel"] == 2
     labels = {o.label for o in options_of(tree)}
     assert {"fp32 hierarchical-fp16", "topk:ratio=0.01 twolevel @host",
             "powersgd:rank=4 hierarchical-fp16 @device"} <= labels
-    host_uncast = pruned_counts(build_tree(["topk:ratio=0.01"], 2, 4, "cuda", casts={"fp16"},
+    host_uncast = pruned_counts(build_tree(["topk:ratio=0.01"], 2, 4, "cuda", casts={"float16"},
                                            host_casts=set()))  # host groups cast on the cpu
-    assert host_uncast["a fp16 intra-node stage on the host needs the profile's cpu fp16 "
-                       "timings"] == 1
+    assert host_uncast["a float16 intra-node stage on the host needs the profile's cpu "
+                       "timings of a float16 cast"] == 1
     one_node = pruned_counts(build_tree(["topk:ratio=0.01"], 1, 8, "cuda"))
-    assert one_node["two-level needs several nodes and several ranks per node"] == 2
+    assert one_node["twolevel needs several nodes and several ranks per node"] == 2
 
 
 # -- optimality ----------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def test_search_finds_the_brute_force_optimum_on_small_instances(shapes, cluster
         if fixed:  # the executor's fixed costs (no hook for fp32 allreduce everywhere)
             profile.meta["executor"] = fixed
         planner = Planner(profile, None, specs, strict=True)
-        result = planner.search(caps)
+        result = planner.search(caps=caps)
         assert result.exact, result.algorithm
         assert result.time_ms == pytest.approx(brute_force(planner, caps), abs=1e-9)
         assert result.lower_bound_ms <= result.time_ms + 1e-9
@@ -750,7 +751,7 @@ FIXED = {"bucket_ms": 0.5, "paths": {"direct": {"hook_ms": 0.2, "tail_ms": 0.3},
 def test_each_option_pays_the_fixed_costs_of_its_executor_path():
     from bytecomp.model.overheads import ExecutorCosts, path_of
     from bytecomp.plan import Option
-    from bytecomp.profile.store import EXECUTOR_PATHS
+    from bytecomp.profile_store import EXECUTOR_PATHS
     from bytecomp.search.planner import Planner as _Planner
 
     assert EXECUTOR_PATHS == ("direct", "fifo", "host")
@@ -809,6 +810,7 @@ def test_a_profile_with_bad_fixed_costs_is_a_clear_error(tmp_path, executor, fie
         load_profile(copy)
 
 
+@pytest.mark.slow
 def test_bytecomp_plan_gives_the_same_plan_in_every_process(tmp_path):
     """Two `bytecomp plan` runs on the same inputs, in processes with different hash seeds
     (set and dict orders of strings differ), write the same plan but for the times."""

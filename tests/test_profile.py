@@ -19,6 +19,9 @@ from bytecomp.profile.workloads import load_workload
 
 from ranks import free_port, run_ranks
 
+# every test here spawns ranks (profiles them, or emulates a cluster): make test-all
+pytestmark = pytest.mark.multirank
+
 FIXTURES = str(Path(__file__).parent / "fixtures")
 BUCKET_CAP_MB = 5.0
 

@@ -19,7 +19,7 @@ from bytecomp.launch import backend_for, run_job
 from bytecomp.model.clusters import cluster_file, load_cluster
 from bytecomp.plan import load_plan
 from bytecomp.profile.convergence import ConvergenceConfig
-from bytecomp.profile.store import load_profile, profile_files
+from bytecomp.profile_store import load_profile, profile_files
 from bytecomp.search.planner import check_plan_fits
 
 

@@ -64,11 +64,12 @@ from bytecomp.profile.convergence import (
     train_curves,
     training_optimizer,
 )
-from bytecomp.profile.store import Profile, load_profile
 from bytecomp.profile.training import to_device
 from bytecomp.profile.workloads import load_workload
+from bytecomp.profile_store import Profile, load_profile
 from bytecomp.runtime import Executor
 from bytecomp.search import Planner, simulate_plan
+from bytecomp.search.options import BaselineKind
 from bytecomp.search.planner import native_option
 from bytecomp.ui import Reporter
 
@@ -133,7 +134,8 @@ def _every_compressors(config: BenchConfig, plan, profile) -> list[str]:
     if config.compressors:
         return list(dict.fromkeys(canonical(spec) for spec in config.compressors))
     if config.convergence is not None:
-        return sorted({canonical(s) for s in profile.compressors["spec"]} - {"none"})
+        return sorted({canonical(s) for s in profile.compressors["spec"]
+                       if from_spec(s).compresses})
     return [plan.compressors[0] if plan.compressors else DEFAULT_COMPRESSOR]
 
 
@@ -145,8 +147,10 @@ def every_key(spec: str) -> str:
 def _predictions(profile, plans: list[BenchedPlan], cluster, specs: list[str]
                  ) -> tuple[dict[str, float], int | None]:
     planner = Planner(profile, cluster, specs, strict=True, objective="time")
-    baselines = {b.name: b.time_ms for b in planner.baselines()}
-    powersgd_spec = planner.baseline_specs["powersgd"]
+    baselines = planner.baselines()
+    by_kind = {b.kind: b.time_ms for b in baselines}
+    every = {b.spec: b.time_ms for b in baselines if b.kind is BaselineKind.EVERY_TENSOR}
+    powersgd_spec = planner.baseline_specs[BaselineKind.POWERSGD_HOOK]
     rank = from_spec(powersgd_spec).values["rank"] if powersgd_spec else None
 
     nodes, per_node = (cluster.nodes, cluster.ranks_per_node) if cluster else \
@@ -161,11 +165,10 @@ def _predictions(profile, plans: list[BenchedPlan], cluster, specs: list[str]
 
     predicted = {
         "compute": profile.time_ms("iteration_compute"),
-        "fp32 DDP": baselines["fp32 DDP"],
-        "fp16 hook": baselines.get("fp16 hook", float("nan")),
-        "PowerSGD hook": baselines.get(f"PowerSGD hook (rank {rank})", float("nan")),
-        **{every_key(spec): baselines[f"{spec} on every tensor "
-                                      f"({native_option(spec).collective})"] for spec in specs},
+        "fp32 DDP": by_kind[BaselineKind.FP32_DDP],
+        "fp16 hook": by_kind.get(BaselineKind.FP16_HOOK, float("nan")),
+        "PowerSGD hook": by_kind.get(BaselineKind.POWERSGD_HOOK, float("nan")),
+        **{every_key(spec): every[spec] for spec in specs},
     }
     for benched in plans:  # an adaptive plan is predicted at its first level
         predicted[benched.name] = simulated(benched.plan.level(0) if benched.plan.levels

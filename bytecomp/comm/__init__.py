@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import torch
 
+from bytecomp.comm.exchanges import Exchange
 from bytecomp.comm.schemes import (
     SCHEMES,
-    Exchange,
+    Scheme,
     check_scheme,
     exchange,
     make_exchange,
+    register_scheme,
+    scheme_of,
     supported_schemes,
 )
 from bytecomp.comm.topology import Topology
@@ -53,5 +56,6 @@ def _finish(staged: Exchange) -> torch.Tensor:
     return staged.decode()
 
 
-__all__ = ["SCHEMES", "CommWorker", "Communicator", "Exchange", "Topology", "check_scheme",
-           "exchange", "make_exchange", "supported_schemes"]
+__all__ = ["SCHEMES", "CommWorker", "Communicator", "Exchange", "Scheme", "Topology",
+           "check_scheme", "exchange", "make_exchange", "register_scheme", "scheme_of",
+           "supported_schemes"]

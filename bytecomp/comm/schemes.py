@@ -1,4 +1,13 @@
-"""Collective schemes: how a compressed tensor is averaged over the ranks.
+"""Collective schemes: how a (compressed) tensor is averaged over the ranks.
+
+A scheme is an object (:class:`Scheme`) registered by name (:func:`register_scheme`):
+it declares what it supports and needs, builds the staged exchange of a tensor
+(:mod:`bytecomp.comm.exchanges`) and lays out the residuals its stages keep. The
+planner's tree, the plan file's validation and the executor ask the registry,
+never a scheme's name; the cost model prices each scheme by the same name
+(:mod:`bytecomp.model.schemes`).
+
+The built-in schemes, in the order the planner offers them:
 
 * ``allreduce``: the compressor's native rounds (summable payloads are averaged
   in place; PowerSGD's two rounds; ExDyna's gather-then-reduce).
@@ -18,383 +27,146 @@
   scheme); the result is compressed once more and gathered inside the node.
 
 Every exchange returns the mean over all ranks, identical on every rank, with
-the input's shape and dtype; the input may be overwritten. An exchange has
-three stages (encode, communicate, decode) so that the executor can run
-compression on the hook's thread or on host workers and the collectives on its
-FIFO communication thread (:class:`bytecomp.comm.worker.CommWorker`).
+the input's shape and dtype; the input may be overwritten.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar, TypeVar
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
-from bytecomp.comm.collectives import (
-    allgather_fixed_async,
-    allgather_payloads,
-    allreduce_average,
-    allreduce_mean_,
-    alltoall_payloads,
+from bytecomp.comm.exchanges import (
+    GATHER,
+    Exchange,
+    FlatExchange,
+    HierarchicalExchange,
+    TwoLevelExchange,
+    TwoShotExchange,
+    chunk_residuals,
+    native_rounds,
+    placed,
+    stage_residual,
 )
-from bytecomp.comm.compat import all_gather_flat, reduce_scatter_flat
 from bytecomp.comm.topology import Topology
-from bytecomp.compress.base import Compressor, Peers
+from bytecomp.compress.base import Compressor
 
-# The intra-node stages' dtype of each hierarchical scheme (None: the tensor's own).
-HIERARCHICAL = {"hierarchical": None, "hierarchical-fp16": torch.float16,
-                "hierarchical-bf16": torch.bfloat16}
-SCHEMES = ("allreduce", "allgather", "twoshot", *HIERARCHICAL, "twolevel")
-UNCOMPRESSED_SCHEMES = ("allreduce", *HIERARCHICAL)  # what an uncompressed tensor may use
-SERVER_SALT = 1_000_003  # same on every rank, so stage-two contexts agree
-INTER_SALT = 2_000_003  # the two-level scheme's inter-node stage, same on every node
+SEVERAL_NODES = "needs several nodes and several ranks per node"
+
+
+class Scheme:
+    """A collective scheme. Subclasses set the class attributes (the traits the
+    planner, the model and the executor read) and implement :meth:`exchange`;
+    :func:`register_scheme` makes one available by its ``name``.
+
+    * ``label``: a short label for tables (``AR``); ``summary``: one line for legends.
+    * ``uncompressed``: an uncompressed (fp32) tensor may use it.
+    * ``several_nodes``: it needs several nodes of several ranks each (else pruned).
+    * ``whole``: it exchanges a group's tensors as they are, in one stage over the job
+      (a low-rank compressor's matrices keep their shapes).
+    * ``channel_by_place``: it computes on the channel between its collectives
+      (re-compression, casts), so the channel's time depends on where the tensor is
+      encoded.
+    * ``intra_dtype``: the 16-bit dtype of its intra-node stages (``"float16"``), if any.
+    * ``native``: it is the compressor's own rounds over the whole job, as PyTorch's
+      DDP communication hooks exchange a bucket.
+    """
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    uncompressed: ClassVar[bool] = False
+    several_nodes: ClassVar[bool] = False
+    whole: ClassVar[bool] = False
+    channel_by_place: ClassVar[bool] = False
+    intra_dtype: ClassVar[str | None] = None
+    native: ClassVar[bool] = False
+
+    def supports(self, compressor: Compressor) -> bool:
+        """Whether ``compressor`` can run on this scheme."""
+        raise NotImplementedError
+
+    def infeasible(self, nodes: int, ranks_per_node: int) -> str | None:
+        """Why this scheme cannot run on a cluster of this shape, as what it "needs ..."
+        (None: it can)."""
+        if self.several_nodes and (nodes < 2 or ranks_per_node < 2):
+            return SEVERAL_NODES
+        return None
+
+    def one_collective(self, compressor: Compressor) -> bool:
+        """Whether the exchange is a single collective, issued at once from the hook's
+        thread (:meth:`bytecomp.comm.exchanges.FlatExchange.communicate_async`)."""
+        return False
+
+    def flat_rounds(self, compressor: Compressor) -> tuple[str, ...]:
+        """A ``whole`` scheme's collectives, round by round (``"allreduce"`` or
+        ``"allgather"``), for ``compressor``."""
+        raise NotImplementedError(f"{self.name} is not a one-stage scheme")
+
+    def exchange(self, x: torch.Tensor, compressor: Compressor, state: dict,
+                 topology: Topology) -> Exchange:
+        """The staged exchange of ``x`` (non-empty) with ``compressor``."""
+        raise NotImplementedError
+
+    def take_residuals(self, state: dict, numel: int, topology: Topology
+                       ) -> torch.Tensor | None:
+        """Remove the error-feedback residuals of a tensor's exchange from ``state`` and
+        return them as one flat tensor of ``numel`` elements in this rank's own units:
+        added to this rank's next gradient, they reach the average as they would have
+        through the residuals (None: there were none). Default: one residual of the
+        whole tensor."""
+        return state.pop("residual", None)
+
+    def __repr__(self) -> str:
+        return f"<scheme {self.name}>"
+
+
+SCHEMES: dict[str, Scheme] = {}  # by name, in the order they were registered
+
+S = TypeVar("S", bound=type[Scheme])
+
+
+def register_scheme(cls: S) -> S:
+    """Class decorator: make the scheme ``cls`` (an instance of it) available by its
+    name to the planner, the plan file and the executor; its cost model is registered
+    with :func:`bytecomp.model.schemes.register_scheme_cost`."""
+    if not cls.name or not cls.label:
+        raise ValueError(f"{cls.__name__} needs a name and a label to be registered")
+    if cls.name in SCHEMES and type(SCHEMES[cls.name]) is not cls:
+        raise ValueError(f"a scheme named {cls.name!r} is registered already")
+    SCHEMES[cls.name] = cls()
+    return cls
+
+
+def scheme_of(name: str) -> Scheme:
+    """The registered scheme ``name`` (``ValueError`` naming the choices otherwise)."""
+    scheme = SCHEMES.get(name)
+    if scheme is None:
+        raise ValueError(f"unknown collective scheme {name!r}; choose from "
+                         f"{', '.join(SCHEMES)}")
+    return scheme
 
 
 def supported_schemes(compressor: Compressor) -> list[str]:
-    """The schemes ``compressor`` can run on."""
-    schemes = []
-    if compressor.collectives_of_rounds()[-1] == "allreduce":
-        schemes.append("allreduce")
-    if compressor.gatherable and compressor.rounds == 1:
-        schemes.append("allgather")
-        if compressor.chunkable:
-            schemes.append("twoshot")
-    schemes += HIERARCHICAL
-    if "twoshot" in schemes:  # two-shot inside the node, around an inter-node exchange
-        schemes.append("twolevel")
-    return schemes
+    """The schemes ``compressor`` can run on, in registration order."""
+    return [name for name, scheme in SCHEMES.items() if scheme.supports(compressor)]
+
+
+def uncompressed_schemes() -> list[str]:
+    """The schemes an uncompressed tensor may use."""
+    return [name for name, scheme in SCHEMES.items() if scheme.uncompressed]
 
 
 def check_scheme(compressor: Compressor, scheme: str) -> None:
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown collective scheme {scheme!r}; choose from {', '.join(SCHEMES)}")
-    if scheme not in supported_schemes(compressor):
-        raise ValueError(f"{compressor.spec} cannot run on {scheme}; it supports "
-                         f"{', '.join(supported_schemes(compressor))}")
-
-
-def peers_of(group: dist.ProcessGroup) -> Peers:
-    return Peers(dist.get_rank(group), dist.get_world_size(group))
-
-
-def mean_of_decompressed(compressor: Compressor, payloads, ctx, like: torch.Tensor,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean of every rank's decompressed payload, summed in rank order in float32, into
-    ``out`` (a new tensor shaped like ``like`` by default)."""
-    if out is None:
-        out = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
-    return compressor.aggregate_into(payloads, ctx, out.reshape(-1))
-
-
-class Exchange:
-    """One tensor's exchange in three stages, which may run on different threads:
-    ``encode`` (compression), ``communicate`` (every collective, with the work the
-    scheme does between them) and ``decode`` (decompression and averaging), in that
-    order. ``sent_bytes`` counts what this rank handed to collectives."""
-
-    def __init__(self, x: torch.Tensor) -> None:
-        self.x = x
-        self.sent_bytes = 0
-
-    def encode(self) -> None:
-        pass
-
-    def communicate(self) -> None:
-        pass
-
-    def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The averaged tensor; written into ``out`` when given (which may be the input)."""
-        if out is None or out.data_ptr() == self.x.data_ptr():
-            return self.x if out is None else out
-        return out.copy_(self.x.reshape(out.shape))
-
-    def run(self) -> torch.Tensor:
-        self.encode()
-        self.communicate()
-        return self.decode()
-
-
-def _nbytes(payload) -> int:
-    return sum(t.numel() * t.element_size() for t in payload)
-
-
-def one_collective(compressor: Compressor, scheme: str) -> bool:
-    """True when the flat exchange is a single collective (see
-    :meth:`FlatExchange.communicate_async`): one allreduce round, or one allgather of a
-    fixed-size payload."""
-    if scheme == "allreduce":
-        return compressor.collectives_of_rounds() == ("allreduce",)
-    return scheme == "allgather" and compressor.rounds == 1 and compressor.fixed_size
-
-
-class FlatExchange(Exchange):
-    """One-stage exchange over ``group``: the native rounds, or an allgather."""
-
-    def __init__(self, x, compressor: Compressor, state: dict, group, scheme: str = "allreduce",
-                 peers: Peers | None = None):
-        super().__init__(x)
-        self.shape, self.flat = x.shape, x.reshape(-1)
-        self.compressor, self.state, self.group = compressor, state, group
-        self.peers = peers or peers_of(group)
-        self.rounds = compressor.collectives_of_rounds() if scheme == "allreduce" \
-            else ("allgather",)
-
-    def encode(self) -> None:
-        self.payload, self.ctx = self.compressor.compress(self.flat, self.state, self.peers)
-
-    def communicate(self) -> None:
-        payload = self.payload
-        result: Any = None
-        for number, collective in enumerate(self.rounds):
-            self.sent_bytes += _nbytes(payload)
-            if collective == "allreduce":
-                result = allreduce_mean_(payload, self.group)
-            else:
-                result = allgather_payloads(payload, self.group, self.compressor.fixed_size)
-            if number + 1 < len(self.rounds):
-                payload, self.ctx = self.compressor.advance(result, self.ctx, self.state,
-                                                            self.peers)
-        self.result: Any = result
-
-    def communicate_async(self) -> torch.futures.Future:
-        """Issue the single collective now; the future completes when it is done."""
-        payload = self.payload
-        self.sent_bytes += _nbytes(payload)
-        size = dist.get_world_size(self.group)
-        if size == 1:
-            self.result = payload if self.rounds[0] == "allreduce" else [payload]
-            done: torch.futures.Future = torch.futures.Future()
-            done.set_result([])  # nothing to wait for: _finish iterates the value
-            return done
-        works: list = []
-        self.divide_after: list[torch.Tensor] = []
-        if self.rounds[0] == "allreduce":
-            for tensor in payload:
-                work, divide_after = allreduce_average(tensor, self.group, async_op=True)
-                works.append(work)
-                if divide_after:
-                    self.divide_after.append(tensor)
-            self.result = payload
-        else:
-            gathered, finish = allgather_fixed_async(payload, self.group)
-            works.append(gathered)
-            self.result = finish
-        if len(works) == 1:
-            return works[0].get_future()
-        return torch.futures.collect_all([w.get_future() for w in works])
-
-    def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        if callable(self.result):  # an asynchronous allgather: unpack now
-            self.result = self.result()
-        for tensor in getattr(self, "divide_after", ()):  # an asynchronous allreduce's sum
-            tensor.div_(self.peers.size)
-        self.divide_after = []
-        if self.rounds[-1] == "allreduce":
-            if out is None:
-                return self.compressor.decompress(self.result, self.ctx).reshape(self.shape)
-            return self.compressor.decompress_into(self.result, self.ctx, out.reshape(-1))
-        result = mean_of_decompressed(self.compressor, self.result, self.ctx, self.flat, out)
-        return result.reshape(self.shape) if out is None else out
-
-
-def _padded(x: torch.Tensor, multiple: int) -> torch.Tensor:
-    flat_x = x.reshape(-1)
-    padding = (-flat_x.numel()) % multiple
-    return F.pad(flat_x, (0, padding)) if padding else flat_x
-
-
-class TwoShotExchange(Exchange):
-    """Alltoall + allgather: each rank averages and re-compresses one chunk."""
-
-    def __init__(self, x, compressor: Compressor, state: dict, group):
-        super().__init__(x)
-        self.compressor, self.state, self.group = compressor, state, group
-        self.peers = peers_of(group)
-
-    def encode(self) -> None:
-        size = self.peers.size
-        self.chunks = _padded(self.x, size).view(size, -1)
-        meter = {"meter": True} if self.state.get("meter") else {}
-        chunk_states = self.state.setdefault("chunks", [{"salt": j, **meter}
-                                                        for j in range(size)])
-        self.compressed = [self.compressor.compress(self.chunks[j], chunk_states[j], self.peers)
-                           for j in range(size)]
-
-    def communicate(self) -> None:
-        compressor, peers = self.compressor, self.peers
-        outgoing = [payload for payload, _ in self.compressed]
-        self.sent_bytes += sum(_nbytes(p) for p in outgoing)
-        received = alltoall_payloads(outgoing, self.group, compressor.fixed_size)
-        own_chunk = mean_of_decompressed(compressor, received, self.compressed[peers.rank][1],
-                                         self.chunks[0])
-        server_state = self.state.setdefault("server", {"salt": SERVER_SALT})
-        payload, self.ctx = compressor.compress(own_chunk, server_state, peers)
-        self.sent_bytes += _nbytes(payload)
-        self.gathered = allgather_payloads(payload, self.group, compressor.fixed_size)
-
-    def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        full = torch.cat([self.compressor.decompress(p, self.ctx) for p in self.gathered])
-        result = full[: self.x.numel()].view(self.x.shape)
-        return result if out is None else out.copy_(result.reshape(out.shape))
+    if scheme_of(scheme).supports(compressor):
+        return
+    raise ValueError(f"{compressor.spec} cannot run on {scheme}; it supports "
+                     f"{', '.join(supported_schemes(compressor))}")
 
 
 def native_scheme(compressor: Compressor) -> str:
     """The one-stage scheme a compressor's own rounds end with."""
-    return "allreduce" if compressor.collectives_of_rounds()[-1] == "allreduce" else "allgather"
-
-
-class HierarchicalExchange(Exchange):
-    """Intra-node reduce-scatter, inter-node compressed exchange, intra-node allgather.
-    Compression happens between collectives, so all of it runs in ``communicate``.
-    ``intra_dtype`` (float16 or bfloat16): the intra-node stages run in it, the sum
-    of the reduce-scatter on values already divided by the ranks per node."""
-
-    def __init__(self, x, compressor: Compressor, state: dict, topology: Topology,
-                 intra_dtype: torch.dtype | None = None):
-        super().__init__(x)
-        self.compressor, self.state, self.topology = compressor, state, topology
-        self.wire = intra_dtype or x.dtype
-
-    def communicate(self) -> None:
-        topology, x = self.topology, self.x
-        k = topology.ranks_per_node
-        padded = _padded(x, k)
-        if k > 1:
-            chunk = self._reduce_scatter(padded, k)
-        else:
-            chunk = padded
-        if topology.nodes > 1:
-            inner = FlatExchange(chunk, self.compressor, self.state, topology.inter,
-                                 native_scheme(self.compressor))
-            chunk = inner.run()
-            self.sent_bytes += inner.sent_bytes
-        if k > 1:
-            sent = chunk.to(self.wire).contiguous()
-            gathered = torch.empty(padded.numel(), dtype=self.wire, device=x.device)
-            self.sent_bytes += sent.numel() * sent.element_size()
-            all_gather_flat(gathered, sent, group=topology.intra)
-            out = gathered.to(x.dtype)
-        else:
-            out = chunk
-        self.out = out[: x.numel()].view(x.shape)
-
-    def _reduce_scatter(self, padded: torch.Tensor, k: int) -> torch.Tensor:
-        """This rank's chunk of the node's mean."""
-        intra = self.topology.intra
-        if self.wire == padded.dtype:
-            chunk = torch.empty(padded.numel() // k, dtype=padded.dtype, device=padded.device)
-            self.sent_bytes += padded.numel() * padded.element_size()
-            reduce_scatter_flat(chunk, padded, group=intra)
-            return chunk.div_(k)
-        sent = (padded / k).to(self.wire)  # divided first: a 16-bit sum cannot overflow
-        chunk = torch.empty(padded.numel() // k, dtype=self.wire, device=padded.device)
-        self.sent_bytes += sent.numel() * sent.element_size()
-        reduce_scatter_flat(chunk, sent, group=intra)
-        return chunk.to(padded.dtype)
-
-    def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        return self.out if out is None else out.copy_(self.out.reshape(out.shape))
-
-
-class TwoLevelExchange(Exchange):
-    """Espresso's two-level exchange (see the module docstring): two-shot inside the
-    node, with an inter-node exchange of each local rank's chunk between its two
-    stages. States: ``chunks`` (this rank's compression of each of its chunks),
-    ``inter`` (the inter-node stage) and ``server`` (the re-compression of the world's
-    mean of this rank's chunk)."""
-
-    def __init__(self, x, compressor: Compressor, state: dict, topology: Topology):
-        super().__init__(x)
-        self.compressor, self.state, self.topology = compressor, state, topology
-        self.peers = Peers(topology.local_rank, topology.ranks_per_node)
-
-    def encode(self) -> None:
-        k = self.topology.ranks_per_node
-        self.chunks = _padded(self.x, k).view(k, -1)
-        meter = {"meter": True} if self.state.get("meter") else {}
-        chunk_states = self.state.setdefault("chunks", [{"salt": j, **meter} for j in range(k)])
-        self.compressed = [self.compressor.compress(self.chunks[j], chunk_states[j], self.peers)
-                           for j in range(k)]
-
-    def communicate(self) -> None:
-        compressor, topology = self.compressor, self.topology
-        intra = topology.intra
-        assert intra is not None  # Topology.build gives every rank its node's group
-        outgoing = [payload for payload, _ in self.compressed]
-        self.sent_bytes += sum(_nbytes(p) for p in outgoing)
-        received = alltoall_payloads(outgoing, intra, compressor.fixed_size)
-        mean = mean_of_decompressed(compressor, received,
-                                    self.compressed[topology.local_rank][1], self.chunks[0])
-        if topology.nodes > 1:
-            inter_state = self.state.setdefault("inter", {"salt": INTER_SALT})
-            inner = FlatExchange(mean, compressor, inter_state, topology.inter,
-                                 native_scheme(compressor))
-            mean = inner.run()
-            self.sent_bytes += inner.sent_bytes
-        server_state = self.state.setdefault("server", {"salt": SERVER_SALT})
-        payload, self.ctx = compressor.compress(mean.reshape(-1), server_state, self.peers)
-        self.sent_bytes += _nbytes(payload)
-        self.gathered = allgather_payloads(payload, intra, compressor.fixed_size)
-
-    def decode(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        full = torch.cat([self.compressor.decompress(p, self.ctx) for p in self.gathered])
-        result = full[: self.x.numel()].view(self.x.shape)
-        return result if out is None else out.copy_(result.reshape(out.shape))
-
-
-def take_residuals(state: dict, scheme: str, numel: int, topology: Topology
-                   ) -> torch.Tensor | None:
-    """Remove the error-feedback residuals of a tensor's exchange from ``state`` and
-    return them as one flat tensor of ``numel`` elements in this rank's own units:
-    added to this rank's next gradient, they reach the average as they would have
-    through the residuals (None: there were none).
-
-    ``allreduce``/``allgather`` keep one residual of the whole tensor; ``twoshot``
-    one per chunk and, for the chunk this rank re-compresses, a "server" residual of
-    the average (so it counts ``world`` times); the hierarchical schemes one of this
-    rank's chunk of the node's average (so it counts ``ranks_per_node`` times);
-    ``twolevel`` one per chunk of its intra-node stage, one of the node's average of
-    its chunk (inter-node stage) and one of the world's average of it, which the same
-    local rank of every node holds (``server``): both count ``ranks_per_node``
-    times."""
-    if scheme in ("allreduce", "allgather"):
-        return state.pop("residual", None)
-    if scheme == "twolevel":
-        k = topology.ranks_per_node
-        pieces = [(j, chunk.pop("residual", None), 1)
-                  for j, chunk in enumerate(state.get("chunks") or [])]
-        for stage in ("inter", "server"):
-            pieces.append((topology.local_rank, (state.get(stage) or {}).pop("residual", None),
-                           k))
-        return _placed(pieces, -(-numel // k), k, numel)
-    if scheme == "twoshot":
-        size = topology.size
-        pieces = [(j, chunk.pop("residual", None), 1)
-                  for j, chunk in enumerate(state.get("chunks") or [])]
-        pieces.append((topology.rank, (state.get("server") or {}).pop("residual", None), size))
-        return _placed(pieces, -(-numel // size), size, numel)
-    residual = state.pop("residual", None)  # hierarchical: this rank's chunk
-    k = topology.ranks_per_node
-    width = residual.numel() if residual is not None else 0
-    return _placed([(topology.local_rank, residual, k)], width, k, numel)
-
-
-def _placed(pieces: list[tuple[int, torch.Tensor | None, int]], width: int, chunks: int,
-            numel: int) -> torch.Tensor | None:
-    """``(chunk index, residual, scale)`` pieces laid out in a flat tensor of ``chunks``
-    chunks of ``width``, cut to ``numel``."""
-    present = [piece for piece in pieces if piece[1] is not None]
-    if not present:
-        return None
-    like = present[0][1]
-    assert like is not None
-    out = torch.zeros(width * chunks, dtype=like.dtype, device=like.device)
-    for index, residual, scale in present:
-        assert residual is not None
-        out[index * width:(index + 1) * width] += residual * scale
-    return out[:numel]
+    return "allreduce" if native_rounds(compressor) != GATHER else "allgather"
 
 
 def make_exchange(x: torch.Tensor, compressor: Compressor, state: dict, topology: Topology,
@@ -404,16 +176,149 @@ def make_exchange(x: torch.Tensor, compressor: Compressor, state: dict, topology
     check_scheme(compressor, scheme)
     if x.numel() == 0:
         return Exchange(x)
-    if scheme == "twoshot":
-        return TwoShotExchange(x, compressor, state, topology.world)
-    if scheme in HIERARCHICAL:
-        return HierarchicalExchange(x, compressor, state, topology, HIERARCHICAL[scheme])
-    if scheme == "twolevel":
-        return TwoLevelExchange(x, compressor, state, topology)
-    return FlatExchange(x, compressor, state, topology.world, scheme)
+    return SCHEMES[scheme].exchange(x, compressor, state, topology)
 
 
 def exchange(x: torch.Tensor, compressor: Compressor, state: dict, topology: Topology,
              scheme: str = "allreduce") -> torch.Tensor:
     """Average ``x`` over all ranks with ``compressor`` on ``scheme`` (synchronous)."""
     return make_exchange(x, compressor, state, topology, scheme).run()
+
+
+def take_residuals(state: dict, scheme: str, numel: int, topology: Topology
+                   ) -> torch.Tensor | None:
+    """:meth:`Scheme.take_residuals` of the scheme named ``scheme``."""
+    return scheme_of(scheme).take_residuals(state, numel, topology)
+
+
+# -- the built-in schemes ----------------------------------------------------------------
+
+
+@register_scheme
+class AllReduce(Scheme):
+    name = "allreduce"
+    label = "AR"
+    summary = "the compressor's own rounds over the job (an allreduce of summable payloads)"
+    uncompressed = True
+    whole = True
+    native = True
+
+    def supports(self, compressor):
+        return compressor.collectives_of_rounds()[-1] == "allreduce"
+
+    def one_collective(self, compressor):
+        return compressor.collectives_of_rounds() == ("allreduce",)
+
+    def flat_rounds(self, compressor):
+        return compressor.collectives_of_rounds()
+
+    def exchange(self, x, compressor, state, topology):
+        return FlatExchange(x, compressor, state, topology.world, self.flat_rounds(compressor))
+
+
+@register_scheme
+class AllGather(Scheme):
+    name = "allgather"
+    label = "AG"
+    summary = "every rank's payload gathered and decompressed"
+    whole = True
+
+    def supports(self, compressor):
+        return compressor.gatherable and compressor.rounds == 1
+
+    def one_collective(self, compressor):
+        return compressor.rounds == 1 and compressor.fixed_size
+
+    def flat_rounds(self, compressor):
+        return GATHER
+
+    def exchange(self, x, compressor, state, topology):
+        return FlatExchange(x, compressor, state, topology.world, GATHER)
+
+
+@register_scheme
+class TwoShot(Scheme):
+    name = "twoshot"
+    label = "2S"
+    summary = "alltoall of chunks, each averaged and re-compressed by one rank, allgather"
+    channel_by_place = True
+
+    def supports(self, compressor):
+        return compressor.gatherable and compressor.rounds == 1 and compressor.chunkable
+
+    def exchange(self, x, compressor, state, topology):
+        return TwoShotExchange(x, compressor, state, topology.world)
+
+    def take_residuals(self, state, numel, topology):
+        """One residual per chunk and, for the chunk this rank re-compresses, a "server"
+        residual of the average (so it counts ``world`` times)."""
+        size = topology.size
+        pieces = chunk_residuals(state) + [(topology.rank, stage_residual(state, "server"),
+                                            size)]
+        return placed(pieces, -(-numel // size), size, numel)
+
+
+@register_scheme
+class Hierarchical(Scheme):
+    name = "hierarchical"
+    label = "H"
+    summary = "intra-node reduce-scatter, inter-node compressed exchange, intra-node allgather"
+    uncompressed = True
+    several_nodes = True
+
+    def supports(self, compressor):
+        return True
+
+    def exchange(self, x, compressor, state, topology):
+        dtype = getattr(torch, self.intra_dtype) if self.intra_dtype else None
+        return HierarchicalExchange(x, compressor, state, topology, dtype)
+
+    def take_residuals(self, state, numel, topology):
+        """One residual of this rank's chunk of the node's average (so it counts
+        ``ranks_per_node`` times)."""
+        residual = state.pop("residual", None)
+        k = topology.ranks_per_node
+        width = residual.numel() if residual is not None else 0
+        return placed([(topology.local_rank, residual, k)], width, k, numel)
+
+
+@register_scheme
+class HierarchicalFP16(Hierarchical):
+    name = "hierarchical-fp16"
+    label = "H16"
+    summary = "hierarchical, the intra-node stages in float16"
+    channel_by_place = True  # the casts
+    intra_dtype = "float16"
+
+
+@register_scheme
+class HierarchicalBF16(Hierarchical):
+    name = "hierarchical-bf16"
+    label = "Hb"
+    summary = "hierarchical, the intra-node stages in bfloat16"
+    channel_by_place = True  # the casts
+    intra_dtype = "bfloat16"
+
+
+@register_scheme
+class TwoLevel(Scheme):
+    name = "twolevel"
+    label = "2L"
+    summary = "two-shot inside the node around an inter-node exchange (Espresso)"
+    several_nodes = True
+    channel_by_place = True
+
+    def supports(self, compressor):  # two-shot inside the node
+        return compressor.gatherable and compressor.rounds == 1 and compressor.chunkable
+
+    def exchange(self, x, compressor, state, topology):
+        return TwoLevelExchange(x, compressor, state, topology)
+
+    def take_residuals(self, state, numel, topology):
+        """One residual per chunk of its intra-node stage, one of the node's average of its
+        chunk (inter-node stage) and one of the world's average of it, which the same local
+        rank of every node holds (``server``): both count ``ranks_per_node`` times."""
+        k = topology.ranks_per_node
+        pieces = chunk_residuals(state) + [(topology.local_rank, stage_residual(state, stage),
+                                            k) for stage in ("inter", "server")]
+        return placed(pieces, -(-numel // k), k, numel)

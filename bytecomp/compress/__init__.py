@@ -4,24 +4,31 @@
 >>> c = from_spec("topk:ratio=0.01")
 >>> payload, ctx = c.compress(gradient, state={})
 >>> approx = c.decompress(payload, ctx)
+
+Importing this package registers the built-in compressors (each module registers
+its own with :func:`register`).
 """
 
+# The built-in compressors register in this order, the order they are listed in.
+# isort: off
+from bytecomp.compress import quantize, sparse, sign, lowrank, exdyna  # noqa: F401
+# isort: on
 from bytecomp.compress.base import SOLO, Compressor, Meta, Param, Payload, Peers, payload_nbytes
 from bytecomp.compress.feedback import ErrorFeedback
 from bytecomp.compress.registry import (
     COMPRESSORS,
-    LADDERS,
     canonical,
     default_specs,
     from_spec,
+    ladder_families,
     ladder_place,
     ladder_specs,
     parameters_of,
+    register,
 )
 
 __all__ = [
     "COMPRESSORS",
-    "LADDERS",
     "SOLO",
     "Compressor",
     "ErrorFeedback",
@@ -32,8 +39,10 @@ __all__ = [
     "canonical",
     "default_specs",
     "from_spec",
+    "ladder_families",
     "ladder_place",
     "ladder_specs",
     "parameters_of",
     "payload_nbytes",
+    "register",
 ]

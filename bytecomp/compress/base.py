@@ -82,6 +82,18 @@ class Param:
         return self.rule or self.kind.__name__
 
 
+# PyTorch's DDP communication hooks a compressor may be (``Compressor.pytorch_hook``), by
+# their names in torch.distributed.algorithms.ddp_comm_hooks: DDP's own allreduce (no hook
+# registered), the fp16 cast and PowerSGD.
+ALLREDUCE_HOOK = "allreduce_hook"
+FP16_HOOK = "fp16_compress_hook"
+POWERSGD_HOOK = "powerSGD_hook"
+
+# An adaptive ladder over a sparsifier's kept fraction, as GraVAC's: 0.1 halving down to
+# 1e-4 (values as their specs print them).
+FRACTION_LADDER = tuple(float(f"{0.1 / 2 ** k:.6g}") for k in range(10))
+
+
 def format_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -105,6 +117,28 @@ class Compressor:
       it without exchanging sizes; otherwise ``payload_bytes`` is an upper bound.
     * ``round_collectives``: the collective of each exchange round for the
       native protocol (``("allreduce",)`` for summable, ``("allgather",)`` else).
+
+    Traits (what the planner, the cost model and the executor need to know; no
+    module outside :mod:`bytecomp.compress` decides by a compressor's name):
+
+    * ``compresses``: False for the identity (the gradient travels as it is).
+    * ``cast_dtype``: a plain cast to this dtype (``"float16"``): its payload is
+      reduced in that dtype (:attr:`wire_dtype`), and a hierarchical scheme's 16-bit
+      intra-node stages are timed with its profile timings.
+    * ``metered_without_ef``: an adaptive plan's level may run it without error
+      feedback; the controller takes its gain as 1 (a 16-bit cast keeps nearly all).
+    * ``per_matrix``: a merged group's members stay matrices of their own (the
+      payload depends on their shapes: low-rank compressors).
+    * ``measured_payload``: the payload's size depends on the data; the planner prices
+      it with the profile's measured payloads.
+    * ``payload_estimate``: what :meth:`payload_bytes` gives for a variable-size
+      payload: a ``"bound"`` or the ``"target"`` it adapts to.
+    * ``pytorch_hook``: the PyTorch DDP communication hook that does what this
+      compressor does, by its name (:data:`ALLREDUCE_HOOK`: DDP's own allreduce;
+      :data:`FP16_HOOK`, :data:`POWERSGD_HOOK`), when configured as the hook is
+      (:meth:`runs_as_pytorch_hook`).
+    * ``ladder``: ``(parameter, settings mild to aggressive)`` of the family's adaptive
+      ladder (``plan --adaptive``), if it has one.
     """
 
     name: ClassVar[str] = ""
@@ -117,6 +151,20 @@ class Compressor:
     default_ef: ClassVar[bool] = False
     requires_ef: ClassVar[bool] = False
     round_collectives: ClassVar[tuple[str, ...]] = ()
+    compresses: ClassVar[bool] = True
+    cast_dtype: ClassVar[str | None] = None
+    metered_without_ef: ClassVar[bool] = False
+    per_matrix: ClassVar[bool] = False
+    measured_payload: ClassVar[bool] = False
+    payload_estimate: ClassVar[str] = "bound"
+    pytorch_hook: ClassVar[str | None] = None
+    ladder: ClassVar[tuple[str, tuple] | None] = None
+    # every class attribute above: what a wrapper (error feedback) takes from its inner one
+    TRAITS: ClassVar[tuple[str, ...]] = (
+        "name", "summary", "params", "summable", "gatherable", "chunkable", "fixed_size",
+        "default_ef", "requires_ef", "round_collectives", "compresses", "cast_dtype",
+        "metered_without_ef", "per_matrix", "measured_payload", "payload_estimate",
+        "pytorch_hook", "ladder")
 
     def __init__(self, **values: Any) -> None:
         self.values = {key: p.default for key, p in self.params.items()}
@@ -137,6 +185,22 @@ class Compressor:
         if self.round_collectives:
             return self.round_collectives
         return ("allreduce",) if self.summable else ("allgather",)
+
+    @property
+    def wire_dtype(self) -> str:
+        """The dtype a summable payload is reduced in (a cast's, else float32)."""
+        return self.cast_dtype or "float32"
+
+    def runs_as_pytorch_hook(self) -> str | None:
+        """The PyTorch DDP communication hook (:attr:`pytorch_hook`) that does exactly
+        what this compressor, so configured, does; None where it differs (error feedback
+        on or off, say)."""
+        return self.hook_for(self.error_feedback)
+
+    def hook_for(self, error_feedback: bool) -> str | None:
+        """:meth:`runs_as_pytorch_hook` with error feedback on or off: by default the
+        hook runs without."""
+        return None if error_feedback else self.pytorch_hook
 
     @property
     def spec(self) -> str:

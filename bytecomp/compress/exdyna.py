@@ -27,6 +27,7 @@ import math
 import torch
 
 from bytecomp.compress.base import (
+    FRACTION_LADDER,
     SOLO,
     Compressor,
     Param,
@@ -39,6 +40,7 @@ from bytecomp.compress.base import (
     scatter_values,
     seeded_generator,
 )
+from bytecomp.compress.registry import register
 
 BLOCK_ALIGN = 32
 SAMPLE_SIZE = 4096
@@ -74,6 +76,7 @@ def rebalance(bounds: list[int], counts: list[int]) -> list[int]:
     return bounds
 
 
+@register
 class ExDyna(Compressor):
     """ExDyna sparsification: per-rank exclusive partitions, dynamic, online threshold."""
 
@@ -85,6 +88,8 @@ class ExDyna(Compressor):
     fixed_size = False
     default_ef = True
     round_collectives = ("allgather", "allreduce")
+    payload_estimate = "target"  # the online threshold aims at the density
+    ladder = ("density", FRACTION_LADDER)
     params = {
         "density": Param(float, 0.01, "0 < density <= 1", lambda v: 0 < v <= 1,
                          "target fraction of elements selected over all ranks"),

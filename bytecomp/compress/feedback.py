@@ -51,13 +51,15 @@ class ErrorFeedback(Compressor):
     def __init__(self, inner: Compressor) -> None:
         self.inner = inner
         self.values = inner.values
-        for flag in ("name", "summary", "params", "summable", "gatherable", "chunkable",
-                     "fixed_size", "default_ef", "requires_ef", "round_collectives"):
-            setattr(self, flag, getattr(inner, flag))
+        for trait in Compressor.TRAITS:
+            setattr(self, trait, getattr(inner, trait))
 
     @property
     def error_feedback(self) -> bool:
         return True
+
+    def runs_as_pytorch_hook(self) -> str | None:
+        return self.inner.hook_for(True)
 
     def collectives_of_rounds(self):
         return self.inner.collectives_of_rounds()

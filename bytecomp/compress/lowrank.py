@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from bytecomp.compress.base import (
+    POWERSGD_HOOK,
     SOLO,
     Compressor,
     Param,
@@ -26,10 +27,12 @@ from bytecomp.compress.base import (
     next_step,
     seeded_generator,
 )
+from bytecomp.compress.registry import register
 
 _RANK = Param(int, 4, "1 <= rank <= 1024", lambda v: 1 <= v <= 1024, "approximation rank")
 _SEED = Param(int, 0, "seed >= 0", lambda v: v >= 0, "seed of the shared random factors",
               primary=False)
+RANK_LADDER = (16, 8, 4, 2, 1)  # an adaptive ladder's ranks, mild to aggressive
 _ORTH = Param(str, "auto", choices=("auto", "gs", "qr"), primary=False,
               help="orthogonalization: Gram-Schmidt, QR, or auto (QR above rank 2)")
 
@@ -111,6 +114,8 @@ class _LowRank(Compressor):
     gatherable = False  # factors are kept as state and must be the mean on every rank
     chunkable = False
     default_ef = True
+    per_matrix = True
+    ladder = ("rank", RANK_LADDER)
     rank: int
     orth: str
     seed: int
@@ -179,6 +184,7 @@ class _LowRank(Compressor):
         return out
 
 
+@register
 class PowerSGD(_LowRank):
     """PowerSGD (Vogels et al.): two allreduce rounds per step, P then Q.
 
@@ -189,6 +195,7 @@ class PowerSGD(_LowRank):
     name = "powersgd"
     summary = "PowerSGD rank-r, two allreduce rounds (P then Q), warm start"
     round_collectives = ("allreduce", "allreduce")
+    pytorch_hook = POWERSGD_HOOK  # on the matrices its rule compresses
     params = {
         "rank": _RANK,
         "warm_start": Param(bool, True, help="reuse the last averaged Q", primary=False),
@@ -196,6 +203,10 @@ class PowerSGD(_LowRank):
         "seed": _SEED,
     }
     warm_start: bool
+
+    def hook_for(self, error_feedback: bool) -> str | None:
+        """PyTorch's powerSGD_hook runs PowerSGD with error feedback and warm start."""
+        return self.pytorch_hook if error_feedback and self.values["warm_start"] else None
 
     def round_payload_bytes(self, numel, element_size=4, shapes=None):
         return list(self.factor_bytes(numel, shapes))
@@ -230,6 +241,7 @@ class PowerSGD(_LowRank):
         return self._products(p_hats, qs, segments, meta, out)
 
 
+@register
 class ACPSGD(_LowRank):
     """ACP-SGD (Zhang et al., ICDCS'23): one allreduce per step, alternating factors.
 

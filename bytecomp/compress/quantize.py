@@ -6,6 +6,8 @@ import torch
 
 import bytecomp.compress.bits as bits
 from bytecomp.compress.base import (
+    ALLREDUCE_HOOK,
+    FP16_HOOK,
     SOLO,
     Compressor,
     Param,
@@ -14,14 +16,18 @@ from bytecomp.compress.base import (
     next_step,
     seeded_generator,
 )
+from bytecomp.compress.registry import register
 
 
+@register
 class NoCompression(Compressor):
     """fp32 (or the gradient's own dtype) as it is."""
 
     name = "none"
     summary = "no compression: the gradient travels as it is"
     summable = True
+    compresses = False
+    pytorch_hook = ALLREDUCE_HOOK  # DDP's own allreduce, no hook at all
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
         return numel * element_size
@@ -38,6 +44,7 @@ class Cast(Compressor):
 
     target: torch.dtype = torch.float16
     summable = True
+    metered_without_ef = True
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
         return numel * 2
@@ -52,18 +59,25 @@ class Cast(Compressor):
         return out.copy_(payload[0])
 
 
+@register
 class FP16(Cast):
     name = "fp16"
     summary = "cast to float16 (2 bytes per element)"
     target = torch.float16
+    cast_dtype = "float16"
+    pytorch_hook = FP16_HOOK
 
 
+@register
 class BF16(Cast):
     name = "bf16"
     summary = "cast to bfloat16 (2 bytes per element)"
     target = torch.bfloat16
+    cast_dtype = "bfloat16"
+    # PyTorch's bf16_compress_hook is not its hook: it refuses any backend but NCCL and XCCL
 
 
+@register
 class Int8(Compressor):
     """Min-max 8-bit quantization with deterministic rounding."""
 
@@ -88,6 +102,7 @@ class Int8(Compressor):
         return (codes.float() * low_scale[1] + low_scale[0]).to(ctx.dtype)
 
 
+@register
 class QSGD(Compressor):
     """QSGD: stochastic rounding of |x| / ||x|| to ``levels`` magnitudes (unbiased).
 
@@ -128,6 +143,7 @@ class QSGD(Compressor):
         return values.to(ctx.dtype)
 
 
+@register
 class TernGrad(Compressor):
     """TernGrad: each element becomes -s, 0 or +s with s = max|x| (unbiased), 2 bits each."""
 

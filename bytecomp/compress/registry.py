@@ -1,21 +1,50 @@
-"""Compressor specs: ``name[:key=value,...]`` strings, parsed and validated in one place."""
+"""Compressor specs: ``name[:key=value,...]`` strings, parsed and validated in one place,
+and the registry of compressors they name.
+
+A compressor registers itself beside its implementation with :func:`register`::
+
+    @register
+    class FP8(Cast):
+        name = "fp8"
+        ...
+
+``bytecomp.compress`` imports the built-in ones; a compressor defined anywhere else is
+available (to specs, ``bytecomp compressors``, the profiler, the planner and
+``apply_plan``) once its module is imported. :func:`bytecomp.testing.check_compressor`
+is the conformance check every compressor should pass.
+"""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from bytecomp.compress.base import Compressor, Param, format_value
-from bytecomp.compress.exdyna import ExDyna
 from bytecomp.compress.feedback import ErrorFeedback
-from bytecomp.compress.lowrank import ACPSGD, PowerSGD
-from bytecomp.compress.quantize import BF16, FP16, QSGD, Int8, NoCompression, TernGrad
-from bytecomp.compress.sign import EFSignSGD, OneBit, SignSGD, Signum
-from bytecomp.compress.sparse import DGC, RandomK, Threshold, TopK
 from bytecomp.errors import SpecError
 
-COMPRESSORS: dict[str, type[Compressor]] = {
-    cls.name: cls
-    for cls in (NoCompression, FP16, BF16, Int8, TopK, RandomK, DGC, Threshold, QSGD,
-                TernGrad, SignSGD, Signum, EFSignSGD, OneBit, PowerSGD, ACPSGD, ExDyna)
-}
+COMPRESSORS: dict[str, type[Compressor]] = {}  # by name, in the order they registered
+
+C = TypeVar("C", bound=type[Compressor])
+
+
+def register(cls: C) -> C:
+    """Class decorator: make the compressor ``cls`` available by its ``name`` (a lower-case
+    word, unique). Registering the same class again (a module imported twice) is
+    harmless; another class under a taken name is an error."""
+    name = cls.name
+    if not name or name != name.strip().lower() or any(c in name for c in ":,= "):
+        raise ValueError(f"{cls.__name__}: a compressor's name must be a lower-case word "
+                         f"without ':', ',', '=' or spaces, got {name!r}")
+    known = COMPRESSORS.get(name)
+    if known is not None and known.__qualname__ != cls.__qualname__:
+        raise ValueError(f"a compressor named {name!r} is registered already "
+                         f"({known.__module__}.{known.__qualname__})")
+    if cls.ladder is not None and cls.ladder[0] not in cls.params:
+        raise ValueError(f"{cls.__name__}: its ladder moves {cls.ladder[0]!r}, which is not "
+                         f"one of its parameters")
+    COMPRESSORS[name] = cls
+    return cls
+
 
 _EF = Param(bool, False, help="error feedback (residual memory)")
 _TRUE = {"1", "true", "yes", "on"}
@@ -96,24 +125,21 @@ def canonical(spec: str | Compressor) -> str:
     return from_spec(spec).spec
 
 
-# Families an adaptive plan can move along: the parameter that sets how hard they
-# compress, and its settings from mild to aggressive. Sparsifiers follow GraVAC: a
-# compression factor from 0.1 halving down to 1e-4 (values as their specs print them).
-_FACTORS = tuple(float(f"{0.1 / 2 ** k:.6g}") for k in range(10))
-LADDERS: dict[str, tuple[str, tuple]] = {
-    "topk": ("ratio", _FACTORS), "randomk": ("ratio", _FACTORS), "dgc": ("ratio", _FACTORS),
-    "exdyna": ("density", _FACTORS), "powersgd": ("rank", (16, 8, 4, 2, 1)),
-    "acpsgd": ("rank", (16, 8, 4, 2, 1)),
-}
+def ladder_families() -> dict[str, tuple[str, tuple]]:
+    """The families an adaptive plan can move along (each compressor's ``ladder``): the
+    parameter that sets how hard they compress, and its settings from mild to
+    aggressive."""
+    return {name: cls.ladder for name, cls in COMPRESSORS.items() if cls.ladder is not None}
 
 
 def ladder_specs(family: str) -> list[str]:
     """The default ladder of ``family``, mild to aggressive: ``topk`` ->
     ``["topk:ratio=0.1", "topk:ratio=0.05", ..., "topk:ratio=0.000195313"]``."""
-    if family not in LADDERS:
+    ladders = ladder_families()
+    if family not in ladders:
         raise SpecError(f"no adaptive ladder for {family!r}; families with one: "
-                        f"{', '.join(LADDERS)}")
-    key, values = LADDERS[family]
+                        f"{', '.join(ladders)}")
+    key, values = ladders[family]
     return [canonical(f"{family}:{key}={format_value(value)}") for value in values]
 
 
@@ -121,9 +147,9 @@ def ladder_place(spec: str) -> tuple[str, float] | None:
     """``(family, mildness)`` of a spec whose compressor has a ladder (a larger
     mildness compresses less), or None."""
     compressor = from_spec(spec)
-    if compressor.name not in LADDERS:
+    if compressor.ladder is None:
         return None
-    return compressor.name, float(compressor.values[LADDERS[compressor.name][0]])
+    return compressor.name, float(compressor.values[compressor.ladder[0]])
 
 
 def default_specs() -> list[str]:

@@ -6,8 +6,10 @@ import torch
 
 import bytecomp.compress.bits as bits
 from bytecomp.compress.base import SOLO, Compressor, Param, Peers, meta_of
+from bytecomp.compress.registry import register
 
 
+@register
 class SignSGD(Compressor):
     """signSGD: the sign of each element (zero counts as +), decoded as +1 / -1."""
 
@@ -27,6 +29,7 @@ class SignSGD(Compressor):
         return bits.unpack_signs(payload[0], ctx.numel, ctx.dtype)
 
 
+@register
 class Signum(SignSGD):
     """Signum: the sign of the momentum ``m = beta * m + (1 - beta) * g``, kept per tensor."""
 
@@ -55,6 +58,7 @@ class ScaledSign(Compressor):
         return [bits.pack_signs(x), self._scales(x.float())], meta_of(x)
 
 
+@register
 class EFSignSGD(ScaledSign):
     """EF-signSGD: ``mean|x| * sign(x)``, always with error feedback (Karimireddy et al.)."""
 
@@ -96,6 +100,7 @@ def _scaled_signs(positive: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return positive.float().mul_(2).sub_(1).mul_(scale)
 
 
+@register
 class OneBit(ScaledSign):
     """1-bit SGD: each element becomes the mean of the non-negative elements or the mean
     of the negative ones (two float32 scales)."""

@@ -7,6 +7,7 @@ import math
 import torch
 
 from bytecomp.compress.base import (
+    FRACTION_LADDER,
     SOLO,
     Compressor,
     Param,
@@ -19,6 +20,7 @@ from bytecomp.compress.base import (
     scatter_values,
     seeded_generator,
 )
+from bytecomp.compress.registry import register
 
 _RATIO = Param(float, 0.01, "0 < ratio <= 1", lambda v: 0 < v <= 1, "fraction of elements kept")
 _SEED = Param(int, 0, "seed >= 0", lambda v: v >= 0, "random seed", primary=False)
@@ -52,12 +54,14 @@ class _IndexedSparse(Compressor):
         return out if total is out else out.copy_(total)
 
 
+@register
 class TopK(_IndexedSparse):
     """Top-k: the ``ceil(ratio * n)`` elements of largest magnitude."""
 
     name = "topk"
     summary = "top-k by magnitude (values + int32 indices)"
     params = {"ratio": _RATIO}
+    ladder = ("ratio", FRACTION_LADDER)
     ratio: float
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
@@ -69,12 +73,14 @@ class TopK(_IndexedSparse):
         return self._pack(x, indices)
 
 
+@register
 class Threshold(_IndexedSparse):
     """Every element with ``|x| >= threshold``; the payload size depends on the data."""
 
     name = "threshold"
     summary = "elements with |x| >= threshold (variable size)"
     fixed_size = False
+    measured_payload = True  # how many pass depends on the gradients
     params = {"threshold": Param(float, 1e-3, "threshold > 0", lambda v: v > 0,
                                  "absolute magnitude threshold")}
     threshold: float
@@ -87,6 +93,7 @@ class Threshold(_IndexedSparse):
         return self._pack(x, indices)
 
 
+@register
 class DGC(_IndexedSparse):
     """Deep Gradient Compression's sampled threshold: estimate the top-k threshold on a
     random sample, keep what passes it, and trim to exactly k if more passed. Zeros are
@@ -95,6 +102,7 @@ class DGC(_IndexedSparse):
     name = "dgc"
     summary = "sampled-threshold top-k (at most k kept)"
     fixed_size = False
+    ladder = ("ratio", FRACTION_LADDER)
     params = {
         "ratio": _RATIO,
         "sample": Param(float, 0.01, "0 < sample <= 1", lambda v: 0 < v <= 1,
@@ -133,6 +141,7 @@ class DGC(_IndexedSparse):
         return self._pack(x, indices)
 
 
+@register
 class RandomK(Compressor):
     """Random-k with indices drawn from a seed shared by all ranks: only values travel,
     and payloads are summable because every rank picks the same indices."""
@@ -142,6 +151,7 @@ class RandomK(Compressor):
     summable = True
     default_ef = True
     params = {"ratio": _RATIO, "seed": _SEED}
+    ladder = ("ratio", FRACTION_LADDER)
     ratio: float
     seed: int
 

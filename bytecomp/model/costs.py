@@ -22,16 +22,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 import pandas as pd
 
-from bytecomp.compress import from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import PROFILE_LINK, Cluster, Link
 from bytecomp.model.fits import LinearFit, PiecewiseFit, fit_linear, fit_piecewise
 from bytecomp.model.nccl import Span, nccl_ms
-from bytecomp.profile.store import Profile
+from bytecomp.profile_store import Profile
 
 STEPS = {"allreduce": 2.0, "allgather": 1.0, "reduce_scatter": 1.0, "alltoall": 1.0,
          "broadcast": 1.0}
@@ -245,10 +243,3 @@ def fit_quality(rows: list[FitRow]) -> pd.DataFrame:
                           "a_ms": row.fit.intercept, "b_ms_per_unit": row.fit.slope,
                           "r2": row.fit.r2, "worst_rel_error": row.fit.worst_relative_error,
                           "points": row.fit.points} for row in rows])
-
-
-@cache
-def wire_dtype(spec: str) -> str:
-    """The dtype a summable payload is reduced in (16-bit casts in float16)."""
-    name = from_spec(spec).name
-    return "float16" if name in ("fp16", "bf16") else "float32"

@@ -45,7 +45,8 @@ from __future__ import annotations
 
 from bytecomp.compress import canonical
 from bytecomp.errors import BytecompError
-from bytecomp.profile.store import Profile
+from bytecomp.plan import UNCOMPRESSED
+from bytecomp.profile_store import Profile
 
 WEIGHTS = ("params", "norm")
 MAX_POWER = 1e5  # a gain of 0.9999 raised to it is 0.00005: beyond any factor worth planning
@@ -127,7 +128,7 @@ class FidelityModel:
 
     def gain(self, tensor: str, spec: str) -> float:
         """The tensor's median gain under ``spec`` (1 for no compression)."""
-        if spec == "none":
+        if spec == UNCOMPRESSED:
             return 1.0
         return self.gains.get((tensor, spec), 1.0)  # absent: not measured (not trainable)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cache
 
-from bytecomp.comm.schemes import one_collective
+from bytecomp.comm.schemes import scheme_of
 from bytecomp.compress import from_spec
 from bytecomp.plan import Option
 
@@ -70,7 +70,6 @@ def path_of(option: Option) -> str:
     """The executor path that runs a group with ``option``."""
     if option.place == "host":
         return "host"
-    if option.collective in ("allreduce", "allgather") and \
-            one_collective(from_spec(option.spec), option.collective):
+    if scheme_of(option.scheme).one_collective(from_spec(option.spec)):
         return "direct"
     return "fifo"

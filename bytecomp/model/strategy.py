@@ -25,6 +25,9 @@ merged group of ``numel`` elements has three parts:
 * the executor's fixed costs of the group's path (:mod:`bytecomp.model.overheads`):
   ``hook_ms`` on the compute stream before the encode, ``tail_ms`` on the channel
   after the collectives, charged when the plan runs through the hook.
+
+Each scheme's exchange is priced by its entry in :mod:`bytecomp.model.schemes`;
+this module gives them the collectives' and the compressors' times.
 """
 
 from __future__ import annotations
@@ -33,22 +36,26 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
-from bytecomp.comm.schemes import HIERARCHICAL, native_scheme
+from bytecomp.comm.exchanges import GATHER
+from bytecomp.comm.schemes import scheme_of
 from bytecomp.compress import from_spec
-from bytecomp.model.costs import CommModel, ComputeModel, wire_dtype
+from bytecomp.model.costs import CommModel, ComputeModel
 from bytecomp.model.overheads import ExecutorCosts, path_of
+from bytecomp.model.schemes import COUNT_BYTES, ExchangeCost, Timing, scheme_cost
 from bytecomp.plan import NO_COMPRESSION, Option
 
 __all__ = ["COUNT_BYTES", "NO_COMPRESSION", "GroupCost", "Option", "StrategyCosts"]
 
-COUNT_BYTES = 8  # one int64 element count per payload tensor, for variable sizes
-CASTS = {"hierarchical-fp16": "fp16", "hierarchical-bf16": "bf16"}  # the cast's compressor
-
 
 def cast_specs(specs) -> dict[str, str]:
-    """The profiled specs (of ``specs``) that time the 16-bit casts, by compressor name."""
-    return {from_spec(spec).name: spec for spec in sorted(specs)
-            if from_spec(spec).name in CASTS.values()}
+    """The profiled specs (of ``specs``) that time a plain 16-bit cast, by the dtype they
+    cast to (``"float16"``: the casts of a hierarchical scheme's 16-bit stages)."""
+    casts = {}
+    for spec in sorted(specs):
+        dtype = from_spec(spec).cast_dtype
+        if dtype is not None:
+            casts[dtype] = spec
+    return casts
 
 
 @dataclass(frozen=True)
@@ -91,8 +98,11 @@ class StrategyCosts:
         self.casts = cast_specs({s for s, d in compute.encode if d == device_type})
         self.host_casts = cast_specs({s for s, d in compute.encode if d == "cpu"})
 
+    def ranks(self, group: str) -> int:
+        return self.comm.ranks(group)
+
     # -- collectives ---------------------------------------------------------------
-    def _collective(self, name: str, group: str, dtype: str, nbytes: float) -> float:
+    def collective_ms(self, name: str, group: str, dtype: str, nbytes: float) -> float:
         """The comm model's time, memoized (the search and the bounds ask again and
         again for the same sizes)."""
         key = (name, group, dtype, nbytes)
@@ -101,13 +111,18 @@ class StrategyCosts:
             time = self._collectives[key] = self.comm.time_ms(name, group, dtype, nbytes)
         return time
 
-    def _gather(self, group: str, ranks: int, per_rank: float, fixed: bool, tensors: int) -> float:
-        time = self._collective("allgather", group, "uint8", ranks * per_rank)
+    def gather_ms(self, group: str, ranks: int, per_rank: float, fixed: bool,
+                  tensors: int) -> float:
+        """An allgather of ``per_rank`` bytes from each of ``ranks`` ranks (and of the
+        ``tensors`` element counts first, unless the size is ``fixed``)."""
+        time = self.collective_ms("allgather", group, "uint8", ranks * per_rank)
         if not fixed:
-            time += self._collective("allgather", group, "uint8", ranks * COUNT_BYTES * tensors)
+            time += self.collective_ms("allgather", group, "uint8",
+                                       ranks * COUNT_BYTES * tensors)
         return time
 
-    def _payload(self, spec: str, numel: float, shapes) -> list[float]:
+    def round_payloads(self, spec: str, numel: float, shapes) -> list[float]:
+        """Bytes a rank sends in each round for ``numel`` elements (memoized)."""
         key = (spec, numel, shapes)
         if key not in self._payloads:
             self._payloads[key] = self._round_payloads(spec, numel, shapes)
@@ -115,69 +130,58 @@ class StrategyCosts:
 
     def _round_payloads(self, spec: str, numel: float, shapes) -> list[float]:
         compressor = _compressor(spec)
-        if compressor.name == "threshold":  # data-dependent: what the profile measured
+        if compressor.measured_payload:  # data-dependent: what the profile measured
             measured = self.compute.measured_payload(spec, self.device_type, numel)
             return [measured]
         return [float(b) for b in compressor.round_payload_bytes(int(numel), self.element_size,
                                                                  list(shapes) if shapes else None)]
 
-    def exchange_collectives(self, spec: str, group: str, scheme: str) -> int:
-        """How many collectives the one-stage exchange over ``group`` issues."""
+    def exchange_collectives(self, spec: str, group: str, rounds: tuple[str, ...]) -> int:
+        """How many collectives the one-stage exchange over ``group`` in ``rounds`` issues
+        (the compressor's own, or :data:`~bytecomp.comm.exchanges.GATHER`)."""
         compressor = _compressor(spec)
         if self.comm.ranks(group) <= 1:
             return 0
         gather = 1 if compressor.fixed_size else 2  # sizes first, unless fixed
-        if scheme == "allgather":
+        if rounds == GATHER:
             return gather
-        return sum(1 if collective == "allreduce" else gather
-                   for collective in compressor.collectives_of_rounds())
+        return sum(1 if collective == "allreduce" else gather for collective in rounds)
 
-    def exchange_ms(self, spec: str, numel: float, group: str, scheme: str, shapes=None) -> float:
-        """Channel time of the one-stage exchange of ``numel`` elements over ``group``."""
+    def exchange_ms(self, spec: str, numel: float, group: str, rounds: tuple[str, ...],
+                    shapes=None) -> float:
+        """Channel time of the one-stage exchange of ``numel`` elements over ``group`` in
+        ``rounds``."""
         compressor = _compressor(spec)
         ranks = self.comm.ranks(group)
         if ranks <= 1:
             return 0.0
-        rounds = self._payload(spec, numel, shapes)
-        if scheme == "allgather":
-            return self._gather(group, ranks, sum(rounds), compressor.fixed_size, 2)
+        payloads = self.round_payloads(spec, numel, shapes)
+        if rounds == GATHER:
+            return self.gather_ms(group, ranks, sum(payloads), compressor.fixed_size, 2)
         time = 0.0
-        for collective, nbytes in zip(compressor.collectives_of_rounds(), rounds):
+        for collective, nbytes in zip(rounds, payloads):
             if collective == "allreduce":
-                time += self._collective("allreduce", group, wire_dtype(spec), nbytes)
+                time += self.collective_ms("allreduce", group, compressor.wire_dtype, nbytes)
             else:
-                time += self._gather(group, ranks, nbytes, compressor.fixed_size, 2)
+                time += self.gather_ms(group, ranks, nbytes, compressor.fixed_size, 2)
         return time
 
-    # -- whole strategies ------------------------------------------------------------
-    def uncompressed_ms(self, collective: str, numel: float) -> float:
-        nbytes = numel * self.element_size
-        if collective in HIERARCHICAL:
-            per_node = self.comm.ranks("intra")
-            return (self.intra_node_ms(numel, collective, "device")
-                    + self._collective("allreduce", "inter", "float32", nbytes / per_node))
-        return self._collective("allreduce", "world", "float32", nbytes)
+    # -- a hierarchical scheme's intra-node stages ----------------------------------------
+    def intra_collectives_ms(self, numel: float, intra_dtype: str | None) -> float:
+        """Reduce-scatter and allgather inside the node, in ``intra_dtype`` (16 bits) or
+        the gradients' own."""
+        nbytes = numel * (2 if intra_dtype else self.element_size)
+        dtype = intra_dtype or "float32"
+        return (self.collective_ms("reduce_scatter", "intra", dtype, nbytes)
+                + self.collective_ms("allgather", "intra", dtype, nbytes))
 
-    def intra_node_ms(self, numel: float, scheme: str = "hierarchical",
-                      place: str = "device") -> float:
-        """A hierarchical scheme's intra-node stages: reduce-scatter and allgather, in
-        16 bits with their casts (on the channel) for ``hierarchical-fp16``/``-bf16``."""
-        return self.intra_collectives_ms(numel, scheme) + self.casts_ms(numel, scheme, place)
-
-    def intra_collectives_ms(self, numel: float, scheme: str) -> float:
-        sixteen = scheme in CASTS
-        nbytes = numel * (2 if sixteen else self.element_size)
-        dtype = "float16" if sixteen else "float32"
-        return (self._collective("reduce_scatter", "intra", dtype, nbytes)
-                + self._collective("allgather", "intra", dtype, nbytes))
-
-    def casts_ms(self, numel: float, scheme: str, place: str) -> float:
+    def casts_ms(self, numel: float, intra_dtype: str | None, place: str) -> float:
         """The 16-bit intra-node stages' casts: the tensor to 16 bits and this rank's
         chunk back, then the chunk to 16 bits and the gathered tensor back."""
-        if scheme not in CASTS or self.comm.ranks("intra") <= 1:
+        if intra_dtype is None or self.comm.ranks("intra") <= 1:
             return 0.0
         table = self.host_casts if place == "host" else self.casts
-        spec = table.get(CASTS[scheme])
+        spec = table.get(intra_dtype)
         if spec is None:  # the tree prunes these schemes without cast timings
             return 0.0
         device = "cpu" if place == "host" else self.device_type
@@ -231,108 +235,25 @@ class StrategyCosts:
         return cost
 
     def _cost(self, option: Option, numel: int, shapes) -> GroupCost:
+        scheme = scheme_of(option.scheme)
+        pricing = scheme_cost(option.scheme)
         if not option.compressed:
-            channel = self.uncompressed_ms(option.collective, numel)
-            intra = self.intra_collectives_ms(numel, option.collective) \
-                if option.collective in HIERARCHICAL else 0.0
-            count = 1 if option.collective not in HIERARCHICAL else \
-                (2 if self.comm.ranks("intra") > 1 else 0) + (self.comm.ranks("inter") > 1)
-            return GroupCost(0.0, channel, 0.0, wire_bytes=numel * self.element_size,
-                             intra_ms=intra, collectives=count)
+            part: ExchangeCost = pricing.uncompressed(self, scheme, numel)
+            return GroupCost(0.0, part.channel_ms, 0.0, wire_bytes=part.wire_bytes,
+                             intra_ms=part.intra_ms, collectives=part.collectives)
         spec = option.spec
         device = "cpu" if option.place == "host" else self.device_type
-        compressor = _compressor(spec)
-
-        def encode(n):
-            return self.compute.encode_ms(spec, device, n)
-
-        def decode(n):
-            return self.compute.decode_ms(spec, device, n)
-
-        def aggregate(n, payloads):  # decode and average every rank's payload
-            return self.compute.aggregate_ms(spec, device, n, payloads)
-
-        def advance(n):  # a multi-round encode's part between its collectives: channel work
-            return self.compute.advance_ms(spec, device, n)
-
-        world = self.comm.ranks("world")
-        scheme = option.collective
-        intra = compute = 0.0
-        variable = 0 if compressor.fixed_size else 2  # the element counts' collectives
-        if scheme in ("allreduce", "allgather"):
-            compute = advance(numel)
-            encode_ms = encode(numel) - compute
-            channel = self.exchange_ms(spec, numel, "world", scheme, shapes) + compute
-            count = self.exchange_collectives(spec, "world", scheme)
-            gathers = scheme == "allgather" or compressor.collectives_of_rounds()[-1] == "allgather"
-            decode_ms = aggregate(numel, world) if gathers else decode(numel)
-            wire = sum(self._payload(spec, numel, shapes))
-        elif scheme == "twoshot":
-            chunk = math.ceil(numel / world)
-            payload = sum(self._payload(spec, chunk, None))
-            encode_ms = world * encode(chunk)
-            compute = aggregate(chunk, world) + encode(chunk)
-            channel = (self._collective("alltoall", "world", "uint8", world * payload)
-                       + compute + self._gather("world", world, payload, True, 0))
-            count = 2 + variable
-            if not compressor.fixed_size:
-                counts = world * COUNT_BYTES * 2
-                channel += (self._collective("alltoall", "world", "uint8", counts)
-                            + self._collective("allgather", "world", "uint8", counts))
-            decode_ms = world * decode(chunk)
-            wire = 2 * world * payload
-        elif scheme == "twolevel":
-            encode_ms, channel, decode_ms, wire, intra, compute, count = self._two_level(
-                spec, numel, encode, decode, aggregate)
-        else:  # the hierarchical schemes
-            per_node = self.comm.ranks("intra")
-            nodes = self.comm.ranks("inter")
-            chunk = math.ceil(numel / per_node)
-            native = native_scheme(compressor)
-            intra = self.intra_collectives_ms(numel, scheme)
-            between = advance(chunk)
-            compute = self.casts_ms(numel, scheme, option.place) + between
-            channel = intra + compute + self.exchange_ms(spec, chunk, "inter", native)
-            count = (2 if per_node > 1 else 0) + self.exchange_collectives(spec, "inter", native)
-            encode_ms = encode(chunk) - between
-            decode_ms = aggregate(chunk, nodes) if native == "allgather" else decode(chunk)
-            wire = 2 * numel * (2 if scheme in CASTS else self.element_size) \
-                + sum(self._payload(spec, chunk, None))
+        compute = self.compute
+        timing = Timing(lambda n: compute.encode_ms(spec, device, n),
+                        lambda n: compute.decode_ms(spec, device, n),
+                        lambda n, payloads: compute.aggregate_ms(spec, device, n, payloads),
+                        lambda n: compute.advance_ms(spec, device, n))
+        part = pricing.compressed(self, scheme, _compressor(spec), spec, timing, numel, shapes,
+                                  option.place)
         host = option.place == "host"
         copies = numel * self.element_size
-        return GroupCost(encode_ms, channel, decode_ms, host,
-                         self.compute.copy_ms("d2h", copies) if host else 0.0,
-                         self.compute.copy_ms("h2d", copies) if host else 0.0, wire, intra,
-                         compute_ms=compute, collectives=count)
-
-    def _two_level(self, spec: str, numel: float, encode, decode, aggregate):
-        """(encode, channel, decode, wire bytes, intra-node channel, the channel's compute,
-        collectives) of the two-level scheme: every chunk encoded; on the channel an
-        intra-node alltoall of the payloads, their average, the inter-node exchange of
-        this rank's chunk (its encode, collectives and decodes), its re-encode and an
-        intra-node allgather; every gathered chunk decoded."""
-        compressor = _compressor(spec)
-        per_node, nodes = self.comm.ranks("intra"), self.comm.ranks("inter")
-        chunk = math.ceil(numel / per_node)
-        payload = sum(self._payload(spec, chunk, None))
-        intra = (self._collective("alltoall", "intra", "uint8", per_node * payload)
-                 + self._gather("intra", per_node, payload, True, 0))
-        if not compressor.fixed_size:
-            counts = per_node * COUNT_BYTES * 2
-            intra += (self._collective("alltoall", "intra", "uint8", counts)
-                      + self._collective("allgather", "intra", "uint8", counts))
-        compute = aggregate(chunk, per_node) + encode(chunk)
-        count = (2 + (0 if compressor.fixed_size else 2)) if per_node > 1 else 0
-        wire = (per_node + 1) * payload
-        if nodes > 1:
-            native = native_scheme(compressor)
-            compute += encode(chunk) + (aggregate(chunk, nodes) if native == "allgather"
-                                        else decode(chunk))
-            inter = self.exchange_ms(spec, chunk, "inter", native)
-            count += self.exchange_collectives(spec, "inter", native)
-            wire += payload
-        else:
-            inter = 0.0
-        channel = intra + compute + inter
-        return (per_node * encode(chunk), channel, per_node * decode(chunk), wire, intra,
-                compute, count)
+        return GroupCost(part.encode_ms, part.channel_ms, part.decode_ms, host,
+                         compute.copy_ms("d2h", copies) if host else 0.0,
+                         compute.copy_ms("h2d", copies) if host else 0.0, part.wire_bytes,
+                         part.intra_ms, compute_ms=part.compute_ms,
+                         collectives=part.collectives)

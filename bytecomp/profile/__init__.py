@@ -15,8 +15,8 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, remove_stale_temporaries
 from bytecomp.launch import backend_for, run_job
 from bytecomp.profile.runner import ProfileConfig, pick_device, run_rank
-from bytecomp.profile.store import Profile, load_profile, save_profile
 from bytecomp.profile.workloads import BUILTINS, load_workload
+from bytecomp.profile_store import Profile, load_profile, save_profile
 
 
 def _remove_partial_output(out: Path) -> None:

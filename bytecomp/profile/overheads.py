@@ -152,8 +152,8 @@ def model_charges(collectives: list[dict], device, nodes: int, ranks_per_node: i
 
     from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
     from bytecomp.model.strategy import StrategyCosts
-    from bytecomp.profile.store import Profile
     from bytecomp.profile.sweeps import SweepSettings, sweep_compressors
+    from bytecomp.profile_store import Profile
 
     specs = sorted({option.spec for option in OPTIONS.values()})
     devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])

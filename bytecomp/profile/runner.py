@@ -29,7 +29,6 @@ from bytecomp.profile.overheads import (
 )
 from bytecomp.profile.probe import COLUMNS as PROBE_COLUMNS
 from bytecomp.profile.probe import run_probe
-from bytecomp.profile.store import FORMAT_VERSION, TABLES, Profile, save_profile
 from bytecomp.profile.sweeps import (
     SweepSettings,
     aggregation_steps,
@@ -42,6 +41,7 @@ from bytecomp.profile.sweeps import (
 )
 from bytecomp.profile.training import TrainingSettings, measure_training
 from bytecomp.profile.workloads import data_source, describe, load_workload, parameter_count
+from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile, save_profile
 from bytecomp.ui import Reporter
 
 PROBE_EVALUATIONS = 10  # validation losses over a convergence probe
@@ -187,7 +187,7 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
             reporter.phase("executor fixed costs", training.warmup + rounds),
             QUICK_BUSY_DIM if config.quick else BUSY_DIM, counts,
             float(interference.get("busy_collective_ms", 0.0)))
-        fidelity_specs = [s for s in config.specs if from_spec(s).name != "none"]
+        fidelity_specs = [s for s in config.specs if from_spec(s).compresses]
         fidelity = []
         if config.fidelity_iterations and fidelity_specs:
             steps = training.warmup + config.fidelity_iterations

@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from bytecomp.comm.compat import all_gather_flat, reduce_scatter_flat
-from bytecomp.comm.schemes import supported_schemes
 from bytecomp.comm.topology import Topology
 from bytecomp.compress import from_spec
 from bytecomp.compress.base import SOLO
@@ -283,8 +282,10 @@ MORE_PAYLOADS = 3  # the aggregation sweep's second point (one payload is the fi
 
 def gathered_specs(specs: list[str]) -> list[str]:
     """The specs whose payloads a gathered exchange sums from every rank (allgather,
-    two-shot, two-level): those that can run on the allgather scheme."""
-    return [spec for spec in specs if "allgather" in supported_schemes(from_spec(spec))]
+    two-shot, two-level): those whose single round a rank can decompress for every
+    other (gatherable)."""
+    return [spec for spec in specs
+            if (compressor := from_spec(spec)).gatherable and compressor.rounds == 1]
 
 
 def _time_aggregation(compressor, x, other, clock, reverse: bool = False) -> tuple[float, float]:

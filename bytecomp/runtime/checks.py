@@ -54,4 +54,4 @@ def check_bucket_cap(ddp, plan: Plan) -> None:
     if cap is not None and abs(cap - plan.bucket_cap_mb * MIB) > 1:
         warnings.warn(f"DDP's bucket cap is {cap / MIB:g} MiB but the plan was made for "
                       f"{plan.bucket_cap_mb:g}; pass bucket_cap_mb={plan.bucket_cap_mb:g} "
-                      f"to DistributedDataParallel", stacklevel=4)
+                      f"to DistributedDataParallel", stacklevel=3)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from bytecomp.compress import Compressor, from_spec
-from bytecomp.plan import UNCOMPRESSED, Plan
+from bytecomp.plan import NO_COMPRESSION, Plan
 
 
 @dataclass
@@ -45,12 +45,12 @@ def build_groups(plan: Plan, params: dict[str, torch.nn.Parameter],
 
     for _, entries in sorted(plan.groups().items()):
         option = entries[0].option
-        add([e.name for e in entries], option.spec, option.place, option.collective)
+        add([e.name for e in entries], option.spec, option.place, option.scheme)
     if fallback == "fp32":
         planned = plan.by_name()
         for name in params:
             if name not in planned:
-                add([name], UNCOMPRESSED, "device", "allreduce")
+                add([name], NO_COMPRESSION.spec, NO_COMPRESSION.place, NO_COMPRESSION.scheme)
     return groups
 
 

@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from bytecomp.comm.schemes import Exchange, FlatExchange, make_exchange, one_collective
+from bytecomp.comm.exchanges import Exchange, FlatExchange
+from bytecomp.comm.schemes import make_exchange, scheme_of
 from bytecomp.comm.topology import Topology, new_group, release_groups
 from bytecomp.comm.worker import CommWorker
 from bytecomp.compress import Peers
@@ -72,9 +73,10 @@ class DevicePath:
         try:
             started = time.perf_counter()
             x, in_bucket = flat_input(views)
-            if x.numel() and one_collective(group.compressor, group.scheme):
-                flat = FlatExchange(x, group.compressor, state, self.direct, group.scheme,
-                                    self.direct_peers)
+            scheme = scheme_of(group.scheme)
+            if x.numel() and scheme.one_collective(group.compressor):
+                flat = FlatExchange(x, group.compressor, state, self.direct,
+                                    scheme.flat_rounds(group.compressor), self.direct_peers)
                 flat.encode()
                 issued = time.perf_counter()
                 self.stats.add(encode_s=issued - started)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bytecomp.comm.schemes import SCHEMES
 from bytecomp.search.bound import coarse_curves_computed
 from bytecomp.search.problem import UNASSIGNED, Problem
 from bytecomp.timeline.simulator import simulate
@@ -546,7 +547,6 @@ def _distinct_channels(problem: Problem) -> list[int]:
     (two-shot, two-level, the 16-bit hierarchical schemes' casts)."""
     distinct: dict[tuple, int] = {}
     for index, option in enumerate(problem.options):
-        place = option.place if option.collective not in ("allreduce", "allgather",
-                                                          "hierarchical") else None
-        distinct.setdefault((option.spec, option.collective, place), index)
+        place = option.place if SCHEMES[option.scheme].channel_by_place else None
+        distinct.setdefault((option.spec, option.scheme, place), index)
     return list(distinct.values())

@@ -34,10 +34,11 @@ import math
 
 import numpy as np
 
+from bytecomp.comm.schemes import SCHEMES
+from bytecomp.compress import from_spec
 from bytecomp.search.problem import Problem
 
 GRID_STEP = 1.5  # consecutive grid sizes differ by at most this factor
-WHOLE = ("allreduce", "allgather")  # the schemes that exchange a group's tensors as they are
 COARSE_EVERY = 3  # the coarse grid keeps every third geometric size (steps of 3.4x)
 WEIGHTS = np.linspace(0.0, 1.0, 21)  # on the compute stream; the rest on the channel
 HOST_WEIGHTS = (0.0, 0.05, 0.15, 0.3)  # on the host workers and on the copies, each
@@ -64,8 +65,10 @@ def _curves(problem: Problem, grid: np.ndarray) -> np.ndarray:
     (a low-rank option exchanged whole: the channel's floor, see the module docstring)."""
     out = np.zeros((len(problem.options), 4, len(grid)))
     for index, option in enumerate(problem.options):
-        by_shape = problem.low_rank[index] and option.collective in WHOLE
-        floor = problem.costs.exchange_ms(option.spec, 1, "world", option.collective) \
+        scheme = SCHEMES[option.scheme]
+        by_shape = problem.low_rank[index] and scheme.whole  # its matrices as they are
+        floor = problem.costs.exchange_ms(option.spec, 1, "world",
+                                          scheme.flat_rounds(from_spec(option.spec))) \
             if by_shape else 0.0
         for column, numel in enumerate(grid):
             cost = problem.costs.cost(option, int(numel))

@@ -39,12 +39,14 @@ import math
 from dataclasses import dataclass, replace
 
 from bytecomp.compress import canonical, from_spec, ladder_place, ladder_specs
+from bytecomp.compress.base import FP16_HOOK
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import Cluster
 from bytecomp.model.fidelity import FidelityModel, compose
 from bytecomp.plan import NO_COMPRESSION, Adaptive, Level, Option, Plan
-from bytecomp.profile.store import Profile
-from bytecomp.search.planner import Planner, PlanResult, to_plan
+from bytecomp.profile_store import Profile
+from bytecomp.search.options import BaselineKind, SearchOptions, default_min_gain
+from bytecomp.search.planner import Planner, PlanResult, fp32_ms, hook_specs, to_plan
 
 AGREE_MS = 100.0  # agree at most about this often, in predicted iteration time
 
@@ -74,14 +76,14 @@ def profiled_settings(profile: Profile, family: str) -> tuple[list[str], list[st
 
 
 def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
-                caps: list[float] | None = None, algorithm: str = "auto",
-                budget_s: float | None = None, min_gain: float = 0.05,
-                evaluations: int | None = None, agree_every: int | None = None,
-                stop_gap: float | None = None) -> LadderResult:
-    """Search every level of ``adaptive.family``'s ladder (see the module docstring);
-    ``budget_s``, ``evaluations`` and ``stop_gap`` as :meth:`Planner.search`'s, for each
-    search;
-    ``agree_every`` None: chosen from the start level's predicted time."""
+                options: SearchOptions | None = None,
+                agree_every: int | None = None) -> LadderResult:
+    """Search every level of ``adaptive.family``'s ladder (see the module docstring) with
+    ``options`` (default: :data:`~bytecomp.search.options.MIN_GAIN`'s margin for
+    time): its caps are the middle level's candidates, its margin the fp16 level's over
+    fp32 DDP, the rest as :meth:`Planner.search`'s for each search. ``agree_every``
+    None: chosen from the start level's predicted time."""
+    options = options or SearchOptions(min_gain=default_min_gain("time"))
     settings, missing = profiled_settings(profile, adaptive.family)
     if not settings:
         raise BytecompError(f"{profile.label}: the profile has no timings for any "
@@ -93,27 +95,25 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
                      f"{adaptive.family} ladder ({', '.join(missing)}): those levels are "
                      f"left out (bytecomp profile --ladder {adaptive.family} times them)")
 
-    def search(specs: list[str] | None, cap_choices: list[float] | None,
-               gain: float) -> PlanResult:
+    def search(specs: list[str] | None, cap_choices: tuple[float, ...] | None) -> PlanResult:
         planner = Planner(profile, cluster, specs, strict=True, objective="time")
-        return planner.search(cap_choices, algorithm, budget_s, gain, evaluations=evaluations,
-                              stop_gap=stop_gap)
+        return planner.search(replace(options, caps=cap_choices, min_gain=0.0))
 
     middle = settings[len(settings) // 2]
-    cap = search([middle], caps, 0.0).cap_mb
-    fp16 = next((s for s in sorted({canonical(s) for s in profile.compressors["spec"]})
-                 if from_spec(s).name == "fp16"), None)
+    cap = search([middle], options.caps).cap_mb
+    fp16 = next(iter(hook_specs({canonical(s) for s in profile.compressors["spec"]},
+                                FP16_HOOK)), None)
     first = Planner(profile, cluster, [fp16 or settings[0]], strict=True, objective="time")
     fp32 = _fp32_at(first, cap)
     results = [fp32]
     fp16_hook = Option(fp16, "device", "allreduce") if fp16 else None
     if fp16_hook in first.problem.options:
-        candidate = _uniform_at(first, cap, fp16_hook, "fp16 hook")
-        if candidate.time_ms < fp32.time_ms * (1 - min_gain):
+        candidate = _uniform_at(first, cap, fp16_hook, BaselineKind.FP16_HOOK.value)
+        if candidate.time_ms < fp32.time_ms * (1 - options.min_gain):
             results = [candidate]
     kept = [_setting_of(results[0])]
     for setting in settings:
-        result = search([setting], [cap], 0.0)
+        result = search([setting], (cap,))
         if _assignment(result) == _assignment(results[-1]):
             notes.append(f"{setting} plans the same as {kept[-1]}: left out")
             continue
@@ -186,7 +186,7 @@ def best_start(results: list[PlanResult], fidelities: list[float | None],
 
 def _fp32_at(planner: Planner, cap: float) -> PlanResult:
     """fp32 DDP at bucket cap ``cap`` as a search result."""
-    return _uniform_at(planner, cap, NO_COMPRESSION, "fp32 DDP")
+    return _uniform_at(planner, cap, NO_COMPRESSION, BaselineKind.FP32_DDP.value)
 
 
 def _uniform_at(planner: Planner, cap: float, option: Option, name: str) -> PlanResult:
@@ -204,8 +204,8 @@ def _assignment(result: PlanResult) -> list:
 
 
 def _setting_of(result: PlanResult) -> str:
-    specs = sorted({o.spec for o in _assignment(result)} - {"none"})
-    return ", ".join(specs) or "none"
+    specs = sorted({o.spec for o in _assignment(result) if o.compressed})
+    return ", ".join(specs) or NO_COMPRESSION.spec
 
 
 def to_ladder_plan(result: LadderResult, profile: Profile) -> Plan:
@@ -216,10 +216,10 @@ def to_ladder_plan(result: LadderResult, profile: Profile) -> Plan:
                     _rounded(gain))
               for setting, plan, level, fidelity, gain in
               zip(result.settings, plans, result.levels, result.fidelities, result.gains)]
-    fp32 = next(b.time_ms for b in result.levels[0].baselines if b.name == "fp32 DDP")
+    fp32 = fp32_ms(result.levels[0])
     predicted = {"plan": levels[0].predicted_ms,
                  "levels": [level.predicted_ms for level in levels],
-                 "baselines": {"fp32 DDP": round(fp32, 4)}}
+                 "baselines": {BaselineKind.FP32_DDP.value: round(fp32, 4)}}
     search = {"algorithm": "ladder: " + first.search.get("algorithm", ""),
               "time_ms": round(sum(level.search_ms for level in result.levels), 2),
               "levels": len(levels)}
@@ -238,7 +238,7 @@ def _rounded(value: float | None) -> float | None:
 def level_rows(result: LadderResult) \
         -> list[tuple[int, str, float, float | None, float | None, float]]:
     """(level, setting, iteration ms, gain, fidelity, speedup over fp32 DDP) per level."""
-    fp32 = next(b.time_ms for b in result.levels[0].baselines if b.name == "fp32 DDP")
+    fp32 = fp32_ms(result.levels[0])
     return [(number, setting, level.time_ms, gain, fidelity,
              fp32 / level.time_ms if level.time_ms > 0 else math.inf)
             for number, (setting, level, gain, fidelity) in

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 import bytecomp
+from bytecomp.buckets import SEARCHED_CAPS_MB
+from bytecomp.comm.schemes import native_scheme, scheme_of
 from bytecomp.compress import canonical, from_spec
+from bytecomp.compress.base import FP16_HOOK, POWERSGD_HOOK
 from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import Cluster
@@ -20,7 +23,7 @@ from bytecomp.model.fidelity import FidelityModel
 from bytecomp.model.overheads import ExecutorCosts
 from bytecomp.model.strategy import StrategyCosts, cast_specs
 from bytecomp.plan import HOST_WORKERS, MAX_HOST_WORKERS, NO_COMPRESSION, Option, Plan, PlanEntry
-from bytecomp.profile.store import ELEMENT_SIZES, Profile
+from bytecomp.profile_store import ELEMENT_SIZES, Profile
 from bytecomp.search.algorithms import (
     Budget,
     Point,
@@ -30,9 +33,9 @@ from bytecomp.search.algorithms import (
     lower_bound,
 )
 from bytecomp.search.bound import channel_floors, relaxed_bound, relaxed_bound_ceiling
+from bytecomp.search.options import BaselineKind, SearchOptions
 from bytecomp.search.problem import OBJECTIVES, Group, Objective, Problem, Tensor
 from bytecomp.search.tree import add_exchange, build_tree, options_of
-from bytecomp.timeline.buckets import SEARCHED_CAPS_MB
 from bytecomp.timeline.simulator import simulate
 
 DEFAULT_CAPS = SEARCHED_CAPS_MB  # and the profiled cap; 0: one bucket per tensor
@@ -69,12 +72,17 @@ def effective_ms(time_ms: float, fidelity: float | None) -> float | None:
 
 @dataclass
 class Baseline:
+    """A hand-picked plan (``kind``) as the search's model predicts it; ``name`` is how
+    tables and plan files show it."""
+
+    kind: BaselineKind
     name: str
     assignment: list[int]
     cap_mb: float
     time_ms: float = math.nan
     fidelity: float | None = None  # None: the profile measured no fidelity
     value: float = math.nan  # the objective's value: time_ms, or effective time
+    spec: str | None = None  # the compressor's, for one on every tensor
 
     @property
     def effective_ms(self) -> float | None:
@@ -116,7 +124,8 @@ class PlanResult:
         strategy, cap_mb, time_ms, fidelity, effective_ms, below (under the minimum
         fidelity of an effective-time objective) and vs_fp32 (fp32 DDP's objective over
         the row's: effective time, or iteration time)."""
-        fp32 = next(b for b in self.baselines if b.name == "fp32 DDP")
+        fp32 = self.baseline(BaselineKind.FP32_DDP)
+        assert fp32 is not None  # every search result has it
         effective = self.objective.name == "effective"
         entries: list[tuple[str, PlanResult | Baseline]] = [("bytecomp plan", self)]
         entries += [(baseline.name, baseline) for baseline in self.baselines]
@@ -136,6 +145,10 @@ class PlanResult:
     def composition(self) -> str:
         """The plan's strategies, most used first: ``"26 x fp32 allreduce, 16 x ..."``."""
         return composition_of(self.problem, self.assignment)
+
+    def baseline(self, kind: BaselineKind) -> Baseline | None:
+        """The first baseline of this kind (None: the profile could not price one)."""
+        return next((b for b in self.baselines if b.kind is kind), None)
 
 
 def composition_of(problem: Problem, assignment: list[int]) -> str:
@@ -160,10 +173,10 @@ def choose_specs(profile: Profile, requested: list[str] | None, compute: Compute
     if requested:
         specs = [canonical(spec) for spec in requested]
     else:
-        specs = sorted(s for s in compute.specs() if from_spec(s).name != "none")
+        specs = sorted(s for s in compute.specs() if from_spec(s).compresses)
     for spec in specs:
         compute.check(spec, profile.device_type)
-    return [spec for spec in dict.fromkeys(specs) if from_spec(spec).name != "none"]
+    return [spec for spec in dict.fromkeys(specs) if from_spec(spec).compresses]
 
 
 def powersgd_hook_assignment(problem: Problem, spec: str) -> list[int] | None:
@@ -171,8 +184,7 @@ def powersgd_hook_assignment(problem: Problem, spec: str) -> list[int] | None:
     warm start on, as the hook's), as an assignment: ``spec`` on the matrices its rule
     compresses, fp32 on the rest; None where ``spec`` is not that or an option is missing."""
     compressor = from_spec(spec)
-    if compressor.name != "powersgd" or not getattr(compressor, "error_feedback", False) or \
-            not compressor.values.get("warm_start", False):
+    if compressor.runs_as_pytorch_hook() != POWERSGD_HOOK:
         return None
     try:
         compress = problem.index_of(native_option(spec))
@@ -183,17 +195,23 @@ def powersgd_hook_assignment(problem: Problem, spec: str) -> list[int] | None:
     return [compress if powersgd_compresses(t.shape, rank) else keep for t in problem.tensors]
 
 
+def hook_specs(specs, hook: str) -> list[str]:
+    """The specs (sorted) whose compressor is what PyTorch's ``hook`` does."""
+    return [s for s in sorted(specs) if from_spec(s).runs_as_pytorch_hook() == hook]
+
+
 def _baseline_options(profile_specs: set[str]) -> tuple[str | None, str | None]:
-    fp16 = next((s for s in sorted(profile_specs) if from_spec(s).name == "fp16"), None)
-    powersgd = sorted((s for s in profile_specs if from_spec(s).name == "powersgd"),
+    """The specs of the fp16 and PowerSGD hooks' baselines (PowerSGD at rank 4 where the
+    profile has it), among the profiled ones."""
+    fp16 = next(iter(hook_specs(profile_specs, FP16_HOOK)), None)
+    powersgd = sorted(hook_specs(profile_specs, POWERSGD_HOOK),
                       key=lambda s: (from_spec(s).values["rank"] != 4, s))
     return fp16, (powersgd[0] if powersgd else None)
 
 
 def native_option(spec: str) -> Option:
-    compressor = from_spec(spec)
-    final = compressor.collectives_of_rounds()[-1]
-    return Option(spec, "device", "allreduce" if final == "allreduce" else "allgather")
+    """``spec`` on the device, on the one-stage scheme its own rounds end with."""
+    return Option(spec, "device", native_scheme(from_spec(spec)))
 
 
 class Planner:
@@ -219,7 +237,7 @@ class Planner:
                               f"accuracy is at least that of {self.specs[0]} on every tensor")
         timed = {spec for spec, device in self.compute.encode if device == profile.device_type}
         fp16, powersgd = _baseline_options(timed)  # their methods run on the device
-        self.baseline_specs = {"fp16": fp16, "powersgd": powersgd}
+        self.baseline_specs = {BaselineKind.FP16_HOOK: fp16, BaselineKind.POWERSGD_HOOK: powersgd}
         searched = list(self.specs)
         if not strict:  # the baselines' methods are always candidates, so no baseline wins
             searched += [s for s in (fp16, powersgd) if s and s not in searched]
@@ -253,7 +271,7 @@ class Planner:
                                busy_collective_ms=float(measured.get("busy_collective_ms", 0.0)))
         self.searchable = list(range(searchable))
         # a plan that is what PyTorch's powerSGD_hook does runs as that hook where DDP
-        # makes one bucket (see bytecomp.runtime.executor), without the executor's costs
+        # makes one bucket (see bytecomp.runtime.native), without the executor's costs
         self.hooks = [hook for hook in (powersgd_hook_assignment(self.problem, spec)
                                         for spec in searched) if hook is not None]
         for hook in self.hooks:
@@ -295,30 +313,33 @@ class Planner:
     def baseline_notes(self) -> list[str]:
         """Why a baseline is missing (the profile has no timings for its method)."""
         notes = []
-        if not self.baseline_specs["fp16"]:
+        if not self.baseline_specs[BaselineKind.FP16_HOOK]:
             notes.append("no fp16 timings in the profile: the fp16 hook baseline is omitted")
-        if not self.baseline_specs["powersgd"]:
+        if not self.baseline_specs[BaselineKind.POWERSGD_HOOK]:
             notes.append("no PowerSGD timings in the profile: its baseline is omitted")
         return notes
 
     def baselines(self) -> list[Baseline]:
         problem, cap = self.problem, self.profile.bucket_cap_mb
-        out = [Baseline("fp32 DDP", problem.uniform(problem.index_of(NO_COMPRESSION)), cap)]
-        fp16, powersgd = self.baseline_specs["fp16"], self.baseline_specs["powersgd"]
+        kind = BaselineKind
+        out = [Baseline(kind.FP32_DDP, kind.FP32_DDP.value,
+                        problem.uniform(problem.index_of(NO_COMPRESSION)), cap)]
+        fp16, powersgd = (self.baseline_specs[BaselineKind.FP16_HOOK],
+                          self.baseline_specs[BaselineKind.POWERSGD_HOOK])
         if fp16:
-            out.append(Baseline("fp16 hook", problem.uniform(problem.index_of(native_option(fp16))),
-                                cap))
+            out.append(Baseline(kind.FP16_HOOK, kind.FP16_HOOK.value,
+                                problem.uniform(problem.index_of(native_option(fp16))), cap))
         if powersgd:
             rank = from_spec(powersgd).values["rank"]
-            compress = problem.index_of(native_option(powersgd))
-            keep = problem.index_of(NO_COMPRESSION)
-            assignment = [compress if powersgd_compresses(t.shape, rank) else keep
-                          for t in problem.tensors]
-            out.append(Baseline(f"PowerSGD hook (rank {rank})", assignment, cap))
+            assignment = powersgd_hook_assignment(problem, powersgd)
+            assert assignment is not None  # its options are always offered
+            out.append(Baseline(kind.POWERSGD_HOOK, f"{kind.POWERSGD_HOOK.value} (rank {rank})",
+                                assignment, cap))
         for spec in self.specs:
             option = native_option(spec)
-            out.append(Baseline(f"{spec} on every tensor ({option.collective})",
-                                problem.uniform(problem.index_of(option)), cap))
+            out.append(Baseline(kind.EVERY_TENSOR,
+                                f"{spec} {kind.EVERY_TENSOR.value} ({option.scheme})",
+                                problem.uniform(problem.index_of(option)), cap, spec=spec))
         for baseline in out:
             baseline.time_ms = problem.simulate(baseline.assignment, baseline.cap_mb).iteration_ms
             baseline.fidelity = problem.fidelity(baseline.assignment)
@@ -326,12 +347,13 @@ class Planner:
         return out
 
     # -- search ----------------------------------------------------------------------------
-    def search(self, caps: list[float] | None = None, algorithm: str = "auto",
-               budget_s: float | None = None, min_gain: float = 0.0,
+    def search(self, options: SearchOptions | None = None, *,
                starts: list[tuple[list[int], float]] | None = None,
-               evaluations: int | None = None, seed: int = 0,
-               stop_gap: float | None = None) -> PlanResult:
-        """Find the best assignment and bucket cap.
+               **fields) -> PlanResult:
+        """Find the best assignment and bucket cap, as ``options`` say (default: a
+        :class:`~bytecomp.search.options.SearchOptions` of ``fields``, e.g.
+        ``search(algorithm="greedy", min_gain=0.05)``); ``starts``: further
+        assignments to start from, as (assignment, cap).
 
         1. Every start (each baseline whose options the search may use, and any
            ``starts`` given as (assignment, cap)) is evaluated at its cap; the greedy
@@ -365,9 +387,12 @@ class Planner:
         every tensor (:func:`bytecomp.search.bound.relaxed_bound`) and the channel
         bound of :func:`bytecomp.search.algorithms.lower_bound`.
         """
+        if options is None:
+            options = SearchOptions(**fields)
+        elif fields:
+            raise TypeError("pass either SearchOptions or its fields, not both")
         with _collector_paused():
-            return self._search(caps, algorithm, budget_s, min_gain, starts, evaluations, seed,
-                                stop_gap)
+            return self._search(options, starts)
 
     def _hook_rank(self, assignment: list[int], cap: float) -> int | None:
         """The rank of PyTorch's PowerSGD hook that ``assignment`` at ``cap`` is, if any."""
@@ -384,12 +409,13 @@ class Planner:
             return f"PyTorch's powerSGD_hook at rank {rank}"
         return f"{composition_of(self.problem, assignment)}, {cap:g} MB buckets"
 
-    def _search(self, caps, algorithm, budget_s, min_gain, starts, evaluations,
-                seed, stop_gap) -> PlanResult:
+    def _search(self, options: SearchOptions, starts) -> PlanResult:
         started = time.perf_counter()
+        algorithm, budget_s, min_gain = options.algorithm, options.budget_s, options.min_gain
+        evaluations, seed, stop_gap = options.evaluations, options.seed, options.stop_gap
         problem = self.problem
         baselines = self.baselines()
-        caps = sorted(set(caps or [self.profile.bucket_cap_mb, *DEFAULT_CAPS]))
+        caps = sorted(set(options.caps or [self.profile.bucket_cap_mb, *DEFAULT_CAPS]))
         caps = add_exchange(self.tree, {cap: problem.buckets(cap) for cap in caps})
         view = problem.restricted(len(self.searchable))
         searchable = set(self.searchable)
@@ -519,12 +545,12 @@ def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: fl
     if not usable or min_gain <= 0:
         return None
     close = [b for b in usable if value > b.value * (1 - min_gain)]
-    fp32 = next((b for b in usable if b.name == "fp32 DDP"), None)
+    fp32 = next((b for b in usable if b.kind is BaselineKind.FP32_DDP), None)
     kept: Baseline | None = None
     if fidelity is not None:
         if close:
             safest = max(close, key=lambda b: (round(b.fidelity or 0.0, 9),
-                                               b.name == "fp32 DDP", -b.value))
+                                               b.kind is BaselineKind.FP32_DDP, -b.value))
             kept = safest if (safest.fidelity or 0.0) >= fidelity - 1e-9 else None
     else:
         kept = next((b for b in (fp32, min(usable, key=lambda b: b.value))
@@ -547,7 +573,7 @@ def to_plan(result: PlanResult, profile: Profile) -> Plan:
             entries.append(PlanEntry.of(problem.tensors[position].name, option, group_id))
     order = {t.name: i for i, t in enumerate(problem.tensors)}
     entries.sort(key=lambda e: order[e.name])
-    fp32 = next(b.time_ms for b in result.baselines if b.name == "fp32 DDP")
+    fp32 = fp32_ms(result)
     predicted = {"plan": round(result.time_ms, 4),
                  "baselines": {b.name: round(b.time_ms, 4) for b in result.baselines},
                  "speedup_vs_fp32": round(fp32 / result.time_ms, 4)}
@@ -575,6 +601,13 @@ def to_plan(result: PlanResult, profile: Profile) -> Plan:
     return Plan(profile.fingerprint, cluster.world_size, cluster.nodes, cluster.ranks_per_node,
                 result.cap_mb, entries, predicted, search, info,
                 host_workers=problem.host_workers)
+
+
+def fp32_ms(result: PlanResult) -> float:
+    """fp32 DDP's predicted iteration time in a search result."""
+    fp32 = result.baseline(BaselineKind.FP32_DDP)
+    assert fp32 is not None  # every search prices it
+    return fp32.time_ms
 
 
 def _rounded(value: float | None) -> float | None:
@@ -620,10 +653,11 @@ def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
     cluster = planner.cluster
     for group_id, entries in sorted(plan.groups().items()):
         option = entries[0].option
-        if option.collective == "hierarchical" and min(cluster.nodes, cluster.ranks_per_node) < 2:
-            raise BytecompError(f"{plan.path}: tensor {entries[0].name!r} uses the hierarchical "
-                                f"scheme, which needs several nodes of several ranks; the "
-                                f"cluster is {cluster.nodes} x {cluster.ranks_per_node}")
+        infeasible = scheme_of(option.scheme).infeasible(cluster.nodes, cluster.ranks_per_node)
+        if infeasible:
+            raise BytecompError(f"{plan.path}: tensor {entries[0].name!r} uses the "
+                                f"{option.scheme} scheme, which {infeasible}; the cluster is "
+                                f"{cluster.nodes} x {cluster.ranks_per_node}")
         if option not in problem.options:
             if option.compressed:
                 planner.compute.check(option.spec, "cpu" if option.place == "host"

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
 
+from bytecomp.buckets import ddp_buckets
 from bytecomp.compress import from_spec
 from bytecomp.model.strategy import GroupCost, StrategyCosts
 from bytecomp.plan import HOST_WORKERS, NO_COMPRESSION, Option
-from bytecomp.timeline.buckets import ddp_buckets
 from bytecomp.timeline.simulator import (
     IterationModel,
     SimGroup,
@@ -49,7 +49,7 @@ class Objective:
 
 def _low_rank(option: Option) -> bool:
     """A low-rank compressor keeps each member of a group as its own matrix."""
-    return option.compressed and from_spec(option.spec).name in ("powersgd", "acpsgd")
+    return option.compressed and from_spec(option.spec).per_matrix
 
 
 @dataclass(frozen=True)
@@ -159,12 +159,12 @@ class Problem:
         """An assignment that runs as PyTorch's own hook, without bytecomp's executor, at
         a cap where DDP makes one bucket (PowerSGD's,
         :func:`bytecomp.search.planner.powersgd_hook_assignment`: see
-        :func:`bytecomp.runtime.executor.one_bucket`)."""
+        :func:`bytecomp.runtime.native.one_bucket`)."""
         self._hooks = self._hooks | {tuple(assignment)}
 
     def one_bucket(self, cap_mb: float) -> bool:
         """Whether DDP keeps every gradient in one bucket at ``cap_mb`` by the executor's
-        rule (:func:`bytecomp.runtime.executor.one_bucket`): one dtype, less than the cap."""
+        rule (:func:`bytecomp.runtime.native.one_bucket`): one dtype, less than the cap."""
         return self._one_dtype and self._total_bytes < cap_mb * (1 << 20)
 
     def is_native(self, assignment, cap_mb: float) -> bool:

@@ -20,46 +20,46 @@ tensor merged with another, each exchanged as soon as its gradient is ready) or
 inside each). A cap whose buckets are exactly those of a smaller candidate is pruned
 (the same plans, searched once).
 
-Every leaf of the per-tensor tree carries its :class:`Option`. Leaves that cannot run are kept with a
-``pruned`` reason and are not offered to the search: a scheme the compressor
-does not support (summable, gatherable, chunkable: two-level needs what
-two-shot does), the hierarchical and two-level schemes without both several
-nodes and several ranks per node, a 16-bit intra-node stage without the
-profile's fp16/bf16 timings (its casts), ``host`` on a CPU-only job (host and
-device are the same cores there).
+The schemes are those registered in :mod:`bytecomp.comm.schemes`, in their order.
+Every leaf of the per-tensor tree carries its :class:`Option`. Leaves that cannot run
+are kept with a ``pruned`` reason and are not offered to the search: a scheme the
+compressor does not support (:meth:`~bytecomp.comm.schemes.Scheme.supports`), a scheme
+the cluster's shape cannot run (:meth:`~bytecomp.comm.schemes.Scheme.infeasible`: the
+hierarchical and two-level schemes need several nodes of several ranks), a 16-bit
+intra-node stage without the profile's timings of that cast, ``host`` on a CPU-only
+job (host and device are the same cores there).
 """
 
 from __future__ import annotations
 
 import networkx as nx
 
-from bytecomp.comm.schemes import HIERARCHICAL, SCHEMES, UNCOMPRESSED_SCHEMES, supported_schemes
+from bytecomp.comm.schemes import SCHEMES, uncompressed_schemes
 from bytecomp.compress import from_spec
-from bytecomp.model.strategy import CASTS
 from bytecomp.plan import UNCOMPRESSED, Option
 
 ROOT = "tensor"
 EXCHANGE = "exchange"  # the plan-level root: per-tensor or DDP buckets at a cap
 SAME_BUCKETS = "a bucket cap whose DDP buckets a smaller candidate cap already gives"
-ALL_CASTS = frozenset(CASTS.values())
 
 
-def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_per_node: int,
-                  device_type: str, casts: frozenset = ALL_CASTS,
+def _prune_reason(spec: str | None, place: str, scheme_name: str, nodes: int,
+                  ranks_per_node: int, device_type: str, casts: frozenset | None = None,
                   host_specs: set[str] | None = None,
                   host_casts: frozenset | None = None) -> str | None:
-    if scheme in HIERARCHICAL and (nodes < 2 or ranks_per_node < 2):
-        return "hierarchical needs several nodes and several ranks per node"
-    if scheme == "twolevel" and (nodes < 2 or ranks_per_node < 2):
-        return "two-level needs several nodes and several ranks per node"
+    scheme = SCHEMES[scheme_name]
+    needs = scheme.infeasible(nodes, ranks_per_node)
+    if needs is not None:
+        return f"{scheme_name} {needs}"
     if nodes * ranks_per_node < 2:
         return "a single rank has nothing to exchange"
-    if scheme in CASTS and CASTS[scheme] not in casts:
-        return f"a {CASTS[scheme]} intra-node stage needs the profile's {CASTS[scheme]} timings"
-    if scheme in CASTS and place == "host" and host_casts is not None \
-            and CASTS[scheme] not in host_casts:
-        return (f"a {CASTS[scheme]} intra-node stage on the host needs the profile's cpu "
-                f"{CASTS[scheme]} timings")
+    cast = scheme.intra_dtype
+    if cast is not None and casts is not None and cast not in casts:
+        return f"a {cast} intra-node stage needs the profile's timings of a {cast} cast"
+    if cast is not None and place == "host" and host_casts is not None \
+            and cast not in host_casts:
+        return (f"a {cast} intra-node stage on the host needs the profile's cpu timings of a "
+                f"{cast} cast")
     if spec is None:
         return None
     if place == "host" and device_type != "cuda":
@@ -67,25 +67,25 @@ def _prune_reason(spec: str | None, place: str, scheme: str, nodes: int, ranks_p
     if place == "host" and host_specs is not None and spec not in host_specs:
         return "no cpu timings for the compressor in the profile (host offload encodes there)"
     compressor = from_spec(spec)
-    if scheme not in supported_schemes(compressor):
-        return f"{compressor.name} does not support {scheme}"
+    if not scheme.supports(compressor):
+        return f"{compressor.name} does not support {scheme_name}"
     return None
 
 
 def build_tree(specs: list[str], nodes: int, ranks_per_node: int,
-               device_type: str, casts=ALL_CASTS,
+               device_type: str, casts=None,
                host_specs: set[str] | None = None, host_casts=None) -> nx.DiGraph:
     """The full tree, with ``pruned`` set on the leaves that cannot run. ``casts``: the
-    16-bit types (``fp16``, ``bf16``) whose casts the profile timed; ``host_specs``: the
-    specs that can encode on the host (the profile timed them on the cpu); default every
-    spec; ``host_casts``: the 16-bit types timed on the cpu, where a host group casts
-    (default: as ``casts``)."""
-    casts = frozenset(casts)
+    16-bit dtypes (``float16``, ``bfloat16``) whose casts the profile timed (default:
+    every one); ``host_specs``: the specs that can encode on the host (the profile
+    timed them on the cpu); default every spec; ``host_casts``: the 16-bit dtypes timed
+    on the cpu, where a host group casts (default: as ``casts``)."""
+    casts = None if casts is None else frozenset(casts)
     host = casts if host_casts is None else frozenset(host_casts)
     tree = nx.DiGraph()
     tree.add_node(ROOT)
     tree.add_edge(ROOT, "keep")
-    for scheme in UNCOMPRESSED_SCHEMES:
+    for scheme in uncompressed_schemes():
         leaf = f"keep/{scheme}"
         tree.add_edge("keep", leaf)
         tree.nodes[leaf]["option"] = Option(UNCOMPRESSED, "device", scheme)

@@ -14,12 +14,14 @@ import math
 
 import pandas as pd
 
-from bytecomp.compress import from_spec
+from bytecomp.compress import default_specs, from_spec
 from bytecomp.model.costs import ring_ms
-from bytecomp.profile.store import FORMAT_VERSION, TABLES, Profile
 from bytecomp.profile.sweeps import COLLECTIVES, DTYPES
+from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile
 
-# (fixed ms, elements per ms) for encode and decode, GPU-like speeds.
+# (fixed ms, elements per ms) for encode and decode, GPU-like speeds; a compressor not
+# listed (one registered outside bytecomp) gets DEFAULT_THROUGHPUT.
+DEFAULT_THROUGHPUT = (0.05, 3e7, 0.03, 1e8)
 THROUGHPUT = {
     "none": (0.0, 1e12, 0.0, 1e12), "fp16": (0.01, 2e8, 0.01, 2e8), "bf16": (0.01, 2e8, 0.01, 2e8),
     "int8": (0.03, 5e7, 0.02, 1e8), "topk": (0.08, 1e7, 0.03, 1e8), "randomk": (0.05, 5e7, 0.03, 1e8),
@@ -194,9 +196,9 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
                                         "bytes": nbytes, "ranks": ranks, "time_ms": time,
                                         "p10_ms": time, "p90_ms": time})
     compressors: list[dict] = []
-    for spec in specs or [from_spec(n).spec for n in THROUGHPUT]:
+    for spec in specs or default_specs():
         compressor = from_spec(spec)
-        a_enc, rate_enc, a_dec, rate_dec = THROUGHPUT[compressor.name]
+        a_enc, rate_enc, a_dec, rate_dec = THROUGHPUT.get(compressor.name, DEFAULT_THROUGHPUT)
         for exponent in range(8, 25, 4):
             numel = 1 << exponent
             compressors.append({"spec": compressor.spec, "device": device, "numel": numel,
@@ -227,7 +229,7 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
     if fidelity:
         weights = [math.sqrt(numel) * (1 + index % 4) for index, numel in enumerate(numels)]
         for spec in dict.fromkeys(row["spec"] for row in compressors):
-            if from_spec(spec).name == "none":
+            if not from_spec(spec).compresses:
                 continue
             for index, ((tensor, _), weight) in enumerate(zip(shapes, weights)):
                 value = synthetic_gain(spec, index)
@@ -245,7 +247,9 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
 
 
 # Typical gains (the shape of what bytecomp profile measures): casts keep nearly all,
-# low-rank and error-feedback sparsifiers a part, unscaled signs and random-k little.
+# low-rank and error-feedback sparsifiers a part, unscaled signs and random-k little; a
+# compressor not listed gets DEFAULT_GAIN.
+DEFAULT_GAIN = 0.7
 BASE_GAIN = {"fp16": 0.9999, "bf16": 0.999, "int8": 0.999, "topk": 0.6, "randomk": 0.2,
              "dgc": 0.6, "threshold": 0.7, "qsgd": 0.7, "terngrad": 0.4, "signsgd": 0.3,
              "signum": 0.3, "efsignsgd": 0.7, "onebit": 0.72, "powersgd": 0.85,
@@ -255,4 +259,5 @@ BASE_GAIN = {"fp16": 0.9999, "bf16": 0.999, "int8": 0.999, "topk": 0.6, "randomk
 def synthetic_gain(spec: str, index: int) -> float:
     """A compressor's gain on the ``index``-th tensor: its base gain, higher on every
     second and third tensor (so that tensors differ)."""
-    return round(BASE_GAIN[from_spec(spec).name] ** (1.0 / (1 + 0.5 * (index % 3))), 6)
+    base = BASE_GAIN.get(from_spec(spec).name, DEFAULT_GAIN)
+    return round(base ** (1.0 / (1 + 0.5 * (index % 3))), 6)

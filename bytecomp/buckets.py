@@ -1,4 +1,5 @@
-"""DDP's gradient buckets, reproduced.
+"""DDP's gradient buckets, reproduced (shared by the plan format, the simulator and the
+search, so it imports nothing of theirs).
 
 After its first iteration DDP rebuilds its buckets in the order gradients
 became ready: it walks the parameters in that order, keeps one open bucket per

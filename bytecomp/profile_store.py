@@ -1,7 +1,11 @@
-"""The profile directory: ``profile.yaml`` plus CSV tables (see DESIGN.md).
+"""The profile directory: ``profile.yaml`` plus CSV tables (docs/formats.md).
 
 ``save_profile`` writes it atomically; ``load_profile`` validates every file
 and reports a bad one with its path, the column or field and the reason.
+
+It sits beside :mod:`bytecomp.plan` rather than in a stage: the profiler writes
+profiles, the models and the planner read them, and neither stage imports the other
+for it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,216 @@
+"""What each collective scheme costs: one pricing per scheme, by the names of
+:mod:`bytecomp.comm.schemes` (a test checks that both registries name the same
+schemes).
+
+A pricing turns a merged group of ``numel`` elements into an :class:`ExchangeCost`
+(see :mod:`bytecomp.model.strategy` for what each part means), from the collective
+and compression times that :class:`~bytecomp.model.strategy.StrategyCosts` gives
+(the :class:`Pricing` protocol). Register one for a new scheme with
+:func:`register_scheme_cost`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple, Protocol, TypeVar
+
+from bytecomp.comm.exchanges import native_rounds
+from bytecomp.comm.schemes import Scheme
+from bytecomp.compress import Compressor
+
+COUNT_BYTES = 8  # one int64 element count per payload tensor, for variable sizes
+
+
+class ExchangeCost(NamedTuple):
+    """A compressed group's exchange: encode and decode (on the compute stream or a host
+    worker), the channel's time, the bytes this rank sends, the part of the channel in
+    intra-node collectives, the part that computes, and the collectives issued."""
+
+    encode_ms: float
+    channel_ms: float
+    decode_ms: float
+    wire_bytes: float
+    intra_ms: float = 0.0
+    compute_ms: float = 0.0
+    collectives: int = 0
+
+
+class Timing(NamedTuple):
+    """One compressor's profiled times where the group encodes (device or host)."""
+
+    encode: Callable[[float], float]  # up to the first collective's payload
+    decode: Callable[[float], float]
+    aggregate: Callable[[float, int], float]  # decode and average this many payloads
+    advance: Callable[[float], float]  # a multi-round encode's part between collectives
+
+
+class Pricing(Protocol):
+    """What a scheme's pricing asks of the strategy costs."""
+
+    element_size: int
+
+    def ranks(self, group: str) -> int: ...
+
+    def collective_ms(self, name: str, group: str, dtype: str, nbytes: float) -> float: ...
+
+    def gather_ms(self, group: str, ranks: int, per_rank: float, fixed: bool,
+                  tensors: int) -> float: ...
+
+    def round_payloads(self, spec: str, numel: float, shapes) -> list[float]: ...
+
+    def exchange_ms(self, spec: str, numel: float, group: str, rounds: tuple[str, ...],
+                    shapes=None) -> float: ...
+
+    def exchange_collectives(self, spec: str, group: str, rounds: tuple[str, ...]) -> int: ...
+
+    def intra_collectives_ms(self, numel: float, intra_dtype: str | None) -> float: ...
+
+    def casts_ms(self, numel: float, intra_dtype: str | None, place: str) -> float: ...
+
+
+class SchemeCost:
+    """How the model prices a scheme: a compressed group's exchange and, where the scheme
+    takes uncompressed tensors, an uncompressed one. ``scheme`` is the registered
+    scheme priced (one pricing may serve several, reading their traits)."""
+
+    def compressed(self, costs: Pricing, scheme: Scheme, compressor: Compressor, spec: str,
+                   timing: Timing, numel: float, shapes, place: str) -> ExchangeCost:
+        raise NotImplementedError
+
+    def uncompressed(self, costs: Pricing, scheme: Scheme, numel: float) -> ExchangeCost:
+        raise NotImplementedError(f"{scheme.name} takes no uncompressed tensors")
+
+
+SCHEME_COSTS: dict[str, SchemeCost] = {}
+
+P = TypeVar("P", bound=type[SchemeCost])
+
+
+def register_scheme_cost(*names: str) -> Callable[[P], P]:
+    """Class decorator: price the schemes ``names`` with (an instance of) the class."""
+    def register(cls: P) -> P:
+        for name in names:
+            SCHEME_COSTS[name] = cls()
+        return cls
+    return register
+
+
+def scheme_cost(name: str) -> SchemeCost:
+    """The pricing of the scheme ``name`` (``ValueError`` where none is registered)."""
+    pricing = SCHEME_COSTS.get(name)
+    if pricing is None:
+        raise ValueError(f"no cost model for the collective scheme {name!r} (register one "
+                         f"with bytecomp.model.schemes.register_scheme_cost)")
+    return pricing
+
+
+# -- the built-in schemes' costs -------------------------------------------------------------
+
+
+@register_scheme_cost("allreduce", "allgather")
+class OneStageCost(SchemeCost):
+    """The scheme's rounds over the whole job (the compressor's own, or an allgather)."""
+
+    def compressed(self, costs, scheme, compressor, spec, timing, numel, shapes, place):
+        rounds = scheme.flat_rounds(compressor)
+        compute = timing.advance(numel)
+        return ExchangeCost(
+            timing.encode(numel) - compute,
+            costs.exchange_ms(spec, numel, "world", rounds, shapes) + compute,
+            timing.aggregate(numel, costs.ranks("world")) if rounds[-1] == "allgather"
+            else timing.decode(numel),
+            sum(costs.round_payloads(spec, numel, shapes)),
+            compute_ms=compute,
+            collectives=costs.exchange_collectives(spec, "world", rounds))
+
+    def uncompressed(self, costs, scheme, numel):
+        nbytes = numel * costs.element_size
+        return ExchangeCost(0.0, costs.collective_ms("allreduce", "world", "float32", nbytes),
+                            0.0, nbytes, collectives=1)
+
+
+@register_scheme_cost("twoshot")
+class TwoShotCost(SchemeCost):
+    """Every chunk encoded; on the channel an alltoall, the average of this rank's chunk,
+    its re-encode and an allgather; every gathered chunk decoded."""
+
+    def compressed(self, costs, scheme, compressor, spec, timing, numel, shapes, place):
+        world = costs.ranks("world")
+        chunk = math.ceil(numel / world)
+        payload = sum(costs.round_payloads(spec, chunk, None))
+        compute = timing.aggregate(chunk, world) + timing.encode(chunk)
+        channel = (costs.collective_ms("alltoall", "world", "uint8", world * payload)
+                   + compute + costs.gather_ms("world", world, payload, True, 0))
+        if not compressor.fixed_size:  # the element counts' collectives
+            counts = world * COUNT_BYTES * 2
+            channel += (costs.collective_ms("alltoall", "world", "uint8", counts)
+                        + costs.collective_ms("allgather", "world", "uint8", counts))
+        return ExchangeCost(world * timing.encode(chunk), channel, world * timing.decode(chunk),
+                            2 * world * payload, compute_ms=compute,
+                            collectives=2 + (0 if compressor.fixed_size else 2))
+
+
+@register_scheme_cost("hierarchical", "hierarchical-fp16", "hierarchical-bf16")
+class HierarchicalCost(SchemeCost):
+    """Intra-node reduce-scatter and allgather (in the scheme's ``intra_dtype``, with their
+    casts on the channel), around the compressor's own exchange of this rank's chunk
+    between the nodes."""
+
+    def compressed(self, costs, scheme, compressor, spec, timing, numel, shapes, place):
+        per_node, nodes = costs.ranks("intra"), costs.ranks("inter")
+        chunk = math.ceil(numel / per_node)
+        rounds = native_rounds(compressor)
+        intra = costs.intra_collectives_ms(numel, scheme.intra_dtype)
+        between = timing.advance(chunk)
+        compute = costs.casts_ms(numel, scheme.intra_dtype, place) + between
+        stage_bytes = 2 if scheme.intra_dtype else costs.element_size
+        return ExchangeCost(
+            timing.encode(chunk) - between,
+            intra + compute + costs.exchange_ms(spec, chunk, "inter", rounds),
+            timing.aggregate(chunk, nodes) if rounds[-1] == "allgather" else timing.decode(chunk),
+            2 * numel * stage_bytes + sum(costs.round_payloads(spec, chunk, None)),
+            intra, compute,
+            (2 if per_node > 1 else 0) + costs.exchange_collectives(spec, "inter", rounds))
+
+    def uncompressed(self, costs, scheme, numel):
+        per_node = costs.ranks("intra")
+        intra = costs.intra_collectives_ms(numel, scheme.intra_dtype)
+        channel = (intra + costs.casts_ms(numel, scheme.intra_dtype, "device")
+                   + costs.collective_ms("allreduce", "inter", "float32",
+                                         numel * costs.element_size / per_node))
+        count = (2 if per_node > 1 else 0) + (costs.ranks("inter") > 1)
+        return ExchangeCost(0.0, channel, 0.0, numel * costs.element_size, intra,
+                            collectives=count)
+
+
+@register_scheme_cost("twolevel")
+class TwoLevelCost(SchemeCost):
+    """Every chunk encoded; on the channel an intra-node alltoall of the payloads, their
+    average, the inter-node exchange of this rank's chunk (its encode, collectives and
+    decodes), its re-encode and an intra-node allgather; every gathered chunk decoded."""
+
+    def compressed(self, costs, scheme, compressor, spec, timing, numel, shapes, place):
+        per_node, nodes = costs.ranks("intra"), costs.ranks("inter")
+        chunk = math.ceil(numel / per_node)
+        payload = sum(costs.round_payloads(spec, chunk, None))
+        intra = (costs.collective_ms("alltoall", "intra", "uint8", per_node * payload)
+                 + costs.gather_ms("intra", per_node, payload, True, 0))
+        if not compressor.fixed_size:
+            counts = per_node * COUNT_BYTES * 2
+            intra += (costs.collective_ms("alltoall", "intra", "uint8", counts)
+                      + costs.collective_ms("allgather", "intra", "uint8", counts))
+        compute = timing.aggregate(chunk, per_node) + timing.encode(chunk)
+        count = (2 + (0 if compressor.fixed_size else 2)) if per_node > 1 else 0
+        wire = (per_node + 1) * payload
+        inter = 0.0
+        if nodes > 1:
+            rounds = native_rounds(compressor)
+            compute += timing.encode(chunk) + (timing.aggregate(chunk, nodes)
+                                               if rounds[-1] == "allgather"
+                                               else timing.decode(chunk))
+            inter = costs.exchange_ms(spec, chunk, "inter", rounds)
+            count += costs.exchange_collectives(spec, "inter", rounds)
+            wire += payload
+        return ExchangeCost(per_node * timing.encode(chunk), intra + compute + inter,
+                            per_node * timing.decode(chunk), wire, intra, compute, count)

@@ -1,0 +1,135 @@
+"""The code's shape, for whoever carries it on: behaviour declared on the objects that own
+it (no module decides by a compressor's or a scheme's name), the scheme registries in
+step, small classes in the runtime, and stages that do not import each other both ways."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+import bytecomp
+from bytecomp.comm.schemes import SCHEMES
+from bytecomp.compress import COMPRESSORS
+from bytecomp.model.schemes import SCHEME_COSTS
+
+PACKAGE = Path(bytecomp.__file__).resolve().parent
+MAX_RUNTIME_CLASS_LINES = 300
+
+
+def _strings(node: ast.AST) -> set[str]:
+    """The string constants of a constant or of a tuple, list or set of them."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return {s for element in node.elts for s in _strings(element)}
+    return set()
+
+
+def _is_spec(node: ast.AST) -> bool:
+    """A compressor's name or spec: ``x.name``, ``x.spec`` or a variable called ``spec``."""
+    return any((isinstance(n, ast.Attribute) and n.attr in ("name", "spec")) or
+               (isinstance(n, ast.Name) and "spec" in n.id) for n in ast.walk(node))
+
+
+def _is_scheme(node: ast.AST) -> bool:
+    """A scheme: anything called ``scheme``, or an attribute ``collective`` (as plan
+    entries called it; a variable ``collective`` is a round's primitive)."""
+    return any((isinstance(n, ast.Attribute) and (n.attr == "collective" or
+                                                   "scheme" in n.attr)) or
+               (isinstance(n, ast.Name) and "scheme" in n.id) for n in ast.walk(node))
+
+
+def name_decisions(source: str, where: str, compressors: set[str],
+                   schemes: set[str]) -> list[str]:
+    """Places in ``source`` that decide by a name: a comparison (``==``, ``!=``, ``in``,
+    ``not in``) of a compressor's name or spec with one of ``compressors``, or of a
+    scheme with one of ``schemes``; and a dict literal keyed by such names only."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for index, operand in enumerate(operands):
+                names = _strings(operand)
+                others = [o for i, o in enumerate(operands) if i != index]
+                if (names & compressors and any(map(_is_spec, others))) or \
+                        (names & schemes and any(map(_is_scheme, others))):
+                    found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Dict) and len(node.keys) > 1:
+            keys = [_strings(key) if key is not None else set() for key in node.keys]
+            for vocabulary in (compressors, schemes):
+                if all(len(k) == 1 and k <= vocabulary for k in keys):
+                    found.append(f"{where}:{node.lineno}: a dict keyed by names "
+                                 f"({ast.unparse(node)[:60]})")
+    return found
+
+
+def test_no_module_decides_by_a_compressors_or_a_schemes_name():
+    """Traits are declared on compressors and schemes (bytecomp.compress registers a
+    compressor and knows its names; bytecomp.testing's synthetic tables describe the
+    built-in compressors' typical speeds, with a default for any other)."""
+    compressors, schemes = set(COMPRESSORS), set(SCHEMES)
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent)
+        if relative.parts[1] in ("compress", "testing"):
+            continue
+        found += name_decisions(path.read_text(), str(relative), compressors, schemes)
+    assert not found, "\n".join(found)
+
+
+def test_the_scan_finds_what_it_looks_for():
+    """The scan flags the forms that the code once had (so it can fail)."""
+    compressors, schemes = set(COMPRESSORS), set(SCHEMES)
+    decisions = [
+        'if compressor.name == "powersgd": pass',
+        'ok = from_spec(spec).name in ("fp16", "bf16")',
+        'if option.collective == "hierarchical": pass',
+        'if scheme in ("allreduce", "allgather"): pass',
+        'ABBREVIATIONS = {"allreduce": "AR", "twoshot": "2S"}',
+        'if spec == "none": pass',
+    ]
+    for line in decisions:
+        assert name_decisions(line, "x.py", compressors, schemes), line
+    fine = ['if collective == "allreduce": pass',  # a round's primitive, not a scheme
+            'ok = compressor.collectives_of_rounds()[-1] == "allreduce"',
+            'if self.action == "compress": pass', 'rounds = ("allreduce", "allreduce")',
+            'STEPS = {"allreduce": 2.0, "allgather": 1.0, "reduce_scatter": 1.0}',
+            'DEFAULTS = {"threshold": 0.75, "window": 10}']
+    for line in fine:
+        assert not name_decisions(line, "x.py", compressors, schemes), line
+
+
+def test_every_scheme_has_a_cost_model_and_every_cost_model_a_scheme():
+    assert set(SCHEMES) == set(SCHEME_COSTS)
+
+
+def _classes(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            yield node.name, node.end_lineno - node.lineno + 1
+
+
+def test_every_runtime_class_is_small():
+    sizes = {f"{path.name}:{name}": lines for path in sorted((PACKAGE / "runtime").glob("*.py"))
+             for name, lines in _classes(path)}
+    assert sizes and max(sizes.values()) < MAX_RUNTIME_CLASS_LINES, \
+        sorted(sizes.items(), key=lambda item: -item[1])[:3]
+
+
+def _stage(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_two_stages_import_each_other():
+    """The stages' import graph (every import, inside functions too) has no cycle."""
+    from test_package import import_graph
+
+    _, every = import_graph()
+    stages = nx.DiGraph()
+    for source, target in every.edges:
+        if _stage(source) != _stage(target):
+            stages.add_edge(_stage(source), _stage(target))
+    cycles = list(nx.simple_cycles(stages))
+    assert not cycles, cycles
