@@ -9,7 +9,7 @@ plan in the training script::
 
 __version__ = "0.1.0"
 
-__all__ = ["apply_plan", "load_plan", "Plan", "__version__"]
+__all__ = ["apply_plan", "load_plan", "Plan", "Recipe", "__version__"]
 
 
 def __getattr__(name):
@@ -22,4 +22,8 @@ def __getattr__(name):
         from bytecomp import plan
 
         return getattr(plan, name)
+    if name == "Recipe":
+        from bytecomp.recipe import Recipe
+
+        return Recipe
     raise AttributeError(f"module 'bytecomp' has no attribute {name!r}")

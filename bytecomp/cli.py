@@ -104,6 +104,11 @@ def profile(
     ladder: list[str] = typer.Option(None, help="Also time every setting of this compressor "
                                      "family's adaptive ladder (repeatable: topk, randomk, dgc, "
                                      "exdyna, powersgd, acpsgd), for plan --adaptive."),
+    optimizer: str = typer.Option(None, help="The optimizer every training run of the profile "
+                                  "uses (timing, gains, probe), replacing the workload's: "
+                                  "sgd|adam|adamw[:lr=...,momentum=...,weight_decay=...,"
+                                  "clip=...] (default: the workload recipe's; the built-ins: "
+                                  "adam:lr=0.001)."),
 ):
     """Measure a real DDP job: compute, ready times, buckets, collectives, compressors,
     and each compressor's gradient fidelity on every tensor."""
@@ -120,7 +125,7 @@ def profile(
                            quick=quick, force=force, device=device, timeout_s=timeout,
                            max_mb=max_mb, machine=machine,
                            fidelity_iterations=fidelity_iterations, ladders=ladder or [],
-                           probe_steps=probe_steps)
+                           probe_steps=probe_steps, optimizer=optimizer)
     run_profile(config, nproc)
 
 
@@ -354,8 +359,10 @@ def _print_plan(result, written) -> None:
     console.print(f"search: {result.algorithm}, {result.search_ms:.0f} ms, "
                   f"{result.evaluations} simulations; lower bound {result.lower_bound_ms:.2f} ms "
                   f"(gap <= {100 * result.gap:.1f}%)")
+    console.print(f"evidence: {result.evidence}")
     for note in result.notes:
         console.print(f"note: {note}")
+    _warn(result.warnings)
     console.print(f"wrote {written}")
 
 
@@ -498,6 +505,13 @@ def _shown(value) -> str:
     from bytecomp.compress.base import format_value
 
     return format_value(value)
+
+
+def _warn(warnings: list[str]) -> None:
+    """Warnings on stderr, one line each."""
+    for warning in warnings:
+        errors.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False,
+                     soft_wrap=True)
 
 
 def _error(message: str, code: int) -> None:

@@ -44,6 +44,8 @@ MAX_COUNT = 1 << 20  # ranks, nodes, batch
 READY_SLACK = 0.01  # ready times and backward time are medians rounded to 0.1 us
 EXECUTOR_PATHS = ("direct", "fifo", "host")  # bytecomp.model.overheads.PATHS
 MAX_STEPS_FACTOR = 10.0  # bytecomp.profile.probe.MAX_FACTOR
+# what the convergence probe measured its losses on (bytecomp.profile.workloads)
+PROBE_BATCHES = ("validation", "held-out training batches")
 
 TABLES = {
     "tensors": {"name": str, "shape": str, "numel": int, "dtype": str, "bytes": int,
@@ -103,6 +105,23 @@ class Profile:
     def steps_factors(self) -> dict[str, float]:
         """The convergence probe's steps factor by spec (empty: no probe)."""
         return {str(row.spec): float(row.steps_factor) for row in self.probe.itertuples()}
+
+    def evidence(self) -> tuple[bool, str]:
+        """What convergence evidence the profile holds, in words, and whether it holds any
+        (measured steps factors) or only the one-step gains."""
+        probe = self.meta.get("probe") or {}
+        if self.steps_factors:
+            batches = probe.get("batches", "validation")
+            return True, (f"the convergence probe ({int(probe.get('steps', 0))} steps of each "
+                          f"compressor, losses on {batches}) calibrates the gains")
+        if not self.has_fidelity:
+            return False, "no convergence evidence: the profile measured neither gains nor a probe"
+        if probe.get("informative") is False:
+            return False, (f"raw gains only: in the convergence probe ({probe.get('ran_steps')} "
+                           f"steps) fp32 DDP's loss fell {100 * probe['fp32_improvement']:.1f}%, "
+                           f"too little to tell compressors apart")
+        return False, ("raw gains only: the profile has no convergence probe (bytecomp profile "
+                       "--probe-steps N measures one)")
 
     @property
     def world_size(self) -> int:
@@ -221,6 +240,14 @@ def _check_probe_meta(path: Path, entry) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_COUNT:
         _fail(path, f"field 'probe.steps' must be an integer from 0 to {MAX_COUNT:,}, "
                     f"got {steps!r}")
+    if entry.get("batches", "validation") not in PROBE_BATCHES:
+        _fail(path, f"field 'probe.batches' must be one of {', '.join(PROBE_BATCHES)}")
+    fell = entry.get("fp32_improvement", 0.0)
+    if isinstance(fell, bool) or not isinstance(fell, (int, float)) or not 0 <= fell <= 1:
+        _fail(path, f"field 'probe.fp32_improvement' must be a fraction from 0 to 1, "
+                    f"got {fell!r}")
+    if not isinstance(entry.get("informative", True), bool):
+        _fail(path, "field 'probe.informative' must be true or false")
 
 
 def _check_times(path: Path, times: dict) -> None:

@@ -249,7 +249,7 @@ def test_factory_that_fails_to_import_is_one_line(cli, monkeypatch):
     assert_one_line_error(cli("profile", "--model", "factories:broken"),
                           "factories:broken failed", "this factory is broken")
     assert_one_line_error(cli("profile", "--model", "factories:wrong_return"),
-                          "must return (model, make_batch)")
+                          "must return a bytecomp.Recipe, (model, make_batch)")
 
 
 def test_bad_nproc_and_existing_output_are_one_line(cli, tmp_path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple, Protocol, TypeVar
+from typing import ClassVar, NamedTuple, Protocol, TypeVar
 
 from bytecomp.comm.exchanges import native_rounds
 from bytecomp.comm.schemes import Scheme
@@ -72,7 +72,10 @@ class Pricing(Protocol):
 class SchemeCost:
     """How the model prices a scheme: a compressed group's exchange and, where the scheme
     takes uncompressed tensors, an uncompressed one. ``scheme`` is the registered
-    scheme priced (one pricing may serve several, reading their traits)."""
+    scheme priced (one pricing may serve several, reading their traits).
+    ``collectives``: the collectives its prices use (whose fits a plan on it relies on)."""
+
+    collectives: ClassVar[tuple[str, ...]] = ()
 
     def compressed(self, costs: Pricing, scheme: Scheme, compressor: Compressor, spec: str,
                    timing: Timing, numel: float, shapes, place: str) -> ExchangeCost:
@@ -80,6 +83,11 @@ class SchemeCost:
 
     def uncompressed(self, costs: Pricing, scheme: Scheme, numel: float) -> ExchangeCost:
         raise NotImplementedError(f"{scheme.name} takes no uncompressed tensors")
+
+    def collectives_used(self, scheme: Scheme, compressor: Compressor | None) -> tuple[str, ...]:
+        """The collectives a group on ``scheme`` with ``compressor`` (None: uncompressed)
+        is priced with."""
+        return self.collectives
 
 
 SCHEME_COSTS: dict[str, SchemeCost] = {}
@@ -112,6 +120,11 @@ def scheme_cost(name: str) -> SchemeCost:
 class OneStageCost(SchemeCost):
     """The scheme's rounds over the whole job (the compressor's own, or an allgather)."""
 
+    collectives = ("allreduce", "allgather")
+
+    def collectives_used(self, scheme, compressor):
+        return ("allreduce",) if compressor is None else scheme.flat_rounds(compressor)
+
     def compressed(self, costs, scheme, compressor, spec, timing, numel, shapes, place):
         rounds = scheme.flat_rounds(compressor)
         compute = timing.advance(numel)
@@ -135,6 +148,8 @@ class TwoShotCost(SchemeCost):
     """Every chunk encoded; on the channel an alltoall, the average of this rank's chunk,
     its re-encode and an allgather; every gathered chunk decoded."""
 
+    collectives = ("alltoall", "allgather")
+
     def compressed(self, costs, scheme, compressor, spec, timing, numel, shapes, place):
         world = costs.ranks("world")
         chunk = math.ceil(numel / world)
@@ -156,6 +171,8 @@ class HierarchicalCost(SchemeCost):
     """Intra-node reduce-scatter and allgather (in the scheme's ``intra_dtype``, with their
     casts on the channel), around the compressor's own exchange of this rank's chunk
     between the nodes."""
+
+    collectives = ("reduce_scatter", "allgather", "allreduce")
 
     def compressed(self, costs, scheme, compressor, spec, timing, numel, shapes, place):
         per_node, nodes = costs.ranks("intra"), costs.ranks("inter")
@@ -189,6 +206,8 @@ class TwoLevelCost(SchemeCost):
     """Every chunk encoded; on the channel an intra-node alltoall of the payloads, their
     average, the inter-node exchange of this rank's chunk (its encode, collectives and
     decodes), its re-encode and an intra-node allgather; every gathered chunk decoded."""
+
+    collectives = ("alltoall", "allgather", "allreduce")
 
     def compressed(self, costs, scheme, compressor, spec, timing, numel, shapes, place):
         per_node, nodes = costs.ranks("intra"), costs.ranks("inter")

@@ -57,13 +57,18 @@ class TextWindows:
     """``make_batch(n)``: ``n`` random windows of ``seq_len + 1`` bytes from a split, as
     (inputs, next-byte targets). Positions come from torch's global generator (so
     ``torch.manual_seed`` governs them, as for every built-in workload) or, with
-    ``seed``, from a generator of its own."""
+    ``seed``, from a generator of its own. A ``vocab`` under 256 takes every byte modulo
+    the vocabulary (distinct bytes then share a token, but the text stays text: a model
+    still learns it); a larger one uses its first 256 tokens."""
 
-    def __init__(self, seq_len: int, split: str = "train", seed: int | None = None) -> None:
+    def __init__(self, seq_len: int, split: str = "train", seed: int | None = None,
+                 vocab: int = VOCAB) -> None:
         self.text = corpus(split)
         if len(self.text) <= seq_len + 1:
             raise BytecompError(f"seq_len={seq_len} is longer than the {split} text")
-        self.seq_len = seq_len
+        if vocab < 2:
+            raise BytecompError(f"a vocabulary of {vocab} token cannot hold text")
+        self.seq_len, self.vocab = seq_len, vocab
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 
     def __call__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,13 +76,15 @@ class TextWindows:
                                generator=self.generator)
         offsets = torch.arange(self.seq_len + 1)
         windows = self.text[starts[:, None] + offsets].long()
+        if self.vocab < VOCAB:
+            windows = windows % self.vocab
         return windows[:, :-1], windows[:, 1:]
 
 
-def validation_batches(seq_len: int, batch_size: int, count: int,
-                       seed: int = 1234) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def validation_batches(seq_len: int, batch_size: int, count: int, seed: int = 1234,
+                       vocab: int = VOCAB) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A fixed set of validation batches (the same for every strategy and run)."""
-    windows = TextWindows(seq_len, "validation", seed)
+    windows = TextWindows(seq_len, "validation", seed, vocab)
     return [windows(batch_size) for _ in range(count)]
 
 

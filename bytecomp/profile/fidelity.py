@@ -114,7 +114,7 @@ def capture_local_gradients(ddp, names: dict[int, str], captured: dict[str, torc
 def measure_fidelity(workload, device: torch.device, batch_size: int, bucket_cap_mb: float,
                      specs: list[str], warmup: int, iterations: int,
                      progress=None) -> list[dict]:
-    """Train ``warmup + iterations`` DDP steps (the profiler's SGD) on fresh batches, with
+    """Train ``warmup + iterations`` DDP steps (the recipe's optimizer) on fresh batches, with
     a seed per rank as data-parallel ranks see different data; from each step after
     the warm-up, this rank's share of ``specs`` (every ``world``-th) is measured on
     its local gradients. Returns every rank's rows (on every rank)."""
@@ -122,7 +122,7 @@ def measure_fidelity(workload, device: torch.device, batch_size: int, bucket_cap
 
     model = workload.model.to(device)
     ddp = wrap(model, device, bucket_cap_mb)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    optimizer = workload.make_optimizer(model.parameters())
     names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
     rank, world = dist.get_rank(), dist.get_world_size()

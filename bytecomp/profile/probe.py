@@ -6,17 +6,19 @@ Measured on a character-level transformer and a digits convnet (docs/benchmarks.
 to accuracy), PowerSGD kept 0.71 of the gradient and needed 1.2x fp32's steps
 on one, and kept 0.89 and needed 1.4-1.6x on the other; int8 kept 0.9997 and
 needed 1.05x. So the profile also trains: fp32 DDP and every compressor on
-every tensor, from the same initial weights on the same batches (Adam, the
-optimizer ``bytecomp bench --train-steps`` uses), ``steps`` steps each,
-interleaved, with the validation loss every ``eval_every`` steps.
+every tensor, from the same initial weights on the same batches, with the
+workload's own recipe (its optimizer, its loss), ``steps`` steps each,
+interleaved, with the loss on fixed evidence batches every ``eval_every`` steps:
+the workload's validation batches, or held-out batches of its ``make_batch``
+(:meth:`~bytecomp.profile.workloads.Workload.evidence_batches`).
 
 A compressor's *steps factor* is read off the two curves: at each evaluation
 in the second half of the probe, the steps it took over the steps fp32 DDP
 took to reach the same validation loss (linear between evaluations); the
 median of those. 1 means no slower than fp32; a compressor that has not
-learnt what fp32 had after its first evaluation gets ``MAX_FACTOR``. It needs
-a workload with real data (validation batches); workloads with generated
-inputs have no probe.
+learnt what fp32 had after its first evaluation gets ``MAX_FACTOR``. A probe
+whose fp32 loss fell by less than ``MIN_IMPROVEMENT`` (random data a model cannot
+learn, or too few steps) is no evidence: it records no factors, and says so.
 
 Beside it, the probe records each compressor's *gain* over the same steps (the
 second half), as the executor measures it while training (error feedback
@@ -39,15 +41,33 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from bytecomp.profile.convergence import (
-    ConvergenceConfig,
-    steps_to,
-    train_curves,
-    training_optimizer,
-)
+from bytecomp.profile.convergence import ConvergenceConfig, steps_to, train_curves
 
 COLUMNS = ["spec", "steps_factor", "steps", "gain"]
 MAX_FACTOR = 10.0  # "it does not learn": beyond any step budget worth planning for
+MIN_IMPROVEMENT = 0.01  # fp32's loss must fall by this fraction for the probe to tell anything
+
+
+@dataclass
+class ProbeResult:
+    """The probe's rows (one per spec; none when it told nothing), what it measured on,
+    and how much fp32 DDP's loss fell over it (a fraction of its first loss)."""
+
+    rows: list[dict]
+    batches: str  # "validation" or "held-out training batches"
+    improvement: float
+
+    @property
+    def informative(self) -> bool:
+        return self.improvement >= MIN_IMPROVEMENT
+
+
+def improvement(curve: list[tuple[int, float]]) -> float:
+    """How much a curve's loss fell, as a fraction of its first: ``(first - best) /
+    first`` over its finite points (0 for a curve that never fell)."""
+    first = curve[0][1]
+    best = min((loss for _, loss in curve if math.isfinite(loss)), default=first)
+    return max(0.0, (first - best) / abs(first)) if first and math.isfinite(first) else 0.0
 
 
 @dataclass
@@ -83,45 +103,44 @@ def steps_factor(curve: list[tuple[int, float]], reference: list[tuple[int, floa
 
 def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: float,
               specs: list[str], steps: int, eval_every: int, world: int, nodes: int,
-              progress=None) -> list[dict]:
-    """Train fp32 DDP and each of ``specs`` on every tensor (every rank); one row per spec
-    (empty without validation data)."""
+              progress=None) -> ProbeResult:
+    """Train fp32 DDP and each of ``specs`` on every tensor (every rank) with the
+    workload's recipe; one row per spec, none when fp32 did not learn."""
     import copy
 
+    from bytecomp.comm.schemes import native_scheme
     from bytecomp.compress import from_spec
     from bytecomp.plan import Option, plan_for_model
     from bytecomp.runtime import apply_plan
 
-    validation = workload.validation(batch_size)
-    if validation is None or not specs:
-        return []
-    make_optimizer = training_optimizer(1e-3)
+    evidence, batches = workload.evidence_batches(batch_size)
     device_ids = [device.index] if device.type == "cuda" else None
 
     def trainee(name: str, plan=None) -> Trainee:
         model = copy.deepcopy(workload.model).to(device)
         ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
         executor = apply_plan(ddp, plan, measure_gain=True) if plan is not None else None
-        return Trainee(name, ddp, make_optimizer(model.parameters()), executor)
+        return Trainee(name, ddp, workload.make_optimizer(model.parameters()), executor)
 
     trainees = [trainee("fp32")]
     for spec in specs:
-        final = from_spec(spec).collectives_of_rounds()[-1]
-        option = Option(spec, "device", "allreduce" if final == "allreduce" else "allgather")
+        option = Option(spec, "device", native_scheme(from_spec(spec)))
         plan = plan_for_model(workload.model, lambda n, p, option=option: option, world, nodes,
                               bucket_cap_mb)
         trainees.append(trainee(spec, plan))
     config = ConvergenceConfig(steps, min(eval_every, steps))
-    training = train_curves(trainees, workload, batch_size, device, config, validation, progress)
+    training = train_curves(trainees, workload, batch_size, device, config, evidence, progress)
     for each in trainees:
         if each.executor is not None:
             each.executor.close()
     reference = training.curves["fp32"]
     gains = probe_gains(training.gains, specs, steps / 2)
-    return [{"spec": spec, "steps": steps,
+    fell = improvement(reference)
+    rows = [{"spec": spec, "steps": steps,
              "steps_factor": round(steps_factor(training.curves[spec], reference, steps / 2), 4),
              "gain": round(gain, 6)}
-            for spec, gain in zip(specs, gains)]
+            for spec, gain in zip(specs, gains)] if fell >= MIN_IMPROVEMENT else []
+    return ProbeResult(rows, batches, round(fell, 6))
 
 
 def probe_gains(gains: dict[str, list[tuple[int, float]]], specs: list[str],

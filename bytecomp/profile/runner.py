@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import platform
@@ -28,7 +29,16 @@ from bytecomp.profile.overheads import (
     model_charges,
 )
 from bytecomp.profile.probe import COLUMNS as PROBE_COLUMNS
-from bytecomp.profile.probe import run_probe
+from bytecomp.profile.probe import ProbeResult, run_probe
+from bytecomp.profile.quality import (
+    COLLECTIVE_KEY,
+    COMPRESSOR_KEY,
+    RETRIES,
+    collective_quality,
+    compressor_quality,
+    quality_meta,
+    remeasure,
+)
 from bytecomp.profile.sweeps import (
     SweepSettings,
     aggregation_steps,
@@ -42,6 +52,7 @@ from bytecomp.profile.sweeps import (
 from bytecomp.profile.training import TrainingSettings, measure_training
 from bytecomp.profile.workloads import data_source, describe, load_workload, parameter_count
 from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile, save_profile
+from bytecomp.recipe import parse_optimizer
 from bytecomp.ui import Reporter
 
 PROBE_EVALUATIONS = 10  # validation losses over a convergence probe
@@ -69,9 +80,12 @@ class ProfileConfig:
     fidelity_iterations: int = 10  # training steps whose gradients measure fidelity (0: none)
     probe_steps: int = 100  # convergence probe: steps of each compressor on every tensor (0: none)
     ladders: list[str] = field(default_factory=list)  # families whose ladders are timed too
+    optimizer: str | None = None  # a spec replacing the workload recipe's (--optimizer)
 
     def __post_init__(self) -> None:
         self._validate()
+        if self.optimizer is not None:
+            self.optimizer = parse_optimizer(self.optimizer).spec  # one line, before any rank
         specs = [from_spec(s).spec for s in self.specs] or default_specs()
         specs += [spec for family in self.ladders for spec in ladder_specs(family)]
         self.specs = list(dict.fromkeys(specs))
@@ -147,6 +161,27 @@ def _summary(profile: Profile, path: Path) -> Table:
     return table
 
 
+def _sweep_some_compressors(keys: set[tuple], devices: list[torch.device],
+                            sweep: SweepSettings) -> list[dict]:
+    """The compressor sweeps of ``keys`` ((spec, device type) pairs) again."""
+    specs = sorted({spec for spec, _ in keys})
+    chosen = [device for device in devices if any(d == device.type for _, d in keys)]
+    return [row for row in sweep_compressors(specs, chosen, sweep)
+            if (row["spec"], row["device"]) in keys]
+
+
+def _probe_meta(config: ProfileConfig, probe: ProbeResult | None, workload) -> dict:
+    """profile.yaml's ``probe``: its steps (0: none ran, or it told nothing), what it
+    measured on, and how much fp32's loss fell."""
+    meta = {"steps": config.probe_steps if probe and probe.rows else 0,
+            "eval_every": max(1, config.probe_steps // PROBE_EVALUATIONS),
+            "optimizer": workload.optimizer_spec, "data": data_source(workload)}
+    if probe is not None:
+        meta.update(batches=probe.batches, fp32_improvement=probe.improvement,
+                    informative=probe.informative, ran_steps=config.probe_steps)
+    return meta
+
+
 def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | None:
     """Profile on this rank; rank 0 writes the directory and returns its path."""
     rank = dist.get_rank()
@@ -154,7 +189,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
     if device.type == "cuda":
         torch.cuda.set_device(device)
     topology = Topology.build(nodes, ranks_per_node)
-    workload = load_workload(config.model)
+    workload = load_workload(config.model, optimizer=config.optimizer)
+    initial = copy.deepcopy(workload.model.state_dict())  # every phase starts from these
     batch_size = config.batch_size or workload.batch_size
     training = TrainingSettings(batch_size, config.bucket_cap_mb, config.warmup, config.iterations)
     sweep = config.sweep_settings()
@@ -169,17 +205,28 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         times, tensors, interference = measure_training(
             workload, device, training, reporter.phase("training iterations", steps),
             topology.intra if several else None)
-        collectives = sweep_collectives(
-            topology, device, sweep,
-            reporter.phase("collective sweeps", collective_steps(topology, sweep)))
-        compressors = sweep_compressors(
-            config.specs, devices, sweep,
-            reporter.phase("compressor sweeps", compressor_steps(config.specs, devices, sweep)))
+        collectives = remeasure(
+            sweep_collectives(topology, device, sweep,
+                              reporter.phase("collective sweeps",
+                                             collective_steps(topology, sweep))),
+            collective_quality,
+            lambda keys: sweep_collectives(topology, device, sweep, only=keys),
+            COLLECTIVE_KEY, "bytes", ("time_ms",))
+        compressors = remeasure(
+            sweep_compressors(config.specs, devices, sweep,
+                              reporter.phase("compressor sweeps",
+                                             compressor_steps(config.specs, devices, sweep))),
+            compressor_quality,
+            lambda keys: _sweep_some_compressors(keys, devices, sweep),
+            COMPRESSOR_KEY, "numel", ("encode_ms", "decode_ms", "advance_ms"))
+        for fit in collectives.poor + compressors.poor:
+            reporter.print(f"warning: a poor fit after {RETRIES} more sweeps: "
+                           f"{fit.describe()}")
         aggregation = sweep_aggregation(
             config.specs, devices, sweep,
             reporter.phase("aggregation sweeps", aggregation_steps(config.specs, devices, sweep)))
         copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
-        charges, compute_charges, counts = model_charges(collectives, device, nodes,
+        charges, compute_charges, counts = model_charges(collectives.rows, device, nodes,
                                                          ranks_per_node)
         rounds = training.iterations if config.quick else 2 * training.iterations
         executor = measure_executor_costs(
@@ -189,14 +236,16 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
             float(interference.get("busy_collective_ms", 0.0)))
         fidelity_specs = [s for s in config.specs if from_spec(s).compresses]
         fidelity = []
+        workload.model.load_state_dict(initial)
         if config.fidelity_iterations and fidelity_specs:
             steps = training.warmup + config.fidelity_iterations
             fidelity = measure_fidelity(workload, device, batch_size, config.bucket_cap_mb,
                                         fidelity_specs, training.warmup,
                                         config.fidelity_iterations,
                                         reporter.phase("gradient fidelity", steps))
-        probe = []
-        if config.probe_steps and fidelity_specs and workload.validation(batch_size, 1):
+        probe = None
+        workload.model.load_state_dict(initial)
+        if config.probe_steps and fidelity_specs:
             probe = run_probe(workload, device, batch_size, config.bucket_cap_mb, fidelity_specs,
                               config.probe_steps,
                               max(1, config.probe_steps // PROBE_EVALUATIONS), topology.size, nodes,
@@ -223,24 +272,25 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "iterations": training.iterations,
         "warmup": training.warmup,
         "quick": config.quick,
+        "recipe": {"optimizer": workload.optimizer_spec, "data": data_source(workload)},
         "fidelity": {"iterations": config.fidelity_iterations, "warmup": training.warmup,
-                     "optimizer": "SGD lr=1e-3 momentum=0.9", "data": data_source(workload)},
-        "probe": {"steps": config.probe_steps if probe else 0,
-                  "eval_every": max(1, config.probe_steps // PROBE_EVALUATIONS),
-                  "optimizer": "Adam lr=1e-3", "data": data_source(workload)},
+                     "optimizer": workload.optimizer_spec, "data": data_source(workload)},
+        "probe": _probe_meta(config, probe, workload),
         "times": times,
         "interference": interference,
         "executor": {**executor.to_meta(),
                      "charged_ms": charges, "charged_compute_ms": compute_charges},
         "compressor_specs": config.specs,
+        "quality": quality_meta(collectives, compressors),
         "sweep": {"min_bytes": sweep.min_bytes, "max_bytes": sweep.max_bytes,
                   "size_factor": sweep.size_factor, "repeats": sweep.repeats,
                   "numels": list(sweep.numels)},
     }
-    profile = Profile(meta, tensors, pd.DataFrame(collectives), pd.DataFrame(compressors),
+    profile = Profile(meta, tensors, pd.DataFrame(collectives.rows),
+                      pd.DataFrame(compressors.rows),
                       pd.DataFrame(copies, columns=["direction", "bytes", "time_ms"]),
                       fidelity=pd.DataFrame(fidelity, columns=FIDELITY_COLUMNS),
-                      probe=pd.DataFrame(probe, columns=PROBE_COLUMNS),
+                      probe=pd.DataFrame(probe.rows if probe else [], columns=PROBE_COLUMNS),
                       aggregation=pd.DataFrame(aggregation, columns=list(TABLES["aggregation"])))
     path = save_profile(profile, config.out, config.force)
     reporter.print(_summary(profile, path))

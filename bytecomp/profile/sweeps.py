@@ -140,7 +140,7 @@ def _within_budget(series: list, times_ms: list[float], budget_s: float) -> list
 
 
 def sweep_collectives(topology: Topology, device: torch.device, settings: SweepSettings,
-                      progress=None) -> list[dict]:
+                      progress=None, only: set[tuple] | None = None) -> list[dict]:
     """Rows of collectives.csv: collective, group, dtype, bytes, ranks, time_ms, p10_ms, p90_ms.
 
     A pilot pass (which also warms every group and size up) decides how far each
@@ -150,14 +150,16 @@ def sweep_collectives(topology: Topology, device: torch.device, settings: SweepS
     sweep and a burst of noise on a shared machine cannot bias one size. A
     sample is the time from the barrier to the end of the collective on the
     rank that measured the least, i.e. the rank that arrived last: the
-    collective's own duration.
+    collective's own duration. ``only``: the (collective, group, dtype) series to sweep
+    (default every one).
     """
     clock = Clock(device)
     limit = memory_limit_bytes(device, topology.ranks_per_node)
     series = [[_CollectiveCase(group_name, group, ranks, collective, dtype_name, nbytes)
                for nbytes in sizes(settings, limit)]
               for group_name, group, ranks in groups_to_sweep(topology)
-              for collective in COLLECTIVES for dtype_name in DTYPES]
+              for collective in COLLECTIVES for dtype_name in DTYPES
+              if only is None or (collective, group_name, dtype_name) in only]
     cases = []
     for one_series in series:
         pilot = [_time_collective(case, clock, device) for case in one_series]

@@ -275,7 +275,7 @@ def measure_training(workload: Workload, device: torch.device, settings: Trainin
     model = workload.model.to(device)
     clock = Clock(device)
     batch = to_device(workload.make_batch(settings.batch_size), device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    optimizer = workload.make_optimizer(model.parameters())  # the recipe's: its step is timed
 
     ddp = wrap(model, device, settings.bucket_cap_mb)
     recorder = _ReadyRecorder(model, clock)

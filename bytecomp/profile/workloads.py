@@ -6,22 +6,31 @@ A workload spec is one of:
   ``mlp``, ``cnn``, ``transformer:layers=4,width=256,seq_len=128``, ``lstm``,
   ``resnet18``, ``resnet50``, ``vgg16`` (the last three need torchvision:
   ``pip install 'bytecomp[vision]'``);
-* ``pkg.module:factory``: ``factory()`` returns ``(model, make_batch)`` or
+* ``pkg.module:factory``: ``factory()`` returns a :class:`Recipe` (the model, its
+  batches and how it trains), or the shorter ``(model, make_batch)`` or
   ``(model, make_batch, loss_fn)``. ``make_batch(batch_size)`` returns
   ``(inputs, targets)`` on the CPU (``inputs`` a tensor or a tuple of tensors);
-  bytecomp moves them to the rank's device. Without ``loss_fn`` the loss is
+  bytecomp moves them to the rank's device. Without a loss, the loss is
   cross-entropy for integer targets (outputs flattened to ``(-1, classes)``)
   and mean squared error otherwise. Example::
 
       # mypkg/models.py
+      from bytecomp import Recipe
+
       def factory():
           model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
                                       torch.nn.Linear(64, 4))
           def make_batch(batch_size):
               return torch.randn(batch_size, 32), torch.randint(0, 4, (batch_size,))
-          return model, make_batch
+          return Recipe(model, make_batch, optimizer="sgd:lr=0.05,momentum=0.9",
+                        validation=my_held_out_batches)
 
       $ bytecomp profile --model mypkg.models:factory --nproc 2
+
+The recipe's optimizer and data are what bytecomp trains with wherever it trains
+(timing, the gradient fidelity, the convergence probe, the finalists): steps to a
+loss depend on them. Without validation batches, held-out batches of ``make_batch``
+(drawn under seeds training never uses) stand in, and the profile says so.
 """
 
 from __future__ import annotations
@@ -38,17 +47,21 @@ from torch import nn
 import bytecomp.profile.data as data
 from bytecomp.errors import BytecompError
 from bytecomp.profile.data import (
-    VOCAB,
     TeacherTask,
     TextWindows,
     corpus_digest,
     validation_batches,
 )
+from bytecomp.recipe import DEFAULT_OPTIMIZER, Builder, Recipe, optimizer_builder, parse_optimizer
+
+# held-out batches of make_batch: seeds no training step draws (those are a few million at
+# most; torch's CPU generator takes the seed's low 32 bits)
+HELD_OUT_SEED = 2**31 - 1_000_000
 
 
 @dataclass
 class Workload:
-    """A model, a batch maker and a loss: what one training iteration needs."""
+    """A model, a batch maker, a loss and an optimizer: what training it needs."""
 
     name: str
     model: nn.Module
@@ -57,20 +70,66 @@ class Workload:
     batch_size: int = 32
     args: dict = field(default_factory=dict)
     source: str | None = None  # a factory's module file: an input no output may replace
+    optimizer: str | Builder = DEFAULT_OPTIMIZER  # a spec, or the factory's own builder
+    validation_fn: list | Callable[[int], list] | None = None  # the factory's own batches
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self.loss_fn is not None:
             return self.loss_fn(output, target)
         return default_loss(output, target)
 
+    def make_optimizer(self, parameters) -> torch.optim.Optimizer:
+        """The recipe's optimizer over ``parameters``."""
+        if isinstance(self.optimizer, str):
+            return optimizer_builder(self.optimizer)(parameters)
+        return self.optimizer(parameters)
+
+    @property
+    def optimizer_spec(self) -> str:
+        """The optimizer, as a profile records it."""
+        if isinstance(self.optimizer, str):
+            return self.optimizer
+        return f"the factory's ({getattr(self.optimizer, '__qualname__', 'a function')})"
+
     def validation(self, batch_size: int, count: int = 8) -> list[tuple] | None:
-        """Fixed held-out batches (the same on every call), or None where the workload
-        has no real data to validate on (generated inputs)."""
+        """Fixed validation batches (the same on every call): the factory's own, or a
+        built-in workload's real held-out data; None where there are none (generated
+        inputs: see :meth:`evidence_batches`)."""
+        if self.validation_fn is not None:
+            batches = self.validation_fn(batch_size) if callable(self.validation_fn) \
+                else self.validation_fn
+            return _checked_batches(batches, self.name)
         if isinstance(self.make_batch, TextWindows):
-            return validation_batches(self.make_batch.seq_len, batch_size, count)
+            return validation_batches(self.make_batch.seq_len, batch_size, count,
+                                      vocab=self.make_batch.vocab)
         if isinstance(self.make_batch, (TeacherTask, data.ExampleBatches)):
             return self.make_batch.validation(batch_size, count)
         return None
+
+    def evidence_batches(self, batch_size: int, count: int = 8) -> tuple[list[tuple], str]:
+        """The batches convergence evidence is measured on, and what they are: the
+        validation batches, else held-out batches of ``make_batch`` (drawn under seeds
+        that no training step uses, so the same on every call)."""
+        validation = self.validation(batch_size, count)
+        if validation is not None:
+            return validation, "validation"
+        state = torch.get_rng_state()
+        try:
+            held_out = []
+            for index in range(count):
+                torch.manual_seed(HELD_OUT_SEED + index)
+                held_out.append(self.make_batch(batch_size))
+        finally:
+            torch.set_rng_state(state)
+        return held_out, "held-out training batches"
+
+
+def _checked_batches(batches, name: str) -> list[tuple]:
+    if not isinstance(batches, (list, tuple)) or not batches or not all(
+            isinstance(b, (list, tuple)) and len(b) == 2 for b in batches):
+        raise BytecompError(f"model {name}: validation must give a non-empty list of "
+                            f"(inputs, targets) batches")
+    return list(batches)
 
 
 def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -167,42 +226,36 @@ class LSTMLanguageModel(nn.Module):
         return self.decoder(output)
 
 
+# The built-in workloads are recipes too: Adam at 1e-3 (what bytecomp's convergence runs
+# have trained with), their own data.
+
+
 def _mlp(inputs=512, width=1024, depth=4, classes=10):
-    return MLP(inputs, width, depth, classes), TeacherTask(inputs, classes), 64
+    return Recipe(MLP(inputs, width, depth, classes), TeacherTask(inputs, classes),
+                  optimizer=DEFAULT_OPTIMIZER, batch_size=64)
 
 
 def _cnn(width=32, classes=10):
     def batch(n):
         return torch.randn(n, 3, 32, 32), torch.randint(0, classes, (n,))
-    return ConvNet(width, classes), batch, 32
+    return Recipe(ConvNet(width, classes), batch, optimizer=DEFAULT_OPTIMIZER, batch_size=32)
 
 
 def _digits(width=16, classes=10):
-    return DigitsNet(width, classes), data.digits(), 32
+    return Recipe(DigitsNet(width, classes), data.digits(), optimizer=DEFAULT_OPTIMIZER,
+                  batch_size=32)
 
 
 def _transformer(layers=4, width=256, heads=4, seq_len=128, vocab=8192):
     if width % heads:
         raise BytecompError(f"transformer: width={width} must be a multiple of heads={heads}")
-
-    return GPT(vocab, width, layers, heads, seq_len), _token_batches(vocab, seq_len), 8
+    return Recipe(GPT(vocab, width, layers, heads, seq_len), TextWindows(seq_len, vocab=vocab),
+                  optimizer=DEFAULT_OPTIMIZER, batch_size=8)
 
 
 def _lstm(layers=2, width=512, seq_len=64, vocab=10000):
-    return LSTMLanguageModel(vocab, width, layers), _token_batches(vocab, seq_len), 16
-
-
-def _token_batches(vocab: int, seq_len: int) -> Callable:
-    """Language-model batches: windows of real text (the standard library's source as
-    bytes, :mod:`bytecomp.profile.data`) where the vocabulary holds every byte, else
-    uniformly random tokens."""
-    if vocab >= VOCAB:
-        return TextWindows(seq_len)
-
-    def batch(n):
-        tokens = torch.randint(0, vocab, (n, seq_len + 1))
-        return tokens[:, :-1], tokens[:, 1:]
-    return batch
+    return Recipe(LSTMLanguageModel(vocab, width, layers), TextWindows(seq_len, vocab=vocab),
+                  optimizer=DEFAULT_OPTIMIZER, batch_size=16)
 
 
 def _vision(name):
@@ -216,7 +269,7 @@ def _vision(name):
 
         def batch(n):
             return torch.randn(n, 3, image, image), torch.randint(0, classes, (n,))
-        return model, batch, 32
+        return Recipe(model, batch, optimizer=DEFAULT_OPTIMIZER, batch_size=32)
     return build
 
 
@@ -271,26 +324,50 @@ def _from_factory(spec: str) -> Workload:
                             f"returning (model, make_batch)") from None
     except Exception as error:
         raise BytecompError(f"model factory {spec} failed: {type(error).__name__}: {error}") from None
-    if not isinstance(made, tuple) or len(made) not in (2, 3) or \
-            not isinstance(made[0], nn.Module) or not callable(made[1]):
-        raise BytecompError(f"model factory {spec} must return (model, make_batch) or "
-                            f"(model, make_batch, loss_fn)")
-    return Workload(spec, made[0], made[1], made[2] if len(made) == 3 else None,
-                    source=getattr(module, "__file__", None))
+    if isinstance(made, tuple) and len(made) in (2, 3):
+        made = Recipe(made[0], made[1], made[2] if len(made) == 3 else None)
+    if not isinstance(made, Recipe) or not isinstance(made.model, nn.Module) or \
+            not callable(made.make_batch):
+        raise BytecompError(f"model factory {spec} must return a bytecomp.Recipe, "
+                            f"(model, make_batch) or (model, make_batch, loss_fn)")
+    return _workload(spec, made, {}, getattr(module, "__file__", None))
 
 
-def load_workload(spec: str, seed: int = 0) -> Workload:
-    """Build the workload named by ``spec`` (see the module docstring)."""
+def _workload(name: str, recipe: Recipe, args: dict, source: str | None = None) -> Workload:
+    """A recipe as a workload, its optimizer spec and batch size checked."""
+    optimizer = recipe.optimizer if recipe.optimizer is not None else DEFAULT_OPTIMIZER
+    if isinstance(optimizer, str):
+        optimizer = parse_optimizer(optimizer).spec  # one line for a bad spec
+    elif not callable(optimizer):
+        raise BytecompError(f"model {name}: optimizer must be a spec or a function of the "
+                            f"parameters")
+    if recipe.validation is not None and not (callable(recipe.validation) or
+                                              isinstance(recipe.validation, (list, tuple))):
+        raise BytecompError(f"model {name}: validation must be a list of batches or a "
+                            f"function of the batch size")
+    batch_size = recipe.batch_size if recipe.batch_size is not None else 32
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BytecompError(f"model {name}: batch_size must be a positive integer")
+    return Workload(name, recipe.model, recipe.make_batch, recipe.loss, batch_size, args, source,
+                    optimizer, recipe.validation)
+
+
+def load_workload(spec: str, seed: int = 0, optimizer: str | None = None) -> Workload:
+    """Build the workload named by ``spec`` (see the module docstring); ``optimizer``: a
+    spec that replaces the recipe's (``bytecomp profile --optimizer``)."""
     name, _, rest = spec.strip().partition(":")
     torch.manual_seed(seed)
     if name in BUILTINS:
         args = _builtin_args(name, rest)
-        model, batch, batch_size = BUILTINS[name](**args)
-        return Workload(name, model, batch, None, batch_size, args)
-    if rest and re.fullmatch(r"[A-Za-z_][\w.]*", name) and rest.isidentifier():
-        return _from_factory(spec.strip())
-    raise BytecompError(f"unknown model {spec!r}; choose from {', '.join(BUILTINS)} "
-                        f"or give pkg.module:factory")
+        workload = _workload(name, BUILTINS[name](**args), args)
+    elif rest and re.fullmatch(r"[A-Za-z_][\w.]*", name) and rest.isidentifier():
+        workload = _from_factory(spec.strip())
+    else:
+        raise BytecompError(f"unknown model {spec!r}; choose from {', '.join(BUILTINS)} "
+                            f"or give pkg.module:factory")
+    if optimizer is not None:
+        workload.optimizer = parse_optimizer(optimizer).spec
+    return workload
 
 
 def data_source(workload: Workload) -> str:

@@ -15,7 +15,7 @@ An adaptive plan's levels each have their groups (and states, keyed by level);
 :mod:`bytecomp.runtime.adaptive` agrees on the measurements and moves between
 them. A level of fp32 or fp16 allreduce everywhere hands its buckets to PyTorch's
 own hook. A static plan that is one of PyTorch's hooks does not come here at all
-(:mod:`bytecomp.runtime.native`).
+(:mod:`bytecomp.runtime.native`); :func:`bytecomp.runtime.apply.apply_plan` decides.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -31,20 +30,11 @@ import torch.distributed as dist
 from bytecomp.comm.topology import Topology, free_retired_groups
 from bytecomp.comm.worker import CommWorker
 from bytecomp.errors import BytecompError
-from bytecomp.plan import Plan, load_plan
+from bytecomp.plan import Plan
 from bytecomp.runtime.adaptive import Adaptation, squared_gain
-from bytecomp.runtime.checks import agree, check_bucket_cap, local_problem
 from bytecomp.runtime.controller import Controller, Switch
-from bytecomp.runtime.groups import GroupSpec, build_groups
-from bytecomp.runtime.native import (
-    BUCKET_HOOKS,
-    POWERSGD_KEY,
-    NativeRun,
-    bucket_hook,
-    one_bucket,
-    powersgd_rank,
-    sent_bytes,
-)
+from bytecomp.runtime.groups import GroupSpec
+from bytecomp.runtime.native import BUCKET_HOOKS, POWERSGD_KEY, bucket_hook, sent_bytes
 from bytecomp.runtime.paths import DevicePath, HostPath
 from bytecomp.runtime.state import GroupStates, Stats
 from bytecomp.runtime.steps import Step, WaitingBucket
@@ -67,7 +57,7 @@ class Executor:
         self.plan = plan
         self.params = params
         self.name_of = {id(p): n for n, p in params.items()}
-        self.device = _device_of(params)
+        self.device = device_of(params)
         self.ladder = ladder
         self.stats = Stats()
         self.closed = False
@@ -280,61 +270,5 @@ class Executor:
         free_retired_groups(wait_s=CLOSE_WAIT_S)
 
 
-def _device_of(params: dict[str, torch.nn.Parameter]) -> torch.device:
+def device_of(params: dict[str, torch.nn.Parameter]) -> torch.device:
     return next(iter(params.values())).device if params else torch.device("cpu")
-
-
-def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
-               host_workers: int | None = None, native: bool = True,
-               measure_gain: bool = False) -> Executor | NativeRun:
-    """Register a communication hook on ``ddp_model`` that executes ``plan``.
-
-    Every rank must call it with the same plan, before the first backward pass.
-    It checks, on every rank, that the plan matches the model (fingerprint) and
-    the job (world size) and that all ranks hold the same plan (their digests
-    agree); any mismatch raises the same :class:`~bytecomp.errors.BytecompError`
-    on every rank. A parameter the plan does not name is an error unless
-    ``fallback="fp32"``. Host-placed groups run on ``host_workers`` threads per rank
-    (default: the plan's ``host_workers``, a node's cores shared by its ranks where the
-    cluster config gave them, else 2).
-
-    A static plan that allreduces every gradient in fp32 is what DDP does by itself,
-    one that allreduces every gradient in fp16 is PyTorch's ``fp16_compress_hook``,
-    and, where DDP keeps every gradient in one bucket (:func:`one_bucket`), a plan of
-    PowerSGD rank r (error feedback and warm start on) on the matrices PyTorch's
-    ``powerSGD_hook`` compresses at rank r and fp32 on the rest is that hook: with
-    ``native=True`` no hook, or PyTorch's, is registered for it and a
-    :class:`~bytecomp.runtime.native.NativeRun` is returned (it counts steps and bytes,
-    and keeps the PowerSGD hook's state in its ``state_dict``); ``native=False`` runs it
-    through bytecomp's :class:`Executor` like any other plan. An adaptive plan keeps
-    the executor's hook, which hands the buckets of such a level to PyTorch's hook.
-    With ``measure_gain=True`` the compressors with error feedback measure what they
-    keep of each step's gradient (two norms per group), for
-    :meth:`Executor.last_gain` (the convergence probe records it).
-
-    >>> ddp = DistributedDataParallel(model, bucket_cap_mb=plan.bucket_cap_mb)
-    >>> executor = bytecomp.apply_plan(ddp, "plan.yaml")
-    >>> ...train...
-    >>> torch.save({"model": ddp.state_dict(), "bytecomp": executor.state_dict()}, path)
-    """
-    if not isinstance(plan, Plan):
-        plan = load_plan(plan)
-    if fallback not in (None, "fp32"):
-        raise BytecompError(f"fallback must be None or 'fp32', got {fallback!r}")
-    if not dist.is_initialized():
-        raise BytecompError("apply_plan needs torch.distributed initialized "
-                            "(dist.init_process_group)")
-    model = ddp_model.module
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    agree(plan, local_problem(plan, model, params, fallback))
-    ladder = [build_groups(plan.level(i), params, fallback, f"L{i}:")
-              for i in range(len(plan.levels))] if plan.levels else \
-        [build_groups(plan, params, fallback)]
-    check_bucket_cap(ddp_model, plan)
-    if native and not measure_gain and plan.adaptive is None:
-        hook = bucket_hook(ladder[0])
-        rank = powersgd_rank(ladder[0], params) if hook is None and \
-            one_bucket(params.values(), plan.bucket_cap_mb) else None
-        if hook is not None or rank is not None:
-            return NativeRun(ddp_model, plan, params, _device_of(params), hook, rank)
-    return Executor(ddp_model, plan, params, ladder, host_workers, measure_gain)

@@ -17,10 +17,12 @@ from bytecomp.compress import canonical, from_spec
 from bytecomp.compress.base import FP16_HOOK, POWERSGD_HOOK
 from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.errors import BytecompError
-from bytecomp.model.clusters import Cluster
+from bytecomp.model.clusters import PROFILE_LINK, Cluster
 from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
 from bytecomp.model.fidelity import FidelityModel
 from bytecomp.model.overheads import ExecutorCosts
+from bytecomp.model.quality import collective_quality, compressor_quality
+from bytecomp.model.schemes import scheme_cost
 from bytecomp.model.strategy import StrategyCosts, cast_specs
 from bytecomp.plan import HOST_WORKERS, MAX_HOST_WORKERS, NO_COMPRESSION, Option, Plan, PlanEntry
 from bytecomp.profile_store import ELEMENT_SIZES, Profile
@@ -107,6 +109,8 @@ class PlanResult:
     objective: Objective = field(default_factory=Objective)
     fidelity: float | None = None
     value: float = math.nan  # the objective's value
+    evidence: str = "iteration time alone"  # what decided between compressors, in words
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def effective_ms(self) -> float | None:
@@ -231,6 +235,10 @@ class Planner:
         self.comm = CommModel(profile, self.cluster)
         self.specs = choose_specs(profile, specs, self.compute)
         self.notes: list[str] = []  # about the problem; each search adds its own
+        # what decides between compressors beyond the model's time (one line), and what the
+        # user should know is missing
+        self.evidence = "iteration time alone"
+        self.warnings: list[str] = []
         if specs and len(self.specs) == 1:  # the user's accuracy decision (Espresso)
             strict = True
             self.notes.append(f"only {self.specs[0]} compresses (or nothing): the plan's "
@@ -278,6 +286,51 @@ class Planner:
             self.problem.add_hook(hook)
         self._set_objective(objective, min_fidelity, fidelity_weights, calibrate)
 
+    def noise(self) -> float:
+        """The profile's measured noise: half the p10-p90 spread of its iteration times,
+        relative to their median (0 where it recorded no spread)."""
+        times = self.profile.meta["times"]["iteration"]
+        median = float(times.get("median_ms", 0.0))
+        if median <= 0:
+            return 0.0
+        return max(0.0, float(times.get("p90_ms", median)) - float(times.get("p10_ms", median))) \
+            / (2 * median)
+
+    def _within_noise(self, baselines: list[Baseline], assignment: list[int], cap: float,
+                      value: float) -> list[str]:
+        """A note where another baseline is predicted as good as the plan within the
+        profile's noise: a profile taken again may well choose it."""
+        noise = self.noise()
+        others = [b for b in baselines if (b.assignment, b.cap_mb) != (assignment, cap)
+                  and math.isfinite(b.value)]
+        if not others or noise <= 0 or not math.isfinite(value) or value <= 0:
+            return []
+        closest = min(others, key=lambda b: abs(b.value - value))
+        apart = abs(closest.value - value) / value
+        if apart > noise:
+            return []
+        return [f"the plan and the {closest.name} baseline are predicted {100 * apart:.1f}% "
+                f"apart, within the profile's noise (its iteration times spread "
+                f"+-{100 * noise:.1f}%): a profile taken again may choose the other"]
+
+    def poor_fits(self, assignment: list[int]) -> list[str]:
+        """The poor fits (model/quality.py) that the plan ``assignment`` is priced with: the
+        sweeps of the collectives its schemes use, where the cluster's links are the
+        profiled ones, and of the compressors it uses."""
+        options = {self.problem.options[o] for o in assignment}
+        fits = []
+        if self.cluster.measured or PROFILE_LINK in (self.cluster.intra, self.cluster.inter):
+            used = {c for o in options for c in scheme_cost(o.scheme).collectives_used(
+                scheme_of(o.scheme), from_spec(o.spec) if o.compressed else None)}
+            fits += [fit for key, fit in collective_quality(
+                self.profile.collectives.to_dict("records")).items() if key[0] in used]
+        rows = self.profile.compressors
+        rows = rows[rows["spec"].isin({o.spec for o in options if o.compressed})]
+        fits += list(compressor_quality(rows.to_dict("records")).values())
+        return [fit.describe() for fit in sorted((f for f in fits if f.poor),
+                                                 key=lambda fit: fit.worst_relative_error,
+                                                 reverse=True)]
+
     def _set_objective(self, name: str | None, min_fidelity: float | None,
                        weights: str, calibrate: bool = True) -> None:
         """Effective time by default where the profile measured fidelity, else time."""
@@ -286,9 +339,17 @@ class Planner:
         if min_fidelity is not None and not 0 <= min_fidelity <= 1:
             raise BytecompError(f"--min-fidelity must be between 0 and 1, got {min_fidelity:g}")
         wants_fidelity = name == "effective" or min_fidelity is not None
+        if name != "time":
+            evidence, self.evidence = self.profile.evidence()
+            if evidence and not calibrate:
+                evidence, self.evidence = False, "raw gains only: the probe's calibration was " \
+                                                 "turned off (--no-probe)"
+            if not evidence:
+                self.warnings.append(self.evidence)
         if not self.profile.has_fidelity and not wants_fidelity:
             self.notes.append("fidelity unknown (the profile has no fidelity table): planning "
                               "by iteration time alone")
+            self.evidence = "iteration time alone"
             return
         name = name or "effective"
         fidelity = FidelityModel(self.profile, weights, calibrate)  # one line without the table
@@ -496,10 +557,17 @@ class Planner:
                          f"on the matrices it compresses, fp32 on the rest): apply_plan "
                          f"registers that hook")
         problem.evaluations = view.evaluations
+        notes += self._within_noise(baselines, assignment, cap, value)
+        warnings = list(self.warnings)
+        poor = self.poor_fits(assignment)
+        if poor:
+            warnings.append(f"the plan is priced with {len(poor)} poor fit(s) of the profile "
+                            f"(the worst: {poor[0]}): its prediction may be off; re-profile "
+                            f"on a quieter machine (bytecomp plan -v shows every fit)")
         return PlanResult(problem, self.cluster, self.specs, assignment, cap, time_ms, baselines,
                           name, 1000 * (time.perf_counter() - started), bound, exact,
                           view.evaluations, notes, problem.objective,
-                          problem.fidelity(assignment), value)
+                          problem.fidelity(assignment), value, self.evidence, warnings)
 
 
 @contextlib.contextmanager
