@@ -211,6 +211,17 @@ def plan(
                                     "ranks agree on in one allreduce [default: enough steps "
                                     "for about 100 ms of the start level's predicted "
                                     "iteration, at most --window]."),
+    verify: bool = typer.Option(True, help="Train the finalists (the searched plan, the best "
+                                "plans with other compressors, fp32 DDP and PyTorch's fp16 and "
+                                "PowerSGD hooks) on the profiled ranks with the profile's "
+                                "recipe, and choose by predicted time x measured steps; "
+                                "--no-verify plans from the predictions alone."),
+    verify_steps: int = typer.Option(None, help="Steps each finalist trains (default: what "
+                                     "--verify-budget affords, from 50 to 200)."),
+    verify_budget: float = typer.Option(180.0, help="Seconds of finalist training to aim at "
+                                        "when --verify-steps is not given."),
+    nproc: int = typer.Option(None, help="Ranks to spawn for the finalists (default: the "
+                              "profile's; leave out under torchrun)."),
 ):
     """Search the per-tensor strategy that trains soonest: shortest predicted iteration per
     unit of gradient fidelity (or iteration time alone); write plan.yaml."""
@@ -223,6 +234,7 @@ def plan(
         SearchOptions,
         default_min_gain,
     )
+    from bytecomp.search.verify import MAX_STEPS as MAX_VERIFY_STEPS
 
     if algorithm not in ALGORITHMS:
         raise BytecompError(f"--algorithm must be {', '.join(ALGORITHMS[:-1])} or "
@@ -240,6 +252,12 @@ def plan(
         raise BytecompError(f"--min-gain is a percentage in [0, 100), got {min_gain:g}")
     if stop_gap is not None and not 0 <= stop_gap < 100:
         raise BytecompError(f"--stop-gap is a percentage in [0, 100), got {stop_gap:g}")
+    if verify_steps is not None and not 1 <= verify_steps <= MAX_VERIFY_STEPS:
+        raise BytecompError(f"--verify-steps must be from 1 to {MAX_VERIFY_STEPS:,}, got "
+                            f"{verify_steps}")
+    _require_positive("--verify-budget", verify_budget)
+    if nproc is not None and nproc < 1:
+        raise BytecompError(f"--nproc must be at least 1, got {nproc}")
     options = SearchOptions(tuple(bucket_cap_mb) if bucket_cap_mb else None, algorithm, budget,
                             0.0 if min_gain is None else min_gain / 100, evaluations,
                             stop_gap=None if stop_gap is None else stop_gap / 100)
@@ -258,9 +276,27 @@ def plan(
     if min_gain is None:
         options = replace(options, min_gain=default_min_gain(planner.problem.objective.name))
     result = planner.search(options)
-    written = to_plan(result, loaded).save(out)
+    verification = None
+    if verify:
+        from bytecomp.search.verify import chosen_result
+        from bytecomp.search.verify import verify as verify_finalists
+
+        verification = verify_finalists(planner, result, options, verify_steps, nproc,
+                                        budget_s=verify_budget)
+        result = chosen_result(result, verification)
+    else:
+        result.warnings.append("--no-verify: the plan is chosen from predictions alone, "
+                               "without training its finalists")
+    plan_file = to_plan(result, loaded)
+    if verification is not None:
+        plan_file.info["finalists"] = [
+            f.to_meta(f is verification.choice.finalist) for f in verification.finalists]
+        plan_file.info["verification"] = verification.to_meta()
+    written = plan_file.save(out)
     if verbose:
         _print_fits(planner)
+    if verification is not None:
+        _print_finalists(verification)
     _print_plan(result, written)
 
 
@@ -329,6 +365,21 @@ def _print_fits(planner) -> None:
     for reason, count in pruned_counts(planner.tree).items():
         console.print(f"pruned {count} options: {reason}")
     console.print(f"{len(planner.problem.options)} options offered per tensor")
+
+
+def _print_finalists(verification) -> None:
+    table = Table(title=f"finalists, each trained {verification.steps} steps from the same "
+                        f"weights on the profiled ranks (losses on {verification.batches}); "
+                        f"chosen (*) by predicted ms per step x measured steps factor")
+    for column in ("finalist", "bucket cap MB", "predicted ms", "steps factor", "ms per fp32 step"):
+        table.add_column(column, justify="left" if column == "finalist" else "right")
+    for finalist in verification.finalists:
+        star = "*" if finalist is verification.choice.finalist else ""
+        factor = finalist.steps_factor
+        table.add_row(finalist.name + star, cap_label(finalist.cap_mb), f"{finalist.time_ms:.2f}",
+                      "-" if factor is None else f"{factor:.2f}",
+                      f"{finalist.value:.2f}" if math.isfinite(finalist.value) else "inf")
+    console.print(table)
 
 
 def _print_plan(result, written) -> None:

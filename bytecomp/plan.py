@@ -75,6 +75,7 @@ MAX_HOST_WORKERS = 1024  # a rank's pool: a thread each
 MAX_RANKS = 1 << 20
 MAX_BUCKET_CAP_MB = 1e6
 MAX_PREDICTED_MS = 1e9  # a level's predicted step time
+MAX_STEPS_FACTOR = 10.0  # a measured steps factor's cap (bytecomp.profile.probe.MAX_FACTOR)
 # How gradients reach the hook: DDP's buckets at bucket_cap_mb, or one bucket per tensor
 # (bucket_cap_mb 0: no tensor merged with another, each exchanged when its gradient is ready)
 EXCHANGES = ("ddp-buckets", "per-tensor")
@@ -407,17 +408,50 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
         for where, level in ([("tensors", entries)] if levels is None else
                              [(f"levels[{i}].tensors", lv.entries) for i, lv in enumerate(levels)]):
             _check_per_tensor(reader, level, where)
-    info_keys = ("bytecomp_version", "created", "profile", "cluster", "objective", "fidelity")
+    info_keys = ("bytecomp_version", "created", "profile", "cluster", "objective", "fidelity",
+                 "finalists", "verification")
     info = {key: data[key] for key in info_keys if key in data}
-    for key in ("objective", "fidelity"):
+    for key in ("objective", "fidelity", "verification"):
         if key in info and not isinstance(info[key], dict):
             reader.fail(key, "must be a mapping")
+    if "finalists" in info:
+        _check_finalists(reader, info["finalists"])
     predicted = data.get("predicted_ms", {})
     search = data.get("search", {})
     if not isinstance(predicted, dict) or not isinstance(search, dict):
         reader.fail("predicted_ms", "must be a mapping")
     return Plan(model_fingerprint, world, nodes, per_node, float(cap), entries, predicted, search,
                 info, levels=levels, adaptive=adaptive, host_workers=workers)
+
+
+def _number(value, low: float, high: float) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and \
+        low <= value <= high  # also false for NaN
+
+
+def _check_finalists(reader: _Reader, finalists) -> None:
+    """The finalists a verified plan records (bytecomp.search.finalists): what they are,
+    what was predicted and measured, and which was chosen (one)."""
+    if not isinstance(finalists, list) or not finalists:
+        reader.fail("finalists", "must be a non-empty list")
+    chosen = 0
+    for index, finalist in enumerate(finalists):
+        where = f"finalists[{index}]."
+        if not isinstance(finalist, dict):
+            reader.fail(f"finalists[{index}]", "must be a mapping")
+        reader.field(finalist, "name", str, where)
+        reader.field(finalist, "source", str, where)
+        for key, high, optional in (("bucket_cap_mb", MAX_BUCKET_CAP_MB, False),
+                                    ("predicted_ms", MAX_PREDICTED_MS, False),
+                                    ("fidelity", 1.0, True), ("steps_factor", MAX_STEPS_FACTOR, True),
+                                    ("value", MAX_PREDICTED_MS * MAX_STEPS_FACTOR, True)):
+            value = finalist.get(key)
+            if not (optional and value is None) and not _number(value, 0.0, high):
+                reader.fail(f"{where}{key}", f"must be a number from 0 to {high:g}"
+                                             f"{' or null' if optional else ''}, got {value!r}")
+        chosen += bool(reader.field(finalist, "chosen", bool, where))
+    if chosen != 1:
+        reader.fail("finalists", f"exactly one must be chosen, {chosen} are")
 
 
 def _check_per_tensor(reader: _Reader, entries: list[PlanEntry], where: str) -> None:

@@ -93,7 +93,7 @@ def test_a_special_file_as_a_profile_table_is_one_line(cli, profile, tmp_path, k
     table = profile / "tensors.csv"
     table.unlink()
     os.mkfifo(table) if kind == "fifo" else table.symlink_to("/dev/zero")
-    one_line(cli("plan", profile, "--out", tmp_path / "plan.yaml", *FAST), "tensors.csv",
+    one_line(cli("plan", "--no-verify", profile, "--out", tmp_path / "plan.yaml", *FAST), "tensors.csv",
              "not a regular file")
 
 
@@ -109,7 +109,7 @@ def test_a_billion_laughs_cluster_config_is_refused_at_once(cli, tmp_path):
     config = tmp_path / "laughs.yaml"
     config.write_text(BILLION_LAUGHS)
     started = time.monotonic()
-    one_line(cli("plan", PROFILE, "--cluster", config, "--out", tmp_path / "p.yaml", *FAST),
+    one_line(cli("plan", "--no-verify", PROFILE, "--cluster", config, "--out", tmp_path / "p.yaml", *FAST),
              "laughs.yaml: not valid YAML", "anchors and aliases")
     assert time.monotonic() - started < 5
 
@@ -133,13 +133,13 @@ def test_the_yaml_loader_refuses_what_no_bytecomp_file_needs(text, reason):
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, "fast", None])
 def test_every_phase_time_is_validated_not_only_four(cli, profile, tmp_path, value):
     edit_meta(profile, lambda m: m["times"]["backward_compute"].update(median_ms=value))
-    one_line(cli("plan", profile, "--out", tmp_path / "plan.yaml", *FAST),
+    one_line(cli("plan", "--no-verify", profile, "--out", tmp_path / "plan.yaml", *FAST),
              "times.backward_compute.median_ms")
 
 
 def test_a_missing_backward_compute_is_one_line(cli, profile, tmp_path):
     edit_meta(profile, lambda m: m["times"].pop("backward_compute"))
-    one_line(cli("plan", profile, *FAST), "missing field 'times.backward_compute'")
+    one_line(cli("plan", "--no-verify", profile, *FAST), "missing field 'times.backward_compute'")
 
 
 def test_a_nan_anywhere_in_profile_yaml_is_refused(profile):
@@ -333,12 +333,12 @@ def test_plans_with_no_compressor_are_fp32_and_one_without_timings_one_line(
     table = profile / "compressors.csv"
     table.write_text(table.read_text().splitlines()[0] + "\n")
     (profile / "fidelity.csv").unlink()
-    one_line(cli("plan", profile, "--compressor", "none", "--strict", "--out",
+    one_line(cli("plan", "--no-verify", profile, "--compressor", "none", "--strict", "--out",
                  tmp_path / "a.yaml"), "compressor none has no cpu timings")
-    result = cli("plan", profile, "--out", tmp_path / "b.yaml", "--algorithm", "greedy")
+    result = cli("plan", "--no-verify", profile, "--out", tmp_path / "b.yaml", "--algorithm", "greedy")
     assert result.returncode == 0, result.stderr
     assert {e.action for e in load_plan(tmp_path / "b.yaml").entries} == {"none"}
-    result = cli("plan", PROFILE, "--compressor", "none", "--strict", "--out", tmp_path / "c.yaml")
+    result = cli("plan", "--no-verify", PROFILE, "--compressor", "none", "--strict", "--out", tmp_path / "c.yaml")
     assert result.returncode == 0, result.stderr  # nothing to compress with: fp32
     assert {e.action for e in load_plan(tmp_path / "c.yaml").entries} == {"none"}
 
@@ -388,7 +388,7 @@ def test_a_plan_of_another_shape_is_refused(cli, tmp_path):
 
 def test_an_output_that_is_an_input_is_refused_before_any_work(cli, profile, tmp_path):
     before = {p.name: p.read_bytes() for p in profile.iterdir()}
-    one_line(cli("plan", profile, "--out", profile / "profile.yaml", *FAST),
+    one_line(cli("plan", "--no-verify", profile, "--out", profile / "profile.yaml", *FAST),
              "is the input", "profile.yaml")
     one_line(cli("simulate", PLANNED / "profile", PLANNED / "plan.yaml", "--trace",
                  profile / "tensors.csv", "--png", PLANNED / "plan.yaml"), "is the input")
@@ -401,7 +401,7 @@ def test_an_output_through_a_link_is_followed_and_the_link_kept(cli, tmp_path):
     target.write_text("old\n")
     link = tmp_path / "plan.yaml"
     link.symlink_to(target)
-    result = cli("plan", PROFILE, "--out", link, *FAST)
+    result = cli("plan", "--no-verify", PROFILE, "--out", link, *FAST)
     assert result.returncode == 0, result.stderr
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert load_plan(target).entries
@@ -431,7 +431,7 @@ def test_a_full_disk_writes_neither_the_trace_nor_the_png(cli, tmp_path, monkeyp
 
 
 def test_a_too_long_output_name_is_one_line(cli, tmp_path):
-    one_line(cli("plan", PROFILE, "--out", tmp_path / ("p" * 300), *FAST), "too long")
+    one_line(cli("plan", "--no-verify", PROFILE, "--out", tmp_path / ("p" * 300), *FAST), "too long")
 
 
 def _dead_pid() -> int:

@@ -589,7 +589,7 @@ def one_line_error(result, *fragments):
 
 def test_plan_and_simulate_commands(bytecomp, tmp_path):
     out = tmp_path / "plan.yaml"
-    result = bytecomp("plan", "profiles/transformer", "--cluster", "gbe1", "--compressor",
+    result = bytecomp("plan", "--no-verify", "profiles/transformer", "--cluster", "gbe1", "--compressor",
                       "topk:ratio=0.01", "--out", str(out), "--verbose")
     assert result.returncode == 0, result.stderr
     for text in ("bytecomp plan", "fp32 DDP", "fp16 hook", "PowerSGD hook",
@@ -607,38 +607,38 @@ def test_plan_and_simulate_commands(bytecomp, tmp_path):
 
 
 def test_plan_errors_are_one_line(bytecomp, tmp_path):
-    one_line_error(bytecomp("plan", str(tmp_path / "nothing")), "does not exist")
+    one_line_error(bytecomp("plan", "--no-verify", str(tmp_path / "nothing")), "does not exist")
     broken = tmp_path / "broken"
     shutil.copytree(ROOT / "profiles" / "cnn", broken)
     table = (broken / "tensors.csv").read_text().replace("ready_ms", "ready")
     (broken / "tensors.csv").write_text(table)
-    one_line_error(bytecomp("plan", str(broken)), "tensors.csv", "missing column 'ready_ms'")
+    one_line_error(bytecomp("plan", "--no-verify", str(broken)), "tensors.csv", "missing column 'ready_ms'")
     header, first, *rest = (ROOT / "profiles/cnn/tensors.csv").read_text().splitlines()
     cells = first.split(",")
     cells[header.split(",").index("ready_ms")] = "abc"
     (broken / "tensors.csv").write_text("\n".join([header, ",".join(cells), *rest]) + "\n")
-    one_line_error(bytecomp("plan", str(broken)), "tensors.csv", "'ready_ms'", "not a number")
+    one_line_error(bytecomp("plan", "--no-verify", str(broken)), "tensors.csv", "'ready_ms'", "not a number")
     shutil.copy(ROOT / "profiles/cnn/tensors.csv", broken / "tensors.csv")
     (broken / "compressors.csv").unlink()
-    one_line_error(bytecomp("plan", str(broken)), "compressors.csv", "missing")
-    one_line_error(bytecomp("plan", "profiles/cnn", "--cluster", "atlantis"),
+    one_line_error(bytecomp("plan", "--no-verify", str(broken)), "compressors.csv", "missing")
+    one_line_error(bytecomp("plan", "--no-verify", "profiles/cnn", "--cluster", "atlantis"),
                    "unknown cluster 'atlantis'", "gbe1")
     config = tmp_path / "cluster.yaml"
     config.write_text("nodes: 2\nranks_per_node: 1\nlinks: {inter: {bandwidth_gbps: -1, "
                       "latency_us: 5}}\n")
-    one_line_error(bytecomp("plan", "profiles/cnn", "--cluster", str(config)),
+    one_line_error(bytecomp("plan", "--no-verify", "profiles/cnn", "--cluster", str(config)),
                    str(config), "bandwidth_gbps > 0")
     single = tmp_path / "single.yaml"  # (it raised a ValueError from deep in the search)
     single.write_text("nodes: 1\nranks_per_node: 1\nlinks: {intra: {bandwidth_gbps: 10, "
                       "latency_us: 5}}\n")
     for args in ([], ["--compressor", "powersgd:rank=4"]):
-        one_line_error(bytecomp("plan", "profiles/cnn", "--cluster", str(single), *args),
+        one_line_error(bytecomp("plan", "--no-verify", "profiles/cnn", "--cluster", str(single), *args),
                        "a single rank has nothing to exchange", "--cluster")
-    one_line_error(bytecomp("plan", "profiles/cnn", "--compressor", "topk:ratio=0.2"),
+    one_line_error(bytecomp("plan", "--no-verify", "profiles/cnn", "--compressor", "topk:ratio=0.2"),
                    "topk:ratio=0.2 has no cpu timings", "--compressor topk:ratio=0.2")
-    one_line_error(bytecomp("plan", "profiles/cnn", "--compressor", "topk:ratio=9"),
+    one_line_error(bytecomp("plan", "--no-verify", "profiles/cnn", "--compressor", "topk:ratio=9"),
                    "ratio=9 is out of range")
-    one_line_error(bytecomp("plan", "profiles/cnn", "--min-gain", "-1"),
+    one_line_error(bytecomp("plan", "--no-verify", "profiles/cnn", "--min-gain", "-1"),
                    "--min-gain is a percentage")
 
 
@@ -819,7 +819,7 @@ def test_bytecomp_plan_gives_the_same_plan_in_every_process(tmp_path):
     def plan(seed: str) -> dict:
         out = tmp_path / f"plan-{seed}.yaml"
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        subprocess.run([sys.executable, "-m", "bytecomp", "plan", str(ROOT / "profiles" / "cnn"),
+        subprocess.run([sys.executable, "-m", "bytecomp", "plan", "--no-verify", str(ROOT / "profiles" / "cnn"),
                         "--cluster", "a100-ib200", "--out", str(out)],
                        check=True, capture_output=True, env=env)
         data = yaml.safe_load(out.read_text())

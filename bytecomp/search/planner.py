@@ -111,6 +111,8 @@ class PlanResult:
     value: float = math.nan  # the objective's value
     evidence: str = "iteration time alone"  # what decided between compressors, in words
     warnings: list[str] = field(default_factory=list)
+    # the search's own plan, where --min-gain kept a baseline instead: (assignment, cap)
+    searched: tuple[list[int], float] | None = None
 
     @property
     def effective_ms(self) -> float | None:
@@ -532,7 +534,9 @@ class Planner:
         kept = _baseline_to_keep(baselines, searchable, value, min_gain,
                                  problem.fidelity(assignment) if by_fidelity else None)
         unit = "ms" if problem.objective.name == "time" else "ms effective"
+        searched = None
         if kept is not None:
+            searched = (list(assignment), cap)
             why = f", which keeps as much of the gradient or more (fidelity " \
                 f"{kept.fidelity:.3f})" if by_fidelity else ""
             close = kept if value > kept.value * (1 - min_gain) else _baseline_to_keep(
@@ -567,7 +571,8 @@ class Planner:
         return PlanResult(problem, self.cluster, self.specs, assignment, cap, time_ms, baselines,
                           name, 1000 * (time.perf_counter() - started), bound, exact,
                           view.evaluations, notes, problem.objective,
-                          problem.fidelity(assignment), value, self.evidence, warnings)
+                          problem.fidelity(assignment), value, self.evidence, warnings,
+                          searched)
 
 
 @contextlib.contextmanager
@@ -630,17 +635,23 @@ def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: fl
     return kept
 
 
-def to_plan(result: PlanResult, profile: Profile) -> Plan:
-    """The plan file's content for a search result."""
-    problem = result.problem
-    groups = problem.groups(result.assignment, result.cap_mb)
+def plan_entries(problem: Problem, assignment: list[int], cap_mb: float) -> list[PlanEntry]:
+    """An assignment's entries at a bucket cap, grouped as the planner groups (DDP's
+    buckets, one group per option inside each), in the tensors' ready order."""
     entries = []
-    for group_id, group in enumerate(groups):
+    for group_id, group in enumerate(problem.groups(assignment, cap_mb)):
         option = problem.options[group.option]
         for position in group.members:
             entries.append(PlanEntry.of(problem.tensors[position].name, option, group_id))
     order = {t.name: i for i, t in enumerate(problem.tensors)}
     entries.sort(key=lambda e: order[e.name])
+    return entries
+
+
+def to_plan(result: PlanResult, profile: Profile) -> Plan:
+    """The plan file's content for a search result."""
+    problem = result.problem
+    entries = plan_entries(problem, result.assignment, result.cap_mb)
     fp32 = fp32_ms(result)
     predicted = {"plan": round(result.time_ms, 4),
                  "baselines": {b.name: round(b.time_ms, 4) for b in result.baselines},

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "profiles" / "cnn"  # 1 node x 2 ranks
 PLANNED = ROOT / "benchmarks" / "results" / "emulated" / "cnn-2x1-1gbit"  # 2 x 1, with a plan
 CLUSTER = ROOT / "bytecomp" / "configs" / "clusters" / "gbe1.yaml"
-FAST_PLAN = ["--compressor", "fp16", "--algorithm", "greedy", "--budget", "0",
+FAST_PLAN = ["--no-verify", "--compressor", "fp16", "--algorithm", "greedy", "--budget", "0",
              "--bucket-cap-mb", "25"]
 
 

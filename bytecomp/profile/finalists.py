@@ -1,0 +1,136 @@
+"""Training finalists on the profiled ranks: what ``bytecomp plan`` measures before it
+chooses (:mod:`bytecomp.search.finalists`).
+
+Every finalist is a plan file; every rank builds the workload with its recipe (the
+profile's model, optimizer and batch size), wraps one copy of the model per
+finalist in DDP at the plan's bucket cap, applies the plan (PyTorch's own hook where
+the plan is one), and trains them all from the same initial weights on the same
+batches, interleaved step by step (:func:`bytecomp.profile.convergence.train_curves`),
+with the loss on the evidence batches (validation, or held-out batches of
+``make_batch``) at :data:`EVALUATIONS` points. A finalist's steps factor compares the
+two curves at the same losses (:func:`matched_factor`): for each loss fp32 DDP
+reached in the second half of the run, the steps the finalist took to first reach it
+over the steps fp32 DDP took; the median (fp32 DDP's own is 1 exactly, however noisy
+its curve). The factor over the first half of the run is kept beside it, and how much
+fp32's loss still fell over the last quarter, so that the plan can say whether the
+run saw a plateau. Rank 0 writes the results as JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from bytecomp.files import write_text_atomic
+from bytecomp.plan import load_plan
+from bytecomp.profile.convergence import ConvergenceConfig, steps_to, train_curves
+from bytecomp.profile.probe import MAX_FACTOR, Trainee, improvement
+from bytecomp.profile.runner import pick_device
+from bytecomp.profile.workloads import load_workload
+
+EVALUATIONS = 10
+REFERENCE = "fp32 DDP"  # the finalist every factor is measured against
+
+
+@dataclass
+class FinalistsJob:
+    """What every rank trains: the profile's workload and recipe, one plan file per
+    finalist (``names``, in order; one of them is :data:`REFERENCE`), how long, and
+    where rank 0 writes the results."""
+
+    model: str
+    optimizer: str | None
+    batch_size: int
+    device: str
+    plans: list[str]
+    names: list[str]
+    steps: int
+    out: str
+    eval_every: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        if not self.eval_every:
+            self.eval_every = max(1, self.steps // EVALUATIONS)
+
+
+def train_finalists(job: FinalistsJob, nodes: int, ranks_per_node: int) -> None:
+    """On every rank (``bytecomp.launch.run_job``'s target): train the finalists; rank 0
+    writes ``job.out`` (see :func:`results`)."""
+    rank = dist.get_rank()
+    device = pick_device(job.device, rank % ranks_per_node)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    from bytecomp.runtime import apply_plan  # the profiler alone may run the executor
+
+    workload = load_workload(job.model, optimizer=job.optimizer)
+    evidence, batches = workload.evidence_batches(job.batch_size)
+    device_ids = [device.index] if device.type == "cuda" else None
+    trainees = []
+    for name, path in zip(job.names, job.plans):
+        plan = load_plan(path)
+        model = copy.deepcopy(workload.model).to(device)
+        ddp = DistributedDataParallel(model, device_ids=device_ids,
+                                      bucket_cap_mb=plan.bucket_cap_mb)
+        trainees.append(Trainee(name, ddp, workload.make_optimizer(model.parameters()),
+                                apply_plan(ddp, plan)))
+    config = ConvergenceConfig(job.steps, min(job.eval_every, job.steps))
+    training = train_curves(trainees, workload, job.batch_size, device, config, evidence)
+    for trainee in trainees:
+        trainee.executor.close()
+    if rank == 0:
+        write_text_atomic(job.out, json.dumps(results(training.curves, training.step_ms,
+                                                      job.steps, batches)))
+
+
+def results(curves: dict[str, list[tuple[int, float]]], step_ms: dict[str, list[float]],
+            steps: int, batches: str) -> dict:
+    """Per finalist: its curve, its median step (ms, on the profiled ranks), its steps
+    factor over the second half of the run and over the second quarter (the first half's
+    second half), against :data:`REFERENCE`; and how much the reference's loss fell in
+    all and over the last quarter."""
+    reference = curves[REFERENCE]
+    last_quarter = [(s, loss) for s, loss in reference if s >= 0.75 * steps]
+    finalists: dict[str, dict] = {}
+    out = {"steps": steps, "batches": batches, "fp32_improvement": improvement(reference),
+           "fp32_last_quarter": improvement(last_quarter) if len(last_quarter) > 1 else 0.0,
+           "finalists": finalists}
+    reference_half = [(s, loss) for s, loss in reference if s <= steps / 2]
+    for name, curve in curves.items():
+        half = [(s, loss) for s, loss in curve if s <= steps / 2]
+        finite = [ms for ms in step_ms[name] if ms == ms]
+        finalists[name] = {
+            "curve": [[s, loss] for s, loss in curve],
+            "step_ms": statistics.median(finite) if finite else None,
+            "steps_factor": matched_factor(curve, reference, steps / 2),
+            "steps_factor_half": matched_factor(half, reference_half, steps / 4)
+            if len(half) > 1 else None}
+    return out
+
+
+def matched_factor(curve: list[tuple[int, float]], reference: list[tuple[int, float]],
+                   from_step: float) -> float:
+    """The median, over the losses ``reference`` reached at its evaluations from
+    ``from_step`` on, of the steps ``curve`` took to first reach each over the steps
+    ``reference`` took (``MAX_FACTOR`` where it never did)."""
+    ratios = []
+    for step, level in reference:
+        if step < from_step or not math.isfinite(level):
+            continue
+        theirs = steps_to(reference, level)
+        if theirs is None or theirs <= 0:
+            continue
+        mine = steps_to(curve, level)
+        ratios.append(MAX_FACTOR if mine is None else min(MAX_FACTOR, mine / theirs))
+    return statistics.median(ratios) if ratios else MAX_FACTOR
+
+
+def load_results(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())

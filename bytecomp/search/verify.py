@@ -1,0 +1,193 @@
+"""``bytecomp plan``'s verification: train the finalists on the profiled ranks, then
+choose by predicted time x measured steps (:mod:`bytecomp.search.finalists`).
+
+The training runs the profile's own recipe (its model spec, optimizer and batch size)
+on as many ranks as the profile had: spawned here, or this torchrun job's. A finalist
+whose scheme the profiled shape cannot run (a hierarchical one planned for a larger
+cluster) trains with its compressor's own scheme: steps depend on the compressor, the
+scheme decides the time, which the model predicts for the target cluster.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bytecomp.comm.schemes import native_scheme, scheme_of
+from bytecomp.compress import from_spec
+from bytecomp.errors import BytecompError
+from bytecomp.plan import NO_COMPRESSION, Plan, PlanEntry
+from bytecomp.recipe import parse_optimizer
+from bytecomp.search.finalists import Choice, Finalist, choose, shortlist
+from bytecomp.search.options import SearchOptions
+from bytecomp.search.planner import Planner, PlanResult, plan_entries
+
+MAX_STEPS = 100_000
+MIN_STEPS = 50  # fewer cannot read a factor: ten evaluations of five steps
+DEFAULT_STEPS = 200  # at most, by default (docs/planning.md: what it costs and shows)
+DEFAULT_BUDGET_S = 180.0  # the finalists' training time a plan spends by default
+REFERENCE = "fp32 DDP"
+
+
+@dataclass
+class Verification:
+    """The finalists with their measured factors, the choice, and the run's facts."""
+
+    finalists: list[Finalist]
+    choice: Choice
+    steps: int
+    batches: str
+    seconds: float
+    fp32_improvement: float
+    fp32_last_quarter: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_meta(self) -> dict:
+        return {"steps": self.steps, "batches": self.batches, "seconds": round(self.seconds, 1),
+                "fp32_improvement": round(self.fp32_improvement, 6),
+                "fp32_last_quarter": round(self.fp32_last_quarter, 6),
+                "chosen": self.choice.finalist.name, "reason": self.choice.reason}
+
+
+def _optimizer_of(planner: Planner) -> str | None:
+    """The profile's optimizer spec, or None where the factory built its own."""
+    spec = (planner.profile.meta.get("recipe") or {}).get("optimizer")
+    if not isinstance(spec, str):
+        return None
+    try:
+        return parse_optimizer(spec).spec
+    except BytecompError:
+        return None  # "the factory's (...)": the factory builds it again
+
+
+def _entries_for(planner: Planner, finalist: Finalist) -> list[PlanEntry]:
+    """The finalist's entries, every scheme the profiled shape cannot run replaced by the
+    compressor's own."""
+    nodes, per_node = planner.profile.nodes, planner.profile.ranks_per_node
+    out = []
+    for entry in plan_entries(planner.problem, finalist.assignment, finalist.cap_mb):
+        if scheme_of(entry.scheme).infeasible(nodes, per_node):
+            option = entry.option
+            scheme = native_scheme(from_spec(option.spec)) if option.compressed else \
+                NO_COMPRESSION.scheme
+            entry = replace(entry, scheme=scheme)
+        out.append(entry)
+    return out
+
+
+def _check_runnable(planner: Planner, nproc: int | None) -> tuple[str, int | None]:
+    """The model spec to train, and the ranks to spawn (None under torchrun); one line
+    where the profile's model cannot be built here or its ranks cannot be spawned."""
+    from bytecomp.launch import in_torchrun
+    from bytecomp.plan import fingerprint
+    from bytecomp.profile.workloads import load_workload
+
+    profile = planner.profile
+    spec = profile.meta["model"]["spec"]
+    if profile.meta.get("synthetic"):
+        raise BytecompError(f"{profile.label} is synthetic: there is no model to train the "
+                            f"finalists on (plan with --no-verify)")
+    try:
+        workload = load_workload(spec)
+    except BytecompError as error:
+        raise BytecompError(f"cannot build the profile's model to train the finalists: "
+                            f"{error} (plan with --no-verify)") from None
+    if fingerprint(workload.model) != profile.fingerprint:
+        raise BytecompError(f"{spec} is no longer the model profiled (its fingerprint "
+                            f"differs): profile it again, or plan with --no-verify")
+    if in_torchrun():
+        return spec, None
+    world = profile.world_size if nproc is None else nproc
+    if world != profile.world_size:
+        raise BytecompError(f"--nproc {world}: the finalists train on the profile's "
+                            f"{profile.world_size} ranks")
+    if world > max(2, os.cpu_count() or 1):
+        raise BytecompError(f"the profile has {world} ranks, more than this machine's cores: "
+                            f"run bytecomp plan under torchrun on the profiled nodes, or "
+                            f"plan with --no-verify")
+    return spec, world
+
+
+def steps_within(planner: Planner, finalists: int, budget_s: float, most: int) -> int:
+    """Steps that train ``finalists`` plans in about ``budget_s`` on the profiled ranks
+    (a step each costs about the profile's iteration), from :data:`MIN_STEPS` to
+    ``most``."""
+    step_s = float(planner.profile.meta["times"]["iteration"]["median_ms"]) / 1000
+    affordable = int(budget_s / max(1e-6, step_s * max(1, finalists)))
+    return max(MIN_STEPS, min(most, affordable))
+
+
+def verify(planner: Planner, result: PlanResult, options: SearchOptions | None = None,
+           steps: int | None = None, nproc: int | None = None, timeout_s: float = 300.0,
+           budget_s: float = DEFAULT_BUDGET_S) -> Verification:
+    """Shortlist, train and choose (see the module docstring). ``steps`` per finalist
+    (default: what ``budget_s`` seconds of training afford, at most
+    :data:`DEFAULT_STEPS`)."""
+    from bytecomp.launch import backend_for, run_job
+    from bytecomp.profile.finalists import FinalistsJob, load_results, train_finalists
+
+    if steps is not None and not 1 <= steps <= MAX_STEPS:
+        raise BytecompError(f"--verify-steps must be from 1 to {MAX_STEPS:,}, got {steps}")
+    finalists = shortlist(planner, result, options)
+    problem = planner.problem
+    for finalist in finalists:  # fp32 at any cap or scheme: fp32 DDP's steps, no training
+        if not any(problem.options[o].compressed for o in finalist.assignment):
+            finalist.steps_factor = 1.0
+    if all(f.steps_factor is not None for f in finalists):
+        return Verification(finalists, choose(finalists), 0, "none", 0.0, 0.0, 0.0,
+                            ["no compressed plan is predicted faster than fp32 DDP: nothing "
+                             "to train"])
+    spec, world = _check_runnable(planner, nproc)
+    trained = [f for f in finalists if f.steps_factor is None or f.name == REFERENCE]
+    steps = steps or steps_within(planner, len(trained), budget_s, DEFAULT_STEPS)
+    profile = planner.profile
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bytecomp-finalists-") as folder:
+        paths = []
+        for index, finalist in enumerate(trained):
+            plan = Plan(profile.fingerprint, profile.world_size, profile.nodes,
+                        profile.ranks_per_node, finalist.cap_mb,
+                        _entries_for(planner, finalist), {}, {"algorithm": "finalist"})
+            paths.append(str(plan.save(Path(folder) / f"finalist-{index}.yaml")))
+        job = FinalistsJob(spec, _optimizer_of(planner), int(profile.meta["batch_size"]),
+                           profile.device_type, paths, [f.name for f in trained], steps,
+                           str(Path(folder) / "results.json"))
+        run_job(train_finalists, (job,), world, backend_for(profile.device_type), timeout_s)
+        measured = load_results(job.out)
+    for finalist in trained:
+        factor = measured["finalists"][finalist.name]["steps_factor"]
+        finalist.steps_factor = float(factor) if factor is not None else math.inf
+    verification = Verification(finalists, choose(finalists), steps, measured["batches"],
+                                time.perf_counter() - started,
+                                float(measured["fp32_improvement"]),
+                                float(measured["fp32_last_quarter"]))
+    if verification.fp32_last_quarter > 0.05:
+        verification.notes.append(
+            f"fp32 DDP's loss still fell {100 * verification.fp32_last_quarter:.0f}% over "
+            f"the last quarter of the {steps} steps: no plateau yet, and the factors may "
+            f"move with more (--verify-steps)")
+    return verification
+
+
+def chosen_result(result: PlanResult, verification: Verification) -> PlanResult:
+    """The search result with the chosen finalist as its plan."""
+    finalist = verification.choice.finalist
+    problem = result.problem
+    value = problem.objective_of(finalist.time_ms, finalist.assignment)
+    if verification.steps:
+        evidence = (f"the finalists trained {verification.steps} steps on the profiled ranks "
+                    f"(losses on {verification.batches}; {verification.seconds:.0f} s): "
+                    f"{verification.choice.reason}")
+        warnings = [w for w in result.warnings if w != result.evidence]
+    else:
+        evidence, warnings = f"{result.evidence}; {verification.choice.reason}", result.warnings
+    return replace(result, assignment=list(finalist.assignment), cap_mb=finalist.cap_mb,
+                   time_ms=finalist.time_ms, fidelity=finalist.fidelity, value=value,
+                   notes=result.notes + verification.notes, warnings=warnings,
+                   evidence=evidence,
+                   algorithm=result.algorithm + f", then {len(verification.finalists)} "
+                                                f"finalists trained")

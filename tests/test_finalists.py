@@ -1,0 +1,169 @@
+"""Plans chosen by measured steps: the finalists a search keeps, the choice by predicted
+time x measured steps factor, the plan file's record of them, and `bytecomp plan`
+training them on the profiled ranks."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bytecomp.errors import BytecompError
+from bytecomp.plan import load_plan, plan_from_dict
+from bytecomp.search import Planner
+from bytecomp.search.finalists import STEPS_TOLERANCE, Finalist, choose, shortlist
+from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
+
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+
+
+def finalist(name, time_ms, factor, fidelity=1.0):
+    return Finalist(name, "search", [0], 25.0, time_ms, fidelity, factor)
+
+
+def test_measured_steps_decide_where_gains_and_steps_disagree():
+    """The plan whose gains look best (fidelity 0.95) needs 1.5x fp32's steps; the one
+    whose gains look worst (0.6) needs fp32's: measured steps win."""
+    good_gains = finalist("good gains", 100.0, 1.5, fidelity=0.95)
+    good_steps = finalist("good steps", 110.0, 1.0, fidelity=0.6)
+    fp32 = finalist("fp32 DDP", 180.0, 1.0)
+    choice = choose([fp32, good_gains, good_steps])
+    assert choice.finalist is good_steps
+    assert "110.00 ms x 1.00" in choice.reason
+    # by gains (the effective time the search ranks by), the other would have won
+    assert good_gains.time_ms / good_gains.fidelity < good_steps.time_ms / good_steps.fidelity
+
+
+def test_within_the_steps_tolerance_the_faster_wins():
+    slower = finalist("slower, fewer steps", 120.0, 1.00)
+    faster = finalist("faster", 100.0, 1.00 + STEPS_TOLERANCE / 2)
+    far = finalist("faster, many more steps", 80.0, 1.6)
+    assert choose([slower, faster, far]).finalist is faster
+    assert choose([slower, finalist("a bit more", 119.0, 1.0 + 2 * STEPS_TOLERANCE)]) \
+        .finalist is slower
+
+
+def test_a_steps_factor_compares_the_steps_to_the_same_losses():
+    """fp32 DDP against itself is 1, however noisy its curve; a curve that takes twice the
+    steps to every loss is 2; one that never gets there is the cap."""
+    from bytecomp.profile.finalists import matched_factor
+    from bytecomp.profile.probe import MAX_FACTOR
+
+    noisy = [(0, 5.0), (10, 3.0), (20, 2.0), (30, 2.2), (40, 1.5), (50, 1.6), (60, 1.2)]
+    assert matched_factor(noisy, noisy, 30) == 1.0
+    slower = [(0, 5.0)] + [(2 * s, loss) for s, loss in noisy[1:]]
+    assert matched_factor(slower, noisy, 30) == pytest.approx(2.0)
+    stuck = [(s, 4.0) for s, _ in noisy]
+    assert matched_factor(stuck, noisy, 30) == MAX_FACTOR
+
+
+def test_untrained_finalists_are_chosen_by_predicted_time():
+    assert choose([finalist("a", 10.0, None), finalist("b", 9.0, None)]).finalist.name == "b"
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """A synthetic 2-rank MLP on a slow link, with gains and a probe, and its search."""
+    shapes = mlp_shapes(3, 512)
+    probe = {"fp16": 1.0, "powersgd:rank=4": 1.2, "topk:ratio=0.01": 2.0}
+    profile = synthetic_profile(shapes, world_size=2, bandwidth_gbps=0.1, device="cpu",
+                                fidelity=True, probe=probe)
+    planner = Planner(profile)
+    return planner, planner.search(min_gain=0.1)
+
+
+def test_the_shortlist_holds_fp32_first_the_plan_the_hooks_and_other_mixes(planned):
+    planner, result = planned
+    finalists = shortlist(planner, result)
+    names = [f.name for f in finalists]
+    assert names[0] == "fp32 DDP" and "bytecomp plan" in names
+    assert any(n.startswith("PowerSGD hook (rank 4)") for n in names)
+    assert any(f.source == "mix" and "or nothing" in f.name for f in finalists)
+    fp32 = finalists[0]
+    assert all(f.time_ms < fp32.time_ms for f in finalists[1:])  # slower ones left out
+    keys = [(tuple(f.assignment), f.cap_mb) for f in finalists]
+    assert len(keys) == len(set(keys)) and len(finalists) <= 6
+    hook = next(f for f in finalists if f.name.startswith("PowerSGD hook"))
+    assert planner.problem.one_bucket(hook.cap_mb)  # the hook needs one bucket
+
+
+def test_a_synthetic_profile_cannot_be_verified(planned):
+    from bytecomp.search.verify import verify
+
+    planner, result = planned
+    with pytest.raises(BytecompError, match="synthetic.*--no-verify"):
+        verify(planner, result)
+
+
+def _plan_with(finalists) -> dict:
+    root = Path(__file__).resolve().parents[1]
+    data = yaml.safe_load((root / "benchmarks/results/emulated/cnn-2x1-1gbit/plan.yaml")
+                          .read_text())
+    data["finalists"] = finalists
+    return data
+
+
+GOOD = [{"name": "fp32 DDP", "source": "baseline", "bucket_cap_mb": 25.0, "predicted_ms": 10.0,
+         "fidelity": 1.0, "steps_factor": 1.0, "value": 10.0, "chosen": False},
+        {"name": "bytecomp plan", "source": "search", "bucket_cap_mb": 25.0, "predicted_ms": 8.0,
+         "fidelity": 0.9, "steps_factor": 1.1, "value": 8.8, "chosen": True}]
+
+
+def test_a_plans_finalists_round_trip():
+    plan = plan_from_dict(_plan_with(GOOD))
+    assert plan.info["finalists"][1]["chosen"]
+    again = plan_from_dict(plan.to_dict())
+    assert again.info["finalists"] == GOOD
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda f: f[0].update(chosen=True), "exactly one must be chosen, 2 are"),
+    (lambda f: f[1].update(steps_factor=math.nan), "finalists[1].steps_factor"),
+    (lambda f: f[1].update(predicted_ms=-1), "finalists[1].predicted_ms"),
+    (lambda f: f[0].update(fidelity=2), "finalists[0].fidelity"),
+    (lambda f: f[0].pop("name"), "finalists[0].name: missing"),
+    (lambda f: f.clear(), "finalists: must be a non-empty list"),
+])
+def test_damaged_finalists_are_one_line_naming_the_field(damage, message):
+    import copy
+
+    finalists = copy.deepcopy(GOOD)
+    damage(finalists)
+    with pytest.raises(BytecompError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        plan_from_dict(_plan_with(finalists))
+
+
+@pytest.mark.multirank
+def test_bytecomp_plan_trains_the_finalists_and_records_them(cli, monkeypatch, tmp_path):
+    """A user's recipe on 2 ranks, planned for a slow link: plan trains its finalists with
+    the recipe and says what decided; the plan file records them, one chosen."""
+    monkeypatch.syspath_prepend(FIXTURES)
+    profile = tmp_path / "profile"
+    done = cli("profile", "--model", "factories:with_recipe", "--nproc", "2", "--quick",
+               "--out", profile, "--compressor", "fp16", "--compressor", "topk:ratio=0.1",
+               "--compressor", "powersgd:rank=1", "--probe-steps", "0")
+    assert done.returncode == 0, done.stderr
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("name: slow\nnodes: 2\nranks_per_node: 1\n"
+                    "links:\n  inter: {bandwidth_gbps: 0.01, latency_us: 100}\n")
+    done = cli("plan", profile, "--cluster", slow, "--out", tmp_path / "plan.yaml",
+               "--verify-steps", "60")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "finalists, each trained 60 steps" in text
+    assert "evidence: the finalists trained 60 steps on the profiled ranks (losses on " \
+           "validation" in text
+    plan = load_plan(tmp_path / "plan.yaml")
+    finalists = plan.info["finalists"]
+    assert finalists[0]["name"] == "fp32 DDP" and finalists[0]["steps_factor"] == 1.0
+    assert sum(f["chosen"] for f in finalists) == 1 and len(finalists) >= 2
+    assert all(f["steps_factor"] is not None for f in finalists)
+    chosen = next(f for f in finalists if f["chosen"])
+    assert chosen["value"] == min(f["value"] for f in finalists) or \
+        "faster" in plan.info["verification"]["reason"]
+    assert plan.info["verification"]["steps"] == 60
+    assert plan.predicted_ms["plan"] == pytest.approx(chosen["predicted_ms"], abs=1e-3)
