@@ -227,7 +227,8 @@ def test_same_command_works_under_torchrun(tmp_path):
 def test_a_users_factory_is_profiled(cli, monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(FIXTURES)  # the spawned ranks get this sys.path too
     result = cli("profile", "--model", "factories:tiny", "--nproc", "2", "--quick",
-                 "--out", str(tmp_path / "tiny"), "--compressor", "topk:ratio=0.1")
+                 "--out", str(tmp_path / "tiny"), "--compressor", "topk:ratio=0.1",
+                 "--probe-steps", "0")
     assert result.returncode == 0, result.stderr
     profile = load_profile(tmp_path / "tiny")
     assert list(profile.tensors["name"]) == ["2.bias", "2.weight", "0.bias", "0.weight"]

@@ -3,7 +3,8 @@ benchmark's synthetic sets, recorded before a refactoring, so that one can show 
 changed no plan.
 
 ``python tests/golden/plans.py --write`` records them (``plans.json`` beside this
-file); ``tests/test_golden.py`` plans every case again and compares. A case is
+file); ``--check`` plans every case again and compares (``tests/test_golden.py`` does
+so for a sample). A case is
 planned through the command line (the shipped profiles: every cluster config, both
 objectives, the adaptive ladders) or through :class:`bytecomp.search.Planner` (the
 synthetic sets of ``benchmarks/search.py``), and reduced to what decides the plan:
@@ -176,9 +177,25 @@ def all_cases() -> list[dict]:
     return profile_cases() + synthetic_cases()
 
 
+def check() -> int:
+    """Plan every recorded case again; print what differs. The exit code: the cases that
+    differ."""
+    sys.path.insert(0, str(HERE.parent))
+    from test_golden import _same
+
+    failed = 0
+    for name, entry in json.loads(RECORD.read_text()).items():
+        differences = _same(entry["plan"], plan_case(entry["case"]))
+        print(("DIFFERS " if differences else "same    ") + name, *differences[:3], sep="\n  ")
+        failed += bool(differences)
+    return failed
+
+
 def main() -> None:
+    if "--check" in sys.argv:
+        raise SystemExit(check())
     if "--write" not in sys.argv:
-        raise SystemExit("usage: python tests/golden/plans.py --write")
+        raise SystemExit("usage: python tests/golden/plans.py --write | --check")
     record = {}
     for case in all_cases():
         record[case_name(case)] = {"case": case, "plan": plan_case(case)}
