@@ -222,6 +222,9 @@ def plan(
                                         "when --verify-steps is not given."),
     nproc: int = typer.Option(None, help="Ranks to spawn for the finalists (default: the "
                               "profile's; leave out under torchrun)."),
+    static: bool = typer.Option(False, "--static", help="Write the chosen plan alone: no "
+                                "runtime trial of the finalists the prediction cannot "
+                                "separate, no controller."),
 ):
     """Search the per-tensor strategy that trains soonest: shortest predicted iteration per
     unit of gradient fidelity (or iteration time alone); write plan.yaml."""
@@ -289,9 +292,20 @@ def plan(
                                "without training its finalists")
     plan_file = to_plan(result, loaded)
     if verification is not None:
+        from bytecomp.search.verify import trial_plan
+
         plan_file.info["finalists"] = [
             f.to_meta(f is verification.choice.finalist) for f in verification.finalists]
         plan_file.info["verification"] = verification.to_meta()
+        with_trial = None if static else trial_plan(planner, result, verification, plan_file)
+        if with_trial is not None:
+            plan_file = with_trial
+            assert plan_file.adaptive is not None
+            result.notes.append(
+                f"the running job times {len(plan_file.adaptive.trial)} finalists the "
+                f"prediction cannot separate (levels {list(plan_file.adaptive.trial)}) for "
+                f"{plan_file.adaptive.trial_steps} steps after {plan_file.adaptive.trial_warmup}"
+                f", then keeps the best; --static writes the chosen plan alone")
     written = plan_file.save(out)
     if verbose:
         _print_fits(planner)

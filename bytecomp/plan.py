@@ -148,7 +148,10 @@ class PlanEntry:
 
 
 ADAPTIVE_DEFAULTS = {"threshold": 0.75, "window": 10, "tolerance": 0.03, "explore_every": 200,
-                     "timing": "measured", "start": 0, "agree_every": 1}
+                     "timing": "measured", "start": 0, "agree_every": 1, "trial": [],
+                     "trial_steps": 0, "trial_warmup": 0}
+MAX_TRIAL_STEPS = 1_000_000
+FINALISTS = "finalists"  # the family of a verified plan's levels (bytecomp.search.verify)
 TIMINGS = ("measured", "predicted")
 
 
@@ -167,7 +170,9 @@ class Adaptive:
     predicted effective time among the levels it expects to keep the threshold).
     ``agree_every`` is how many steps' measurements the ranks agree on in one
     allreduce (1: every step; the planner picks more for short steps, where the
-    exchange would cost a noticeable share of each step)."""
+    exchange would cost a noticeable share of each step). ``trial``: the levels (a
+    verified plan's finalists) the running job times in turn for ``trial_steps`` steps
+    after ``trial_warmup`` before keeping one (:mod:`bytecomp.runtime.trial`)."""
 
     family: str
     threshold: float = 0.75
@@ -177,13 +182,20 @@ class Adaptive:
     timing: str = "measured"
     start: int = 0
     agree_every: int = 1
+    trial: tuple[int, ...] = ()
+    trial_steps: int = 0
+    trial_warmup: int = 0
 
     def to_dict(self) -> dict:
-        values = {"family": self.family, "threshold": self.threshold, "window": self.window,
-                  "tolerance": self.tolerance, "explore_every": self.explore_every,
-                  "timing": self.timing, "start": self.start}
+        values: dict = {"family": self.family, "threshold": self.threshold,
+                        "window": self.window, "tolerance": self.tolerance,
+                        "explore_every": self.explore_every, "timing": self.timing,
+                        "start": self.start}
         if self.agree_every != 1:  # absent: every step (a plan written before it, whose
             values["agree_every"] = self.agree_every  # digest, in checkpoints, stays)
+        if self.trial:
+            values.update(trial=list(self.trial), trial_steps=self.trial_steps,
+                          trial_warmup=self.trial_warmup)
         return values
 
 
@@ -201,6 +213,7 @@ class Level:
     predicted_ms: float | None = None
     fidelity: float | None = None
     gain: float | None = None
+    steps_factor: float | None = None  # a verified plan's finalist: measured by training
 
     @property
     def calibration(self) -> float:
@@ -211,9 +224,11 @@ class Level:
         return math.log(fidelity) / math.log(gain)
 
     def to_dict(self) -> dict:
-        return {"setting": self.setting, "predicted_ms": self.predicted_ms,
-                "fidelity": self.fidelity, "gain": self.gain,
-                "tensors": [e.to_dict() for e in self.entries]}
+        out = {"setting": self.setting, "predicted_ms": self.predicted_ms,
+               "fidelity": self.fidelity, "gain": self.gain}
+        if self.steps_factor is not None:
+            out["steps_factor"] = self.steps_factor
+        return {**out, "tensors": [e.to_dict() for e in self.entries]}
 
 
 @dataclass
@@ -507,9 +522,22 @@ def _adaptive(reader: _Reader, data) -> Adaptive:
             values["start"] < 0:
         reader.fail("adaptive.start", f"must be a level number (0 or more), got "
                                       f"{values['start']!r}")
+    trial = values["trial"]
+    if not isinstance(trial, list) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0
+                                          for t in trial) or len(set(trial)) != len(trial) \
+            or len(trial) == 1:
+        reader.fail("adaptive.trial", f"must be a list of two or more distinct level numbers "
+                                      f"(or empty), got {trial!r}")
+    for key, least in (("trial_steps", len(trial)), ("trial_warmup", 0)):
+        value = values[key]
+        if isinstance(value, bool) or not isinstance(value, int) or \
+                not least <= value <= MAX_TRIAL_STEPS:
+            reader.fail(f"adaptive.{key}", f"must be an integer from {least} to "
+                                           f"{MAX_TRIAL_STEPS:,}, got {value!r}")
     return Adaptive(family, float(values["threshold"]), int(values["window"]),
                     float(values["tolerance"]), int(values["explore_every"]),
-                    str(values["timing"]), int(values["start"]), int(values["agree_every"]))
+                    str(values["timing"]), int(values["start"]), int(values["agree_every"]),
+                    tuple(trial), int(values["trial_steps"]), int(values["trial_warmup"]))
 
 
 def _metered(entry: PlanEntry) -> bool:
@@ -536,14 +564,16 @@ def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
         entries = _entries(reader, reader.field(raw, "tensors", list, f"{where}."),
                            f"{where}.tensors")
         for index, entry in enumerate(entries):
-            if not _metered(entry):
+            if adaptive.family != FINALISTS and not _metered(entry):
                 reader.fail(f"{where}.tensors[{index}].compressor",
                             f"{entry.compressor} has no error feedback: the controller "
                             f"measures the gain on the compensated gradient (drop ef=false)")
         predicted, fidelity, gain = raw.get("predicted_ms"), raw.get("fidelity"), \
             raw.get("gain")
+        factor = raw.get("steps_factor")
         for key, value, high in (("predicted_ms", predicted, MAX_PREDICTED_MS),
-                                 ("fidelity", fidelity, 1.0), ("gain", gain, 1.0)):
+                                 ("fidelity", fidelity, 1.0), ("gain", gain, 1.0),
+                                 ("steps_factor", factor, MAX_STEPS_FACTOR)):
             if value is not None and (isinstance(value, bool) or
                                       not isinstance(value, (int, float)) or
                                       not 0 <= value <= high):  # also false for NaN
@@ -551,9 +581,12 @@ def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
                                               f"got {value!r}")
         if levels and {e.name for e in entries} != {e.name for e in levels[0].entries}:
             reader.fail(f"{where}.tensors", "must name the same tensors as levels[0]")
-        levels.append(Level(setting, entries, predicted, fidelity, gain))
+        levels.append(Level(setting, entries, predicted, fidelity, gain, factor))
     if adaptive.start >= len(levels):
         reader.fail("adaptive.start", f"level {adaptive.start} does not exist (levels 0 to "
+                                      f"{len(levels) - 1})")
+    if any(level >= len(levels) for level in adaptive.trial):
+        reader.fail("adaptive.trial", f"names a level that does not exist (levels 0 to "
                                       f"{len(levels) - 1})")
     return levels, adaptive
 

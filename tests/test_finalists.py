@@ -167,3 +167,45 @@ def test_bytecomp_plan_trains_the_finalists_and_records_them(cli, monkeypatch, t
         "faster" in plan.info["verification"]["reason"]
     assert plan.info["verification"]["steps"] == 60
     assert plan.predicted_ms["plan"] == pytest.approx(chosen["predicted_ms"], abs=1e-3)
+    if plan.adaptive is not None:  # finalists the prediction cannot separate: a trial
+        assert plan.adaptive.family == "finalists" and plan.levels[0].setting == "fp32 DDP"
+        assert plan.levels[plan.adaptive.start].setting == chosen["name"]
+        assert plan.adaptive.start in plan.adaptive.trial
+        assert "the running job times" in text
+
+
+def test_finalists_the_prediction_cannot_separate_become_a_runtime_trial(planned):
+    """Two finalists within the prediction's error of each other (after their factors):
+    the plan keeps both as levels for the running job to time, fp32 DDP as level 0 (where
+    the controller steps back to), every level at the chosen one's bucket cap; one
+    clearly ahead: the static plan."""
+    from bytecomp.plan import FINALISTS
+    from bytecomp.search.planner import to_plan
+    from bytecomp.search.verify import Verification, chosen_result, trial_plan
+
+    planner, result = planned
+    finalists = shortlist(planner, result)
+    fp32, *others = finalists
+    fp32.steps_factor = 1.0
+    best, second, *rest = sorted(others, key=lambda f: f.time_ms)
+    best.steps_factor, second.steps_factor = 1.0, best.time_ms / second.time_ms * 1.01
+    for other in rest:
+        other.steps_factor = 10.0
+    verification = Verification(finalists, choose(finalists), 50, "validation", 1.0, 0.5, 0.0)
+    assert verification.choice.finalist is best
+    chosen = chosen_result(result, verification)
+    static = to_plan(chosen, planner.profile)
+    plan = trial_plan(planner, chosen, verification, static)
+    assert plan is not None and plan.adaptive.family == FINALISTS
+    assert plan.levels[0].setting == "fp32 DDP" and plan.levels[0].steps_factor == 1.0
+    names = [level.setting for level in plan.levels]
+    assert plan.levels[plan.adaptive.start].setting == best.name
+    assert sorted(names[i] for i in plan.adaptive.trial) == sorted([best.name, second.name])
+    assert plan.adaptive.trial_steps >= 2 and plan.adaptive.explore_every >= 10**9
+    assert plan.bucket_cap_mb == best.cap_mb
+    again = plan_from_dict(plan.to_dict())  # a valid plan file
+    assert again.adaptive == plan.adaptive and again.digest() == plan.digest()
+    second.steps_factor = 2.0  # now clearly behind
+    assert trial_plan(planner, chosen, Verification(finalists, choose(finalists), 50,
+                                                    "validation", 1.0, 0.5, 0.0),
+                      static) is None

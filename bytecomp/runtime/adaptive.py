@@ -31,6 +31,7 @@ from bytecomp.plan import Plan
 from bytecomp.runtime.controller import Controller, Switch
 from bytecomp.runtime.groups import GroupSpec
 from bytecomp.runtime.state import GroupStates, Stats
+from bytecomp.runtime.trial import Trial
 
 log = logging.getLogger("bytecomp.runtime")
 
@@ -61,6 +62,10 @@ class Adaptation:
         self._early: list[Entry] = []  # of the batch, agreed early (state_dict): not yet due
         self._inflight: tuple | None = None  # (levels, early, measurements, allreduce)
         self.controller_pending: list[Entry] = []  # agreed [level, gain, ms or None], due
+        settings = plan.adaptive
+        self.trial = Trial(list(settings.trial), settings.trial_warmup, settings.trial_steps,
+                           [level.steps_factor or 1.0 for level in plan.levels]) \
+            if settings.trial else None
         # the agreement travels on a group of its own, on the host
         self.control: dist.ProcessGroup | None = new_group(list(range(dist.get_world_size())),
                                                            backend="gloo")
@@ -98,6 +103,9 @@ class Adaptation:
         self._batch.append((self.controller.level, self.squared_gain(), elapsed_ms))
         if self.states.step % self.agree_every == 0:
             self._inflight = self._share(async_op=True)
+        if self.trial is not None and not self.trial.decided:
+            self._trial_turn(due)
+            return
         for level, gain, time_ms in due:
             if level != self.controller.level:
                 continue
@@ -105,6 +113,28 @@ class Adaptation:
             after = self.controller.observe(self.states.step, gain, time_ms)
             if after != before:
                 self._switch(before, after)
+
+    def _trial_turn(self, due: list[tuple[int, float, float | None]]) -> None:
+        """A step of the runtime trial: take the agreed measurements, move to this step's
+        candidate (or the plan's choice), and keep the best once every trial step is
+        measured."""
+        assert self.trial is not None
+        for level, _, time_ms in due:
+            self.trial.observe(level, time_ms)
+        step, before = self.states.step, self.controller.level
+        chosen = self.trial.decide()
+        if chosen is not None:
+            scores = ", ".join(f"level {level} {score:.2f}" for level, score in
+                               sorted(self.trial.scores().items()))
+            reason = f"the trial's best: median ms x steps factor ({scores})"
+            log.info("bytecomp: step %d: the trial keeps level %d (%s)", step, chosen, scores)
+            self.controller.move_to(step, chosen, reason)
+        else:
+            target = self.trial.level_for(step, self.plan.adaptive.start)  # type: ignore[union-attr]
+            if target != before:
+                self.controller.move_to(step, target, "the trial's turn", settle=False)
+        if self.controller.level != before:
+            self._switch(before, self.controller.level)
 
     def _share(self, async_op: bool) -> tuple:
         """Allreduce the batch's measurements (squared gain, ms, measured) over the ranks:
@@ -181,8 +211,13 @@ class Adaptation:
         if self._batch:  # agreed now, observed when the batch would have been
             levels, early, measured, _ = self._share(async_op=False)
             self._early = early + self._agreed_entries(levels, measured)
-        return {**self.controller.state_dict(), "pending": self.controller_pending,
-                "early": self._early}
+        saved = {**self.controller.state_dict(), "pending": self.controller_pending,
+                 "early": self._early}
+        if self._reported_ms is not None:  # the step just finished, not yet measured
+            saved["reported_ms"] = self._reported_ms
+        if self.trial is not None:
+            saved["trial"] = self.trial.state_dict()
+        return saved
 
     def load_state_dict(self, saved) -> None:
         if not isinstance(saved, dict):
@@ -194,6 +229,14 @@ class Adaptation:
             pending = [pending]  # saved before agree_every: one measurement
         self.controller_pending = _entries_of(pending, "pending")
         self._early = _entries_of(saved.get("early"), "early")
+        reported = saved.get("reported_ms")
+        if reported is not None and (isinstance(reported, bool) or
+                                     not isinstance(reported, (int, float)) or
+                                     not 0 <= reported < math.inf):
+            raise BytecompError("the executor state's controller is damaged (reported_ms)")
+        self._reported_ms = None if reported is None else float(reported)
+        if self.trial is not None:
+            self.trial.load_state_dict(saved.get("trial"))
         self._batch, self._inflight = [], None
         self.use_level(self.controller.level)
 

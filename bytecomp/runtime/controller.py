@@ -235,6 +235,12 @@ class Controller:
         bound = 1.0 if gain is None else gain
         return bound / time_ms > self.score(self.level) * (1 + self.settings.tolerance)
 
+    def move_to(self, step: int, target: int, reason: str, settle: bool = True) -> None:
+        """Go to ``target`` at ``step`` for a reason of the caller's (a runtime trial's
+        turn or its decision), settled there unless ``settle`` is False."""
+        self._move(step, target, SETTLED if settle else self.mode, reason)
+        self.steps_here = 0
+
     def _move(self, step: int, target: int, mode: str, reason: str) -> None:
         """Go to ``target`` in ``mode``; settled steps count from here."""
         self.mode, self.settled_steps = mode, 0

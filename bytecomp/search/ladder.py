@@ -123,7 +123,7 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
         raise BytecompError(f"{profile.label}: no {adaptive.family} setting is predicted to "
                             f"pay for compressing any tensor on this cluster: a static plan "
                             f"(bytecomp plan without --adaptive) is the answer")
-    gains, fidelities = _level_fidelities(profile, results)
+    gains, fidelities = level_fidelities(profile, results)
     start = best_start(results, fidelities, adaptive.threshold)
     if agree_every is None:
         agree_every = agreement_interval(results[start].time_ms, adaptive.window)
@@ -139,7 +139,7 @@ def agreement_interval(step_ms: float, window: int) -> int:
     return max(1, min(window, math.ceil(AGREE_MS / step_ms)))
 
 
-def _level_fidelities(profile: Profile, results: list[PlanResult]) \
+def level_fidelities(profile: Profile, results: list[PlanResult]) \
         -> tuple[list[float | None], list[float | None]]:
     """Each level's gain, as the executor will measure it while training, and its
     fidelity, calibrated both ways by the probe (None for both without a fidelity

@@ -27,6 +27,13 @@ from bytecomp.search.options import SearchOptions
 from bytecomp.search.planner import Planner, PlanResult, plan_entries
 
 MAX_STEPS = 100_000
+# The runtime trial (bytecomp.runtime.trial): at most 2% of a 1,000-step run, after ten
+# steps of warm-up; finalists within the prediction's error of the best take part: the
+# profile's measured noise, at least TRIAL_MARGIN.
+TRIAL_STEPS = 20
+TRIAL_WARMUP = 10
+TRIAL_MARGIN = 0.05
+NEVER = 10**9  # a verified plan's controller never climbs: it only steps back
 MIN_STEPS = 50  # fewer cannot read a factor: ten evaluations of five steps
 DEFAULT_STEPS = 200  # at most, by default (docs/planning.md: what it costs and shows)
 DEFAULT_BUDGET_S = 180.0  # the finalists' training time a plan spends by default
@@ -171,6 +178,56 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
             f"the last quarter of the {steps} steps: no plateau yet, and the factors may "
             f"move with more (--verify-steps)")
     return verification
+
+
+def trial_candidates(planner: Planner, verification: Verification) -> list[Finalist]:
+    """The trained finalists whose predicted time x measured steps factor is within the
+    prediction's error of the chosen one's: what the running job times (the chosen one
+    first)."""
+    chosen = verification.choice.finalist
+    margin = max(TRIAL_MARGIN, planner.noise())
+    near = [f for f in verification.finalists if f is not chosen and f.steps_factor is not None
+            and math.isfinite(f.value) and f.value <= chosen.value * (1 + margin)]
+    return [chosen, *near]
+
+
+def trial_plan(planner: Planner, result: PlanResult, verification: Verification,
+               static: Plan) -> Plan | None:
+    """The verified plan with its runtime trial: fp32 DDP as level 0 (where the controller
+    steps back to on evidence) and the trial's candidates as levels, mildest first, all at
+    the chosen finalist's bucket cap (DDP's buckets are fixed); None where only one
+    candidate is left (the static plan is the plan)."""
+    from bytecomp.plan import FINALISTS, Adaptive, Level
+    from bytecomp.search.ladder import agreement_interval, level_fidelities
+
+    candidates = trial_candidates(planner, verification)
+    if len(candidates) < 2:
+        return None
+    cap, problem = verification.choice.finalist.cap_mb, planner.problem
+    fp32 = next(f for f in verification.finalists if f.name == REFERENCE)
+    members = [fp32] + [f for f in candidates if f is not fp32]
+    members.sort(key=lambda f: (f is not fp32, -(f.fidelity or 1.0), f.time_ms))
+    results = [replace(result, assignment=list(f.assignment), cap_mb=cap,
+                       time_ms=problem.simulate(f.assignment, cap).iteration_ms)
+               for f in members]
+    gains, fidelities = level_fidelities(planner.profile, results)
+    levels = [Level(f.name, plan_entries(problem, f.assignment, cap), round(r.time_ms, 4),
+                    None if fidelity is None else round(fidelity, 6),
+                    None if gain is None else round(gain, 6), round(f.steps_factor or 1.0, 4))
+              for f, r, gain, fidelity in zip(members, results, gains, fidelities)]
+    start = members.index(verification.choice.finalist)
+    trial = [members.index(f) for f in candidates]
+    floor = min((lv.fidelity for lv in levels if lv.fidelity), default=1.0)
+    adaptive = Adaptive(FINALISTS, threshold=round(min(0.75, 0.9 * floor), 4),
+                        explore_every=NEVER, start=start,
+                        agree_every=agreement_interval(results[start].time_ms, 10),
+                        trial=tuple(trial), trial_steps=max(TRIAL_STEPS, len(trial)),
+                        trial_warmup=TRIAL_WARMUP)
+    return Plan(static.model_fingerprint, static.world_size, static.nodes,
+                static.ranks_per_node, cap, levels[0].entries,
+                {**static.predicted_ms, "levels": [lv.predicted_ms for lv in levels]},
+                dict(static.search), dict(static.info), levels=levels, adaptive=adaptive,
+                host_workers=static.host_workers)
 
 
 def chosen_result(result: PlanResult, verification: Verification) -> PlanResult:
