@@ -515,7 +515,14 @@ def bench(
     eval_every: int = typer.Option(25, min=1, help="Steps between validation losses."),
     to_loss: float = typer.Option(None, help="Target validation loss (default: fp32 DDP's "
                                   "loss at 60% of --train-steps)."),
-    lr: float = typer.Option(1e-3, help="Adam's learning rate for --train-steps."),
+    lr: float = typer.Option(None, help="With --train-steps: train with Adam at this rate "
+                             "instead of the profile's recipe."),
+    target_fraction: float = typer.Option(0.6, help="With --train-steps and no --to-loss: the "
+                                          "target is fp32 DDP's loss at this fraction of the "
+                                          "steps."),
+    every: bool = typer.Option(True, help="Also one compressor on every tensor (every "
+                               "profiled compressor with --train-steps); --no-every: only "
+                               "fp32 DDP, PyTorch's hooks and the plans."),
     train_levels: bool = typer.Option(False, help="With --train-steps: also train every level "
                                       "of an adaptive plan as a static plan of its own."),
 ):
@@ -525,13 +532,16 @@ def bench(
 
     if nproc is not None and nproc < 1:
         raise BytecompError(f"--nproc must be at least 1, got {nproc}")
-    _require_positive("--lr", lr)
+    if lr is not None:
+        _require_positive("--lr", lr)
+    if not 0 < target_fraction <= 1:
+        raise BytecompError(f"--target-fraction must be in (0, 1], got {target_fraction:g}")
     if to_loss is not None and not math.isfinite(to_loss):
         raise BytecompError(f"--to-loss must be a finite number, got {to_loss:g}")
-    convergence = ConvergenceConfig(train_steps, min(eval_every, train_steps), to_loss, lr) \
-        if train_steps else None
+    convergence = ConvergenceConfig(train_steps, min(eval_every, train_steps), to_loss, lr,
+                                    target_fraction=target_fraction) if train_steps else None
     run_bench(BenchConfig(profile, plan_file[0], out, plan_file[1:], compressor or [], cluster,
-                          iterations, warmup, force, convergence, train_levels), nproc)
+                          iterations, warmup, force, convergence, train_levels, every), nproc)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

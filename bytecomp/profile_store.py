@@ -106,6 +106,20 @@ class Profile:
         """The convergence probe's steps factor by spec (empty: no probe)."""
         return {str(row.spec): float(row.steps_factor) for row in self.probe.itertuples()}
 
+    def recipe_optimizer(self) -> str | None:
+        """The optimizer spec the profile's recipe trained with; None where the factory
+        built its own (building the workload builds it again) or the profile predates
+        recipes (the workload's default then)."""
+        from bytecomp.recipe import parse_optimizer
+
+        spec = (self.meta.get("recipe") or {}).get("optimizer")
+        if not isinstance(spec, str):
+            return None
+        try:
+            return parse_optimizer(spec).spec
+        except BytecompError:
+            return None  # "the factory's (...)"
+
     def evidence(self) -> tuple[bool, str]:
         """What convergence evidence the profile holds, in words, and whether it holds any
         (measured steps factors) or only the one-step gains."""

@@ -89,6 +89,8 @@ def test_bad_values_and_unusable_paths_fail_before_any_work(cli, tmp_path):
         (("profile", "--out", "/proc/bytecomp-test"), "cannot write in /proc"),
         (("bench", PROFILE, "--plan", str(binary), "--out", str(tmp_path / "b")),
          "is not a text file"),
+        (("bench", PROFILE, "--plan", "plan.yaml", "--train-steps", "10",
+          "--target-fraction", "1.5"), "--target-fraction must be in (0, 1]"),
     ]
     for args, fragment in cases:
         assert_one_line_error(cli(*args, cwd=tmp_path), fragment)

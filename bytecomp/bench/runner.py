@@ -89,6 +89,7 @@ class BenchConfig:
     force: bool = False
     convergence: ConvergenceConfig | None = None  # also train to a validation loss
     train_levels: bool = False  # also train each level of an adaptive plan, statically
+    every: bool = True  # the "one compressor on every tensor" strategies
 
 
 @dataclass
@@ -133,6 +134,8 @@ def _every_compressors(config: BenchConfig, plan, profile) -> list[str]:
     accuracy, every compressor in the profile; else the plan's first (or top-k)."""
     if config.compressors:
         return list(dict.fromkeys(canonical(spec) for spec in config.compressors))
+    if not config.every:
+        return []
     if config.convergence is not None:
         return sorted({canonical(s) for s in profile.compressors["spec"]
                        if from_spec(s).compresses})
@@ -197,13 +200,8 @@ def scaled_compute(profile: Profile, factor: float) -> Profile:
                    profile.fidelity, profile.probe, aggregation)
 
 
-def timing_optimizer(parameters) -> torch.optim.Optimizer:
-    """The profiler's optimizer, for measuring iteration times."""
-    return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9)
-
-
 def build_strategies(workload, device, profile, plans: list[BenchedPlan], specs: list[str],
-                     rank, world, nodes, make_optimizer=timing_optimizer,
+                     rank, world, nodes, make_optimizer,
                      timing: bool = True, levels: bool | None = None) -> list[Strategy]:
     """One DDP copy of the workload's model per strategy, all with its initial weights:
     fp32 DDP, the fp16 and PowerSGD hooks, each of ``specs`` on every tensor, the
@@ -299,9 +297,10 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
     predicted, rank = _predictions(profile, plans, cluster, specs)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
-    workload = load_workload(profile.meta["model"]["spec"])
+    workload = load_workload(profile.meta["model"]["spec"], optimizer=profile.recipe_optimizer())
     batch = to_device(workload.make_batch(int(profile.meta["batch_size"])), device)
-    strategies = build_strategies(workload, device, profile, plans, specs, rank, world, shape[0])
+    strategies = build_strategies(workload, device, profile, plans, specs, rank, world, shape[0],
+                                  workload.make_optimizer)
     reporter = Reporter(enabled=dist.get_rank() == 0)
     with reporter.session():
         progress = reporter.phase(f"{len(strategies)} strategies, interleaved",
@@ -358,9 +357,10 @@ def _converge(settings: ConvergenceConfig, workload, device, profile, plans, spe
         raise BytecompError(f"{workload.name} has no validation data (its inputs are "
                             f"generated): training to accuracy needs a workload with real data "
                             f"(transformer, lstm, or a factory's own)")
+    optimizer = workload.make_optimizer if settings.lr is None else \
+        training_optimizer(settings.lr)
     strategies = build_strategies(workload, device, profile, plans, specs, rank, world, nodes,
-                                  training_optimizer(settings.lr), timing=False,
-                                  levels=train_levels)
+                                  optimizer, timing=False, levels=train_levels)
     with reporter.session():
         progress = reporter.phase(f"training {len(strategies)} strategies",
                                   settings.train_steps)

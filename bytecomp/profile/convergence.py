@@ -43,7 +43,7 @@ class ConvergenceConfig:
     train_steps: int
     eval_every: int
     to_loss: float | None = None
-    lr: float = 1e-3
+    lr: float | None = None  # Adam at this rate; None: the workload's recipe
     seed: int = 0
     target_fraction: float = 0.6
     validation_batches: int = 8

@@ -21,7 +21,6 @@ from bytecomp.comm.schemes import native_scheme, scheme_of
 from bytecomp.compress import from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.plan import NO_COMPRESSION, Plan, PlanEntry
-from bytecomp.recipe import parse_optimizer
 from bytecomp.search.finalists import Choice, Finalist, choose, shortlist
 from bytecomp.search.options import SearchOptions
 from bytecomp.search.planner import Planner, PlanResult, plan_entries
@@ -58,17 +57,6 @@ class Verification:
                 "fp32_improvement": round(self.fp32_improvement, 6),
                 "fp32_last_quarter": round(self.fp32_last_quarter, 6),
                 "chosen": self.choice.finalist.name, "reason": self.choice.reason}
-
-
-def _optimizer_of(planner: Planner) -> str | None:
-    """The profile's optimizer spec, or None where the factory built its own."""
-    spec = (planner.profile.meta.get("recipe") or {}).get("optimizer")
-    if not isinstance(spec, str):
-        return None
-    try:
-        return parse_optimizer(spec).spec
-    except BytecompError:
-        return None  # "the factory's (...)": the factory builds it again
 
 
 def _entries_for(planner: Planner, finalist: Finalist) -> list[PlanEntry]:
@@ -160,7 +148,7 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
                         profile.ranks_per_node, finalist.cap_mb,
                         _entries_for(planner, finalist), {}, {"algorithm": "finalist"})
             paths.append(str(plan.save(Path(folder) / f"finalist-{index}.yaml")))
-        job = FinalistsJob(spec, _optimizer_of(planner), int(profile.meta["batch_size"]),
+        job = FinalistsJob(spec, profile.recipe_optimizer(), int(profile.meta["batch_size"]),
                            profile.device_type, paths, [f.name for f in trained], steps,
                            str(Path(folder) / "results.json"))
         run_job(train_finalists, (job,), world, backend_for(profile.device_type), timeout_s)
