@@ -99,6 +99,11 @@ def _train(rank, world, plan_of, adaptive=None, native=True, fallback=None, resu
         optimizer.step()
         optimizer.zero_grad()
     state = executor.state_dict()
+    # the step time reported but not yet measured entered the state after the record was
+    # taken (issue 40: a resume lands between steps with it); every other entry is as recorded
+    if isinstance(state.get("controller"), dict):
+        reported = state["controller"].pop("reported_ms", None)
+        assert reported in (None, 10.0), reported
     summary = executor.stats.summary()
     result = {"parameters": _digest(list(workload.model.parameters())),
               "state": _state_digest(state), "steps": summary["steps"],
