@@ -60,6 +60,21 @@ def run(command: list[str], log: Path, check: bool = True) -> bool:
     return result.returncode == 0
 
 
+def emulated_profile(folder: Path, bandwidth: str, profile_args: list[str],
+                     reuse: bool) -> tuple[Path, list[str], Path]:
+    """``bytecomp profile`` on 2 x 1 emulated nodes at ``bandwidth`` into folder/profile
+    (kept where ``reuse`` and it exists); the profile, the emulate prefix and the log."""
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "log.txt"
+    emulate = [*BYTECOMP, "emulate", "--nodes", "2", "--bandwidth", bandwidth, "--"]
+    profile = folder / "profile"
+    if not (reuse and (profile / "profile.yaml").exists()):
+        run([*emulate, *BYTECOMP, "profile", *profile_args, "--out", str(profile), "--force",
+             "--warmup", "2", "--max-mb", "16",
+             "--machine", f"emulated 2x1 at {bandwidth} on this project's CI machine"], log)
+    return profile, emulate, log
+
+
 PLAN = "bytecomp plan"
 ADAPTIVE = "bytecomp plan: plan-adaptive-"
 
@@ -67,17 +82,12 @@ ADAPTIVE = "bytecomp plan: plan-adaptive-"
 def one(task: str, bandwidth: str, out: Path, args) -> Path:
     """Profile (unless reused), plan three times, bench and train; files under out/<run>/."""
     folder = out / f"{task.split(':')[0]}-2x1-{bandwidth}"
-    folder.mkdir(parents=True, exist_ok=True)
-    log = folder / "log.txt"
-    emulate = [*BYTECOMP, "emulate", "--nodes", "2", "--bandwidth", bandwidth, "--"]
-    profile = folder / "profile"
     started = time.monotonic()
-    if not (args.reuse_profiles and (profile / "profile.yaml").exists()):
-        run([*emulate, *BYTECOMP, "profile", "--model", task, "--out", str(profile), "--force",
-             "--iterations", str(args.profile_iterations), "--warmup", "2", "--max-mb", "16",
-             *[flag for spec in COMPRESSORS for flag in ("--compressor", spec)],
-             *[flag for family in args.family for flag in ("--ladder", family)],
-             "--machine", f"emulated 2x1 at {bandwidth} on this project's CI machine"], log)
+    profile, emulate, log = emulated_profile(
+        folder, bandwidth, ["--model", task, "--iterations", str(args.profile_iterations),
+                            *[flag for spec in COMPRESSORS for flag in ("--compressor", spec)],
+                            *[flag for family in args.family for flag in ("--ladder", family)]],
+        args.reuse_profiles)
     plans = {name: folder / f"plan-{name}.yaml" for name in ("effective", "time")}
     run([*BYTECOMP, "plan", str(profile), "--out", str(plans["effective"])], log)
     run([*BYTECOMP, "plan", str(profile), "--out", str(plans["time"]), "--objective", "time"],

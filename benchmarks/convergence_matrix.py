@@ -45,7 +45,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from convergence import BYTECOMP, run  # noqa: E402
+from convergence import BYTECOMP, emulated_profile, run  # noqa: E402
 
 TASKS = {  # name: (model spec, profile flags, fp32 steps N)
     "charlm-adam": ("transformer:layers=2,width=128,heads=4,seq_len=64,vocab=256", [], 200),
@@ -62,17 +62,12 @@ DEFAULT, STATIC = "bytecomp plan", "bytecomp plan: plan-static"
 def cell(task: str, bandwidth: str, out: Path, args) -> Path:
     """Profile, plan twice, bench and train one task on one link; files in out/<cell>/."""
     spec, flags, steps = TASKS[task]
-    folder = out / f"{task}-2x1-{bandwidth}"
-    folder.mkdir(parents=True, exist_ok=True)
-    log = folder / "log.txt"
-    emulate = [*BYTECOMP, "emulate", "--nodes", "2", "--bandwidth", bandwidth, "--"]
-    profile = folder / "profile"
     started = time.monotonic()
-    if not (args.reuse_profiles and (profile / "profile.yaml").exists()):
-        run([*emulate, *BYTECOMP, "profile", "--model", spec, *flags, "--out", str(profile),
-             "--force", "--iterations", "6", "--warmup", "2", "--max-mb", "16",
-             *[flag for c in COMPRESSORS for flag in ("--compressor", c)],
-             "--machine", f"emulated 2x1 at {bandwidth} on this project's CI machine"], log)
+    profile, emulate, log = emulated_profile(
+        out / f"{task}-2x1-{bandwidth}", bandwidth,
+        ["--model", spec, *flags, "--iterations", "6",
+         *[flag for c in COMPRESSORS for flag in ("--compressor", c)]], args.reuse_profiles)
+    folder = profile.parent
     plans = [folder / "plan.yaml", folder / "plan-static.yaml"]
     run([*BYTECOMP, "plan", str(profile), "--out", str(plans[0])], log)
     run([*BYTECOMP, "plan", str(profile), "--out", str(plans[1]), "--static"], log)
