@@ -9,7 +9,8 @@ plan in the training script::
 
 __version__ = "0.1.0"
 
-__all__ = ["apply_plan", "load_plan", "Plan", "Recipe", "__version__"]
+__all__ = ["apply_plan", "load_plan", "Plan", "Recipe", "BytecompError", "PeerFailure",
+           "__version__"]
 
 
 def __getattr__(name):
@@ -22,6 +23,14 @@ def __getattr__(name):
         from bytecomp import plan
 
         return getattr(plan, name)
+    if name == "BytecompError":
+        from bytecomp.errors import BytecompError
+
+        return BytecompError
+    if name == "PeerFailure":
+        from bytecomp.runtime.peers import PeerFailure
+
+        return PeerFailure
     if name == "Recipe":
         from bytecomp.recipe import Recipe
 

@@ -115,8 +115,7 @@ def profile(
     from bytecomp.profile import ProfileConfig, run_profile
     from bytecomp.profile.workloads import safe_name
 
-    if nproc is not None and nproc < 1:
-        raise BytecompError(f"--nproc must be at least 1, got {nproc}")
+    _check_nproc(nproc)
     if device not in ("auto", "cpu", "cuda"):
         raise BytecompError(f"--device must be auto, cpu or cuda, got {device!r}")
     config = ProfileConfig(model=model, out=out or f"profiles/{safe_name(model)}",
@@ -127,6 +126,20 @@ def profile(
                            fidelity_iterations=fidelity_iterations, ladders=ladder or [],
                            probe_steps=probe_steps, optimizer=optimizer)
     run_profile(config, nproc)
+
+
+def _refuse_unused(unused: bool, why: str, options: dict) -> None:
+    """One line for options given where they have no effect (``unused``)."""
+    given = [name for name, value in options.items() if value is not None]
+    if unused and given:
+        raise BytecompError(f"{' and '.join(given)} {'has' if len(given) == 1 else 'have'} "
+                            f"no effect {why}; leave {'it' if len(given) == 1 else 'them'} out")
+
+
+def _check_nproc(nproc: int | None) -> None:
+    from bytecomp.launch import check_nproc
+
+    _warn(check_nproc(nproc))
 
 
 def _require_positive(option: str, value: float) -> None:
@@ -147,7 +160,10 @@ def _inputs(profile: str, plan_file: str | None, cluster: str | None) -> list[Pa
 def _load_cluster(cluster: str | None):
     from bytecomp.model.clusters import load_cluster
 
-    return load_cluster(cluster) if cluster else None
+    if cluster is not None and not cluster.strip():
+        raise BytecompError("--cluster is empty: name a shipped cluster or a config file "
+                            "(leave it out for the profiled cluster)")
+    return load_cluster(cluster) if cluster is not None else None
 
 
 @app.command()
@@ -199,14 +215,16 @@ def plan(
                                  "family's settings in the profile (topk, randomk, dgc, exdyna, "
                                  "powersgd, acpsgd), for the executor to move along while "
                                  "training by the measured gain."),
-    gain_threshold: float = typer.Option(0.75, help="With --adaptive: the smoothed gain a "
+    gain_threshold: float = typer.Option(None, help="With --adaptive: the smoothed gain a "
                                          "level must keep (GraVAC's threshold), calibrated "
-                                         "by the profile's convergence probe."),
-    window: int = typer.Option(10, help="With --adaptive: steps of smoothing, and at a level "
-                               "before each decision."),
-    timing: str = typer.Option("measured", help="With --adaptive: score levels by step times "
+                                         "by the profile's convergence probe [default: "
+                                         "0.75]."),
+    window: int = typer.Option(None, help="With --adaptive: steps of smoothing, and at a level "
+                               "before each decision [default: 10]."),
+    timing: str = typer.Option(None, help="With --adaptive: score levels by step times "
                                "the executor measures, or by this plan's predictions "
-                               "(predicted: the same decisions on every run)."),
+                               "(predicted: the same decisions on every run) [default: "
+                               "measured]."),
     agree_every: int = typer.Option(None, help="With --adaptive: steps whose measurements the "
                                     "ranks agree on in one allreduce [default: enough steps "
                                     "for about 100 ms of the start level's predicted "
@@ -218,8 +236,8 @@ def plan(
                                 "--no-verify plans from the predictions alone."),
     verify_steps: int = typer.Option(None, help="Steps each finalist trains (default: what "
                                      "--verify-budget affords, from 50 to 200)."),
-    verify_budget: float = typer.Option(180.0, help="Seconds of finalist training to aim at "
-                                        "when --verify-steps is not given."),
+    verify_budget: float = typer.Option(None, help="Seconds of finalist training to aim at "
+                                        "when --verify-steps is not given [default: 180]."),
     nproc: int = typer.Option(None, help="Ranks to spawn for the finalists (default: the "
                               "profile's; leave out under torchrun)."),
     static: bool = typer.Option(False, "--static", help="Write the chosen plan alone: no "
@@ -258,14 +276,22 @@ def plan(
     if verify_steps is not None and not 1 <= verify_steps <= MAX_VERIFY_STEPS:
         raise BytecompError(f"--verify-steps must be from 1 to {MAX_VERIFY_STEPS:,}, got "
                             f"{verify_steps}")
+    _refuse_unused(adaptive is None, "without --adaptive (they set an adaptive plan's "
+                   "controller)", {"--gain-threshold": gain_threshold, "--window": window,
+                                   "--timing": timing, "--agree-every": agree_every})
+    _refuse_unused(not verify, "with --no-verify (nothing is trained)",
+                   {"--verify-steps": verify_steps, "--verify-budget": verify_budget})
+    _refuse_unused(objective == "time", "with --objective time (fidelity is not scored)",
+                   {"--min-fidelity": min_fidelity})
+    verify_budget = 180.0 if verify_budget is None else verify_budget
     _require_positive("--verify-budget", verify_budget)
-    if nproc is not None and nproc < 1:
-        raise BytecompError(f"--nproc must be at least 1, got {nproc}")
+    _check_nproc(nproc)
     options = SearchOptions(tuple(bucket_cap_mb) if bucket_cap_mb else None, algorithm, budget,
                             0.0 if min_gain is None else min_gain / 100, evaluations,
                             stop_gap=None if stop_gap is None else stop_gap / 100)
-    settings = _adaptive_settings(adaptive, gain_threshold, window, timing, agree_every) \
-        if adaptive is not None else None
+    settings = _adaptive_settings(adaptive, 0.75 if gain_threshold is None else gain_threshold,
+                                  10 if window is None else window, timing or "measured",
+                                  agree_every) if adaptive is not None else None
     check_output_file(out, "--out")
     check_outputs_spare_inputs({"--out": out}, _inputs(profile, None, cluster))
     loaded = load_profile(profile)
@@ -530,8 +556,9 @@ def bench(
     --train-steps, also their time to a target validation loss."""
     from bytecomp.bench import BenchConfig, ConvergenceConfig, run_bench
 
-    if nproc is not None and nproc < 1:
-        raise BytecompError(f"--nproc must be at least 1, got {nproc}")
+    if cluster is not None:  # checked before any rank starts
+        _load_cluster(cluster)
+    _check_nproc(nproc)
     if lr is not None:
         _require_positive("--lr", lr)
     if not 0 < target_fraction <= 1:

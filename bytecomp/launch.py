@@ -190,12 +190,34 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+# Local ranks per core beyond which a spawn is refused: each rank is a whole Python process
+# with torch loaded (~300 MB), and a gloo job of many more ranks than cores is dominated by
+# context switches, so its measurements would describe the oversubscription, not the job.
+MAX_RANKS_PER_CORE = 4
+
+
+def check_nproc(nproc: int | None) -> list[str]:
+    """Refuse an ``--nproc`` below 1 or above :data:`MAX_RANKS_PER_CORE` per core of this
+    machine, in one line; return a warning where it is above the cores (measurements of
+    oversubscribed ranks are slower than the job will be)."""
+    if nproc is None:
+        return []
+    cores = os.cpu_count() or 1
+    limit = MAX_RANKS_PER_CORE * cores
+    if not 1 <= nproc <= limit:
+        raise BytecompError(f"--nproc must be from 1 to {limit} ({MAX_RANKS_PER_CORE} per core "
+                            f"of this machine's {cores}), got {nproc}")
+    if nproc > cores:
+        return [f"--nproc {nproc} on {cores} cores: the ranks share cores, so every time "
+                f"measured is slower than on a machine with a core per rank"]
+    return []
+
+
 def spawn(fn: Callable, args: tuple, nproc: int, backend: str, timeout_s: float,
           on_stop: Callable[[], None] = lambda: None) -> None:
     """Run ``fn(*args)`` on ``nproc`` spawned ranks, each with its share of the cores as
     torch threads (:func:`threads_per_rank`); raise if any of them fails."""
-    if nproc < 1:
-        raise BytecompError(f"--nproc must be at least 1, got {nproc}")
+    check_nproc(nproc)
     context = multiprocessing.get_context("spawn")
     errors = context.Queue()
     port = free_port()

@@ -55,11 +55,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bytecomp.comm.schemes import SCHEMES, supported_schemes, uncompressed_schemes
-from bytecomp.compress import canonical, from_spec
+from bytecomp.compress import canonical, from_spec, ladder_families
 from bytecomp.errors import BytecompError
 from bytecomp.files import dump_yaml, read_yaml_file, write_text_atomic
 
@@ -75,6 +76,8 @@ MAX_HOST_WORKERS = 1024  # a rank's pool: a thread each
 MAX_RANKS = 1 << 20
 MAX_BUCKET_CAP_MB = 1e6
 MAX_PREDICTED_MS = 1e9  # a level's predicted step time
+OBJECTIVES = ("effective", "time")  # what a search minimizes (bytecomp.search.problem)
+PLAN_OBJECTIVES = (*OBJECTIVES, "adaptive")  # objective.name in a plan file
 MAX_STEPS_FACTOR = 10.0  # a measured steps factor's cap (bytecomp.profile.probe.MAX_FACTOR)
 # How gradients reach the hook: DDP's buckets at bucket_cap_mb, or one bucket per tensor
 # (bucket_cap_mb 0: no tensor merged with another, each exchanged when its gradient is ready)
@@ -370,6 +373,9 @@ def _entry(reader: _Reader, index: int, data, within: str = "tensors") -> PlanEn
             compressor = canonical(compressor)
         except BytecompError as error:
             reader.fail(f"{where}compressor", str(error))
+        if compressor == UNCOMPRESSED:
+            reader.fail(f"{where}compressor", "none compresses nothing: an uncompressed "
+                                              "tensor has action none and compressor null")
         if collective not in supported_schemes(from_spec(compressor)):
             reader.fail(f"{where}collective", f"{compressor} cannot run on {collective}")
     else:
@@ -431,10 +437,29 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
             reader.fail(key, "must be a mapping")
     if "finalists" in info:
         _check_finalists(reader, info["finalists"])
+        if levels is not None and adaptive.family == FINALISTS:
+            names = [f["name"] for f in info["finalists"]]
+            for number, level in enumerate(levels):
+                if level.setting not in names:
+                    reader.fail(f"levels[{number}].setting", f"{level.setting!r} is not one of "
+                                                             f"the finalists ({', '.join(names)})")
+    _check_objective(reader, info.get("objective"))
+    _check_fidelity(reader, info.get("fidelity"))
     predicted = data.get("predicted_ms", {})
     search = data.get("search", {})
-    if not isinstance(predicted, dict) or not isinstance(search, dict):
-        reader.fail("predicted_ms", "must be a mapping")
+    for key, value in (("predicted_ms", predicted), ("search", search)):
+        if not isinstance(value, dict):
+            reader.fail(key, "must be a mapping")
+    _check_numbers(reader, predicted, "predicted_ms", MAX_PREDICTED_MS)
+    for key, kinds in (("plan", (int, float, type(None))), ("baselines", dict),
+                       ("levels", list)):
+        if key in predicted:
+            reader.field(predicted, key, kinds, "predicted_ms.")
+    for name, value in predicted.get("baselines", {}).items():
+        if not (value is None or _number(value, 0.0, MAX_PREDICTED_MS)):
+            reader.fail(f"predicted_ms.baselines.{name}", f"must be a number from 0 to "
+                                                          f"{MAX_PREDICTED_MS:g} or null, got "
+                                                          f"{value!r}")
     return Plan(model_fingerprint, world, nodes, per_node, float(cap), entries, predicted, search,
                 info, levels=levels, adaptive=adaptive, host_workers=workers)
 
@@ -442,6 +467,43 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
 def _number(value, low: float, high: float) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and \
         low <= value <= high  # also false for NaN
+
+
+def _check_numbers(reader: _Reader, value, where: str, high: float) -> None:
+    """Every number under ``value`` (through mappings and lists) from 0 to ``high``, or null;
+    nothing else but strings as keys."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_numbers(reader, item, f"{where}.{key}", high)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_numbers(reader, item, f"{where}[{index}]", high)
+    elif value is not None and not (_number(value, 0.0, high) and math.isfinite(value)):
+        reader.fail(where, f"must be a finite number from 0 to {high:g} or null, got {value!r}")
+
+
+def _check_objective(reader: _Reader, objective: dict | None) -> None:
+    """``objective``: what the plan was searched for (informative, but shown and compared,
+    so checked as everything else)."""
+    if objective is None:
+        return
+    name = reader.field(objective, "name", str, "objective.")
+    if name not in PLAN_OBJECTIVES:
+        reader.fail("objective.name", f"{name!r} is not one of {', '.join(PLAN_OBJECTIVES)}")
+    for key in ("min_fidelity", "threshold"):
+        value = objective.get(key)
+        if value is not None and not _number(value, 0.0, 1.0):
+            reader.fail(f"objective.{key}", f"must be a number from 0 to 1, got {value!r}")
+
+
+def _check_fidelity(reader: _Reader, fidelity: dict | None) -> None:
+    """``fidelity``: gains from 0 to 1 (the plan's and the baselines'), and effective times."""
+    if fidelity is None:
+        return
+    for key in ("plan", "baselines"):
+        _check_numbers(reader, fidelity.get(key), f"fidelity.{key}", 1.0)
+    # time / fidelity: unbounded above as the fidelity nears 0 (null where it is 0)
+    _check_numbers(reader, fidelity.get("effective_ms"), "fidelity.effective_ms", math.inf)
 
 
 def _check_finalists(reader: _Reader, finalists) -> None:
@@ -502,6 +564,9 @@ def _adaptive(reader: _Reader, data) -> Adaptive:
     if not isinstance(data, dict):
         reader.fail("adaptive", "must be a mapping")
     family = reader.field(data, "family", str, "adaptive.")
+    families = (*ladder_families(), FINALISTS)
+    if family not in families:
+        reader.fail("adaptive.family", f"{family!r} is not one of {', '.join(families)}")
     values = {key: data.get(key, default) for key, default in ADAPTIVE_DEFAULTS.items()}
     for key in ("window", "explore_every", "agree_every"):
         if isinstance(values[key], bool) or not isinstance(values[key], int) or values[key] < 1:
@@ -579,6 +644,8 @@ def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
                                       not 0 <= value <= high):  # also false for NaN
                 reader.fail(f"{where}.{key}", f"must be a number from 0 to {high:g} or null, "
                                               f"got {value!r}")
+        if adaptive.family != FINALISTS:
+            _check_setting(reader, where, setting, entries)
         if levels and {e.name for e in entries} != {e.name for e in levels[0].entries}:
             reader.fail(f"{where}.tensors", "must name the same tensors as levels[0]")
         levels.append(Level(setting, entries, predicted, fidelity, gain, factor))
@@ -591,8 +658,28 @@ def _ladder(reader: _Reader, data: dict) -> tuple[list[Level], Adaptive]:
     return levels, adaptive
 
 
+def _check_setting(reader: _Reader, where: str, setting: str, entries: list[PlanEntry]) -> None:
+    """A ladder level's ``setting``: the compressor specs it was searched with, joined by
+    ", " (or ``none``); the level's entries compress with those or not at all (the
+    search may leave a tensor uncompressed at any setting)."""
+    specs = set()
+    for part in setting.split(", "):
+        try:
+            specs.add(canonical(part.strip()))
+        except BytecompError as error:
+            reader.fail(f"{where}.setting", f"{setting!r} is not compressor specs joined by "
+                                            f"', ' ({error})")
+    used = sorted({e.compressor for e in entries if e.compressor is not None} - specs)
+    if used:
+        reader.fail(f"{where}.setting", f"{setting!r} does not name {used[0]}, which the "
+                                        f"level's entries use")
+
+
 def load_plan(path) -> Plan:
-    """Read and validate a plan file."""
+    """Read and validate a plan file (``path``: a str or an os.PathLike)."""
+    if not isinstance(path, (str, os.PathLike)) or (isinstance(path, str) and not path.strip()):
+        raise BytecompError(f"load_plan takes the path of a plan file (a str or a Path), got "
+                            f"{type(path).__name__} {path!r}"[:300])
     path = Path(path)
     plan = plan_from_dict(read_yaml_file(path, "plan file"), str(path))
     plan.path = path

@@ -41,7 +41,9 @@ SHAPE = r"(\d+(x\d+)*)?"  # 64x3x3x3; empty for a scalar
 MAX_INTEGER = 1 << 50  # elements or bytes
 MAX_MS = 1e7  # 2.8 hours
 MAX_COUNT = 1 << 20  # ranks, nodes, batch
-READY_SLACK = 0.01  # ready times and backward time are medians rounded to 0.1 us
+READY_SLACK = 0.01
+PHASE_SLACK = 0.1  # a phase's median against the iteration's (timed apart, so not additive)
+BACKENDS = ("gloo", "nccl")  # ready times and backward time are medians rounded to 0.1 us
 EXECUTOR_PATHS = ("direct", "fifo", "host")  # bytecomp.model.overheads.PATHS
 MAX_STEPS_FACTOR = 10.0  # bytecomp.profile.probe.MAX_FACTOR
 # what the convergence probe measured its losses on (bytecomp.profile.workloads)
@@ -279,6 +281,22 @@ def _check_times(path: Path, times: dict) -> None:
                             f"of ms below {MAX_MS:g}, got {value!r}")
 
 
+def _check_phases(path: Path, times: dict) -> None:
+    """No phase of an iteration longer than the iteration (medians of separate timings do
+    not add up exactly: a phase may exceed it by PHASE_SLACK)."""
+    for suffix in ("", "_compute"):
+        whole = times.get(f"iteration{suffix}")
+        if whole is None:
+            continue
+        limit = whole["median_ms"] * (1 + PHASE_SLACK) + 0.05
+        for phase in ("forward", "backward", "optimizer"):
+            part = times.get(f"{phase}{suffix}")
+            if part is not None and part["median_ms"] > limit:
+                _fail(path, f"field 'times.{phase}{suffix}.median_ms' ({part['median_ms']:g} ms) "
+                            f"is longer than the whole iteration{suffix} "
+                            f"({whole['median_ms']:g} ms)")
+
+
 def _load_meta(path: Path) -> dict:
     if not path.exists():
         _fail(path, "missing (is this a profile directory made by bytecomp profile?)")
@@ -302,14 +320,28 @@ def _load_meta(path: Path) -> dict:
                     f"{MAX_BUCKET_CAP_MB:g})")
     if meta["nodes"] * meta["ranks_per_node"] != meta["world_size"]:
         _fail(path, "nodes x ranks_per_node must equal world_size")
-    if not isinstance(meta["model"].get("fingerprint"), str):
+    fingerprint = meta["model"].get("fingerprint")
+    if fingerprint is None:
         _fail(path, "field 'model.fingerprint' is missing")
+    if not isinstance(fingerprint, str) or not fingerprint.strip():
+        _fail(path, f"field 'model.fingerprint' must be the model's fingerprint (a string of "
+                    f"hex digits), got {type(fingerprint).__name__} {fingerprint!r}")
+    for key in ("tensors", "parameters"):
+        value = meta["model"].get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 1 <= value <= MAX_INTEGER):
+            _fail(path, f"field 'model.{key}' must be a positive integer, got {value!r}")
+    if meta["backend"] not in BACKENDS and not (meta.get("synthetic") is True and
+                                                meta["backend"] == "synthetic"):
+        _fail(path, f"field 'backend' must be one of {', '.join(BACKENDS)} (what bytecomp "
+                    f"profiles on), got {meta['backend']!r}")
     if meta["device"].get("type") not in ("cpu", "cuda"):
         _fail(path, "field 'device.type' must be cpu or cuda")
     _check_interference(path, meta.get("interference"))
     _check_executor(path, meta.get("executor"))
     _check_probe_meta(path, meta.get("probe"))
     _check_times(path, meta["times"])
+    _check_phases(path, meta["times"])
     return meta
 
 
@@ -388,7 +420,16 @@ def _check_tensors(path: Path, tensors: pd.DataFrame, meta: dict) -> None:
     backward = float(meta["times"]["backward_compute"]["median_ms"])
     _row_fail(path, tensors, ready > backward * (1 + READY_SLACK) + 0.01, "ready_ms",
               f"is after the backward pass (times.backward_compute: {backward:g} ms)")
-    _row_fail(path, tensors, tensors["bucket"] < -1, "bucket", "must be -1 or more")
+    _row_fail(path, tensors, tensors["bucket"] < 0, "bucket", "must not be negative (DDP's "
+              "bucket index of the parameter)")
+    _row_fail(path, tensors, tensors["bucket"] >= len(tensors), "bucket",
+              "is beyond the number of tensors (DDP has at most a bucket each)")
+    model = meta["model"]
+    for key, value, what in (("tensors", len(tensors), "rows"),
+                             ("parameters", int(tensors["numel"].sum()), "elements")):
+        if key in model and model[key] != value:
+            _fail(path, f"has {value:,} {what}, but profile.yaml's model.{key} is "
+                        f"{model[key]!r}")
 
 
 def _check_collectives(path: Path, table: pd.DataFrame, meta: dict) -> None:
@@ -445,9 +486,7 @@ def load_profile(directory) -> Profile:
               "direction", f"is not one of {', '.join(COPY_DIRECTIONS)}")
     fidelity = _load_table(directory, "fidelity", required=False)
     _check_specs(directory / "fidelity.csv", fidelity, "spec")
-    unknown = set(fidelity["tensor"]) - set(tensors["name"])
-    if unknown:
-        _fail(directory / "fidelity.csv", f"tensor {sorted(unknown)[0]!r} is not in tensors.csv")
+    _check_fidelity(directory / "fidelity.csv", fidelity, tensors, compressors)
     probe = _load_table(directory, "probe", required=False)
     _check_probe(directory / "probe.csv", probe)
     aggregation = _load_table(directory, "aggregation", required=False)
@@ -463,9 +502,28 @@ def _check_sweep(path: Path, table: pd.DataFrame) -> None:
     _row_fail(path, table, ~table["device"].isin(["cpu", "cuda"]), "device",
               "is not cpu or cuda")
     _row_fail(path, table, table["numel"] < 1, "numel", "must be at least 1")
+    if "payload_bytes" in table.columns:  # an encoded tensor sends something
+        _row_fail(path, table, table["payload_bytes"] < 1, "payload_bytes", "must be at least 1")
     if "advance_ms" in table.columns:  # a part of the encode
         _row_fail(path, table, table["advance_ms"] > table["encode_ms"], "advance_ms",
                   "is more than encode_ms (it is a part of it)")
+
+
+def _check_fidelity(path: Path, fidelity: pd.DataFrame, tensors: pd.DataFrame,
+                    compressors: pd.DataFrame) -> None:
+    """One row per (tensor, compressor), each a tensor of tensors.csv and a compressor
+    that compressors.csv timed (a gain without timings cannot be planned with)."""
+    unknown = set(fidelity["tensor"]) - set(tensors["name"])
+    if unknown:
+        _fail(path, f"tensor {sorted(unknown)[0]!r} is not in tensors.csv")
+    if fidelity.empty:
+        return
+    specs = fidelity["spec"].map(canonical)
+    timed = set(compressors["spec"].map(canonical))
+    _row_fail(path, fidelity, ~specs.isin(sorted(timed)), "spec",
+              "has no timings in compressors.csv")
+    _row_fail(path, fidelity, pd.DataFrame({"t": fidelity["tensor"], "s": specs}).duplicated(),
+              "spec", "appears twice for the same tensor (specs compared in canonical form)")
 
 
 def _check_probe(path: Path, probe: pd.DataFrame) -> None:
@@ -475,8 +533,10 @@ def _check_probe(path: Path, probe: pd.DataFrame) -> None:
     specs = probe["spec"].map(canonical)
     _row_fail(path, probe, specs.duplicated(), "spec",
               "appears twice (specs compared in canonical form)")
-    _row_fail(path, probe, probe["steps_factor"] > MAX_STEPS_FACTOR, "steps_factor",
-              f"is above {MAX_STEPS_FACTOR:g}")
+    _row_fail(path, probe, (probe["steps_factor"] > MAX_STEPS_FACTOR) |
+              (probe["steps_factor"] < 1 / MAX_STEPS_FACTOR), "steps_factor",
+              f"is not from {1 / MAX_STEPS_FACTOR:g} to {MAX_STEPS_FACTOR:g} (steps relative "
+              f"to fp32's)")
 
 
 def profile_files(directory) -> list[Path]:

@@ -440,6 +440,7 @@ def test_a_ladder_round_trips_and_its_digest_covers_the_levels(ladder_file):
     data = yaml.safe_load(ladder_file.read_text())
     for entry in data["levels"][2]["tensors"]:
         entry["compressor"] = "topk:ratio=0.02"
+    data["levels"][2]["setting"] = "topk:ratio=0.02"  # the level's setting names it
     assert plan_from_dict(data).digest() != plan.digest()
 
 

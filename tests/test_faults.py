@@ -8,6 +8,7 @@ import datetime
 import io
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -346,3 +347,69 @@ def test_spawned_ranks_share_the_cores(tmp_path):
     assert [int((tmp_path / str(rank)).read_text()) for rank in range(2)] == \
         [threads_per_rank(2)] * 2
     assert threads_per_rank(2) == max(1, (os.cpu_count() or 1) // 2)
+
+
+# -- a dead or stopped peer under apply_plan, in the example training script -------------------
+
+TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+TRAIN_MODEL = "mlp:inputs=64,width=256,depth=3"
+# torch's own C++ log lines at rendezvous ("[W1127 17:37:10.29 socket.cpp:207] [c10d] The
+# hostname of the client socket cannot be retrieved"): not the script's output
+C10D_LOG = re.compile(r"\[[WI]\d{4} [\d:.]+ \S+\] \[c10d\]")
+
+
+def _example_plan(path: Path) -> None:
+    """A plan for examples/train.py's model that runs through bytecomp's executor."""
+    from bytecomp.profile.workloads import load_workload
+
+    model = load_workload(TRAIN_MODEL, seed=0).model
+    plan_for_model(model, lambda name, param: Option("topk:ratio=0.1", "device", "allgather"),
+                   2, bucket_cap_mb=1.0).save(path)
+
+
+def _start_ranks(plan: Path, port: int, timeout_s: float) -> list[subprocess.Popen]:
+    ranks = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1"}
+        ranks.append(subprocess.Popen(
+            [sys.executable, str(TRAIN_SCRIPT), "--plan", str(plan), "--steps", "1000000",
+             "--log-every", "10", "--timeout", str(timeout_s)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return ranks
+
+
+@pytest.mark.parametrize("victim,sig", [(1, signal.SIGKILL), (1, signal.SIGSTOP),
+                                        (0, signal.SIGSTOP)],
+                         ids=["rank-1-killed", "rank-1-stopped", "rank-0-stopped"])
+def test_the_survivor_of_a_dead_or_stopped_peer_prints_one_line_naming_it(tmp_path, victim,
+                                                                          sig):
+    timeout_s = 5.0
+    plan = tmp_path / "plan.yaml"
+    _example_plan(plan)
+    ranks = _start_ranks(plan, free_port(), timeout_s)
+    survivor = ranks[1 - victim]
+    try:
+        assert ranks[0].stdout is not None
+        for line in ranks[0].stdout:  # rank 0 logs: training is under way on both
+            if line.startswith("step 20:"):
+                break
+        else:
+            pytest.fail(f"no training: {ranks[0].stderr.read() if ranks[0].stderr else ''}")
+        os.kill(ranks[victim].pid, sig)
+        started = time.monotonic()
+        _, stderr = survivor.communicate(timeout=timeout_s + 30)
+        seconds = time.monotonic() - started
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+            process.wait(10)
+    lines = [line for line in stderr.splitlines() if line.strip() and not C10D_LOG.match(line)]
+    assert survivor.returncode == 2, (survivor.returncode, stderr[-3000:])
+    assert len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith(f"error: rank {1 - victim}: rank {victim} failed or stopped "
+                               f"responding"), lines[0]
+    assert seconds <= timeout_s + 10, seconds

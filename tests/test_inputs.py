@@ -203,7 +203,8 @@ def test_the_probe_table_goes_through_the_same_checks(profile):
     assert load_profile(profile).steps_factors == {"fp16": 1.02, "topk:ratio=0.01": 1.8}
     for row, reason in (("fp16,nan,100", "column 'steps_factor', row 3: 'nan' is not a number"),
                         ("fp16,-1,100", "column 'steps_factor', row 3: must not be negative"),
-                        ("int8,11,100", "column 'steps_factor', row 3: 11.0 is above 10"),
+                        ("int8,11,100", "column 'steps_factor', row 3: 11.0 is not from 0.1 to 10"),
+                        ("int8,0,100", "column 'steps_factor', row 3: 0.0 is not from 0.1 to 10"),
                         ("int8,1.1,1e30", "column 'steps', row 3: "),
                         ("zip:level=9,1.1,100", "column 'spec', row 3: "),
                         ("topk:ratio=0.010,1,100", "column 'spec', row 3: 'topk:ratio=0.010' appears twice")):

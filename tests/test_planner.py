@@ -627,7 +627,7 @@ def test_plan_errors_are_one_line(bytecomp, tmp_path):
     config.write_text("nodes: 2\nranks_per_node: 1\nlinks: {inter: {bandwidth_gbps: -1, "
                       "latency_us: 5}}\n")
     one_line_error(bytecomp("plan", "--no-verify", "profiles/cnn", "--cluster", str(config)),
-                   str(config), "bandwidth_gbps > 0")
+                   str(config), "bandwidth_gbps must be from 0.001 to 100000, got -1")
     single = tmp_path / "single.yaml"  # (it raised a ValueError from deep in the search)
     single.write_text("nodes: 1\nranks_per_node: 1\nlinks: {intra: {bandwidth_gbps: 10, "
                       "latency_us: 5}}\n")

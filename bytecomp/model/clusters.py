@@ -38,6 +38,11 @@ from bytecomp.files import load_yaml, read_text_file
 from bytecomp.plan import MAX_RANKS
 
 MAX_CPU_CORES = 1 << 16  # a node's cores
+# Physical ranges of a link (docs/formats.md): from a 1 Mbit/s link to 100 Tbit/s (beyond
+# any NVLink generation), and a per-message latency up to one second (a satellite hop is
+# ~0.6 s); outside them a number is a typo, and the models' arithmetic overflows.
+BANDWIDTH_GBPS = (1e-3, 1e5)
+LATENCY_US = (0.0, 1e6)
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+
     from importlib.resources.abc import Traversable
@@ -136,8 +141,10 @@ def _link(path: str, kind: str, value) -> Link | str:
         if isinstance(number, bool) or not isinstance(number, (int, float)):
             raise BytecompError(f"{path}: links.{kind}.{field} must be a number")
         numbers[field] = float(number)
-    if not (0 < numbers["bandwidth_gbps"] < math.inf and 0 <= numbers["latency_us"] < math.inf):
-        raise BytecompError(f"{path}: links.{kind} needs bandwidth_gbps > 0 and latency_us >= 0")
+    for field, (low, high) in (("bandwidth_gbps", BANDWIDTH_GBPS), ("latency_us", LATENCY_US)):
+        if not low <= numbers[field] <= high:  # also false for NaN
+            raise BytecompError(f"{path}: links.{kind}.{field} must be from {low:g} to "
+                                f"{high:g}, got {numbers[field]:g}")
     unknown = set(value) - {"bandwidth_gbps", "latency_us", "type"}
     if unknown:
         raise BytecompError(f"{path}: links.{kind} has unknown field {sorted(unknown)[0]!r}")

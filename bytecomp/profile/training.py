@@ -308,6 +308,9 @@ def measure_training(workload: Workload, device: torch.device, settings: Trainin
         "iteration_compute": summarize(compute_t[:, 3].tolist()),
     }
     params = dict(model.named_parameters())
+    unbucketed = [name for name in names if name not in buckets]
+    if unbucketed:  # DDP buckets every parameter that gets a gradient
+        raise BytecompError(f"parameter {unbucketed[0]} was in none of DDP's buckets")
     ready_ms = ready_t.median(dim=0).values.tolist()
     order = {name: index for index, name in enumerate(params)}
     rows = []
@@ -317,7 +320,7 @@ def measure_training(workload: Workload, device: torch.device, settings: Trainin
             "name": name, "shape": shape_text(param.shape), "numel": param.numel(),
             "dtype": str(param.dtype).replace("torch.", ""),
             "bytes": param.numel() * param.element_size(),
-            "ready_ms": round(offset, 4), "bucket": buckets.get(name, -1),
+            "ready_ms": round(offset, 4), "bucket": buckets[name],
         })
     # Ready order: by median ready time; ties go to the later parameter (reverse order).
     rows.sort(key=lambda row: (row["ready_ms"], -order[row["name"]]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
 from bytecomp.plan import Plan, load_plan
@@ -49,6 +50,10 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     >>> ...train...
     >>> torch.save({"model": ddp.state_dict(), "bytecomp": executor.state_dict()}, path)
     """
+    if not isinstance(ddp_model, DistributedDataParallel):
+        raise BytecompError(f"apply_plan takes the model wrapped in torch.nn.parallel."
+                            f"DistributedDataParallel (its ddp_model), got "
+                            f"{type(ddp_model).__name__}")
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
     if fallback not in (None, "fp32"):

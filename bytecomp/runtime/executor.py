@@ -21,6 +21,7 @@ own hook. A static plan that is one of PyTorch's hooks does not come here at all
 from __future__ import annotations
 
 import math
+import threading
 import time
 from functools import partial
 
@@ -36,7 +37,8 @@ from bytecomp.runtime.controller import Controller, Switch
 from bytecomp.runtime.groups import GroupSpec
 from bytecomp.runtime.native import BUCKET_HOOKS, POWERSGD_KEY, bucket_hook, sent_bytes
 from bytecomp.runtime.paths import DevicePath, HostPath
-from bytecomp.runtime.state import GroupStates, Stats
+from bytecomp.runtime.peers import Heartbeats, ReportsPeerFailures, job_store
+from bytecomp.runtime.state import GroupLayout, GroupStates, Stats
 from bytecomp.runtime.steps import Step, WaitingBucket
 
 # close() waits this long at most for gloo's threads to let go of the groups: they do
@@ -44,8 +46,10 @@ from bytecomp.runtime.steps import Step, WaitingBucket
 CLOSE_WAIT_S = 2.0
 
 
-class Executor:
-    """Runs a plan as a DDP communication hook. Create it with :func:`apply_plan`."""
+class Executor(ReportsPeerFailures):
+    """Runs a plan as a DDP communication hook. Create it with :func:`apply_plan`; use it
+    as a context manager to close it after training and to get a peer's failure as one
+    :class:`~bytecomp.runtime.peers.PeerFailure` (see :class:`ReportsPeerFailures`)."""
 
     native = False  # bytecomp's own hook (see NativeRun for PyTorch's)
 
@@ -62,7 +66,9 @@ class Executor:
         self.stats = Stats()
         self.closed = False
         self.measures_gain = measure_gain or plan.adaptive is not None
-        self.states = GroupStates(plan, self.device, meter=self.measures_gain)
+        self.states = GroupStates(plan, self.device, meter=self.measures_gain, layouts={
+            g.key: GroupLayout(tuple(g.shapes), g.numel, params[g.names[0]].dtype)
+            for groups in ladder for g in groups})
         self.adaptation = Adaptation(plan, ladder, self.states, self.stats, self._use_level) \
             if plan.levels else None
         self._use_level(self.level)
@@ -82,6 +88,9 @@ class Executor:
                                       self.worker, self.stats, self.device)
         if self.adaptation is not None:
             self.adaptation.topology = self.topologies[0]
+        self.heartbeats = Heartbeats(job_store(), dist.get_rank(), dist.get_world_size())
+        self.failure: BytecompError | None = None  # the first failed exchange, explained
+        self._failure_lock = threading.Lock()
         ddp.register_comm_hook(self, Executor._hook)
 
     @property
@@ -177,7 +186,7 @@ class Executor:
         for group in complete:
             step.launched.add(group.index)
             views = [step.arrived[group.index][n] for n in group.names]
-            self._launch(group, views, partial(step.group_done, group.index))
+            self._launch(group, views, partial(self._group_done, step, group.index))
         if bucket.is_last():
             self._end_step(step)
         self.stats.add(hook_s=time.perf_counter() - started)
@@ -220,6 +229,16 @@ class Executor:
                                 f"{missing[0].names[0]!r} (unused parameters need "
                                 f"find_unused_parameters=True in DDP)")
 
+    def _group_done(self, step: Step, index: int, error: BaseException | None = None) -> None:
+        """A group's exchange ended; a failure becomes one error naming the rank that
+        failed or stopped responding (found once per executor: peers.Heartbeats)."""
+        if error is not None:
+            with self._failure_lock:
+                if self.failure is None:
+                    self.failure = self.heartbeats.explain(error)
+                error = self.failure
+        step.group_done(index, error)
+
     def _launch(self, group: GroupSpec, views: list[torch.Tensor], done) -> None:
         """Run ``group``'s exchange; ``done(error=None)`` when its result is written back."""
         state = self.states.of(group.key, group.shapes)
@@ -258,6 +277,7 @@ class Executor:
         without an active exception"). See comm/topology.py's free_retired_groups."""
         if self.adaptation is not None:
             self.adaptation.close()
+        self.heartbeats.close()
         self.worker.close()
         if self.host_path is not None:
             self.host_path.close()

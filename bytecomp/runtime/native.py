@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
@@ -27,6 +28,7 @@ from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.errors import BytecompError
 from bytecomp.plan import Plan
 from bytecomp.runtime.groups import GroupSpec
+from bytecomp.runtime.peers import Heartbeats, ReportsPeerFailures, job_store
 from bytecomp.runtime.state import GroupStates, Stats
 
 # The hooks a whole level may be handed to, by the name compressors declare
@@ -92,7 +94,7 @@ def powersgd_rank(groups: list[GroupSpec], params: dict[str, torch.nn.Parameter]
     return rank
 
 
-class NativeRun:
+class NativeRun(ReportsPeerFailures):
     """A static plan run by one of PyTorch's own hooks (see the module docstring): what
     :func:`bytecomp.apply_plan` returns for it. It registers the hook (none for fp32:
     DDP's own allreduce), counts steps and bytes in :attr:`stats`, and keeps the
@@ -107,6 +109,8 @@ class NativeRun:
         self.plan = plan
         self.stats = Stats()
         self.states = GroupStates(plan, device)  # the step count, and the checkpoint format
+        self.heartbeats = Heartbeats(job_store(), dist.get_rank(), dist.get_world_size())
+        self.failure = None
         self.measures_gain = False
         self._fp32_bytes = sum(p.numel() * p.element_size() for p in params.values())
         self.powersgd_state: powersgd.PowerSGDState | None = None
@@ -173,7 +177,8 @@ class NativeRun:
             _restore_powersgd_state(self.powersgd_state, hook_state)
 
     def close(self) -> None:
-        """Nothing to stop: PyTorch's hook runs on DDP's own groups."""
+        """Stop the heartbeats (PyTorch's hook runs on DDP's own groups)."""
+        self.heartbeats.close()
 
 
 def sent_bytes(hook: str, fp32_bytes: int) -> int:

@@ -3,6 +3,7 @@ residuals per group, saved and restored with checkpoints."""
 
 from __future__ import annotations
 
+import math
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -50,14 +51,38 @@ class Stats:
         }
 
 
+@dataclass(frozen=True)
+class GroupLayout:
+    """What a group's saved state must fit: its tensors' shapes, their total size and the
+    gradients' dtype."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    numel: int
+    dtype: torch.dtype
+
+
+# State entries that hold a floating tensor of the group's size where present, and its
+# dtype: the error-feedback residual (added to the gradients: theirs, None here) and
+# Signum's momentum (kept in float32).
+WHOLE_GROUP_TENSORS = {"residual": None, "momentum": torch.float32}
+# Integers a state keeps: the seed salt of its random draws, a compressor's step count.
+COUNTERS = ("salt", "step")
+# Sub-states of pieces of the group (chunks of a scheme, its server and inter-node stages):
+# their residuals are at most the group's size.
+PIECE_STATES = ("chunks", "server", "inter")
+
+
 class GroupStates:
     """Compressor state and residuals per group, keyed by the names of its tensors (so
-    DDP's bucket rebuild does not disturb them), and the step count."""
+    DDP's bucket rebuild does not disturb them), and the step count. ``layouts`` (by
+    group key): what a loaded state must fit, checked by :meth:`load_state_dict`."""
 
-    def __init__(self, plan: Plan, device: torch.device, meter: bool = False) -> None:
+    def __init__(self, plan: Plan, device: torch.device, meter: bool = False,
+                 layouts: dict[str, GroupLayout] | None = None) -> None:
         self.plan = plan
         self.device = device
         self.meter = meter  # compressors leave the squared norms of their gain in the state
+        self.layouts = layouts
         self.by_group: dict[str, dict] = {}
         self.step = 0
 
@@ -107,7 +132,7 @@ class GroupStates:
         if saved.get("world_size") != world:
             raise BytecompError(f"this executor state was saved by {saved.get('world_size')} "
                                 f"ranks, not {world}")
-        problem = _malformed(saved, world)
+        problem = _malformed(saved, world, self.layouts)
         if problem:
             raise BytecompError(f"this executor state is corrupted: {problem}")
         self.by_group = to_device(saved["ranks"][dist.get_rank()], self.device)
@@ -117,10 +142,11 @@ class GroupStates:
 PLAIN = (torch.Tensor, int, float, str, bool, type(None))
 
 
-def _malformed(saved: dict, world: int) -> str | None:
-    """What is wrong with a saved state's layout, or None. A state holds only tensors,
-    numbers, strings, lists, tuples and dicts, so ``torch.load(weights_only=True)``
-    reads it."""
+def _malformed(saved: dict, world: int, layouts: dict[str, GroupLayout] | None) -> str | None:
+    """What is wrong with a saved state, or None. A state holds only tensors, numbers,
+    strings, lists, tuples and dicts, so ``torch.load(weights_only=True)`` reads it; no
+    tensor in it is NaN or infinite; with ``layouts``, every group is one of them and its
+    residuals fit it."""
     step, ranks = saved.get("step"), saved.get("ranks")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         return f"'step' must be a non-negative integer, got {step!r}"
@@ -133,6 +159,77 @@ def _malformed(saved: dict, world: int) -> str | None:
         where = _not_plain(groups, f"ranks[{rank}]")
         if where:
             return f"{where} is not a tensor, number, string, list or dict"
+        where = _not_finite(groups, f"ranks[{rank}]")
+        if where:
+            return f"{where} holds NaN or infinite values"
+        for key, state in groups.items() if layouts is not None else ():
+            problem = _misfit(state, layouts.get(key), f"ranks[{rank}][{key!r}]")
+            if problem:
+                return problem
+    return None
+
+
+def _not_finite(value, where: str) -> str | None:
+    """Where in ``value`` a floating tensor or a float is NaN or infinite, or None."""
+    if isinstance(value, torch.Tensor):
+        finite = not value.is_floating_point() or bool(torch.isfinite(value).all())
+        return None if finite else where
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _not_finite(item, f"{where}[{key!r}]")
+        if found:
+            return found
+    return None
+
+
+def _misfit(state: dict, layout: GroupLayout | None, where: str) -> str | None:
+    """What in a group's saved state does not fit the group, or None."""
+    if layout is None:
+        return f"{where} is not a group of this plan on this model"
+    shapes = state.get("shapes")
+    if not isinstance(shapes, (list, tuple)) or \
+            [tuple(s) for s in shapes if isinstance(s, (list, tuple))] != list(layout.shapes):
+        return f"{where}['shapes'] must be {[list(s) for s in layout.shapes]}, got {shapes!r}"
+    pieces = [(state, layout.numel, where), (state.get("inner"), layout.numel, f"{where}['inner']")]
+    for name in PIECE_STATES:
+        part = state.get(name)
+        parts = part if isinstance(part, list) else [part]
+        pieces += [(p, None, f"{where}[{name!r}]") for p in parts]
+    for piece, numel, place in pieces:
+        if piece is None:
+            continue
+        if not isinstance(piece, dict):
+            return f"{place} must be a state dict"
+        for name in COUNTERS:
+            value = piece.get(name, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                return f"{place}[{name!r}] must be a non-negative integer, got {value!r}"
+        for name, dtype in WHOLE_GROUP_TENSORS.items():
+            problem = _tensor_misfit(piece.get(name), numel, layout, dtype or layout.dtype,
+                                     f"{place}[{name!r}]")
+            if problem:
+                return problem
+    return None
+
+
+def _tensor_misfit(value, numel: int | None, layout: GroupLayout, dtype: torch.dtype,
+                   where: str) -> str | None:
+    """A residual (``numel``: the group's size, None: a piece of it, at most that) must be
+    a floating tensor of that size and ``dtype``."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return f"{where} must be a floating-point tensor, got {type(value).__name__}" + \
+            (f" of {value.dtype}" if isinstance(value, torch.Tensor) else "")
+    if value.dtype != dtype:
+        return f"{where} must be of {dtype}, got {value.dtype}"
+    fits = value.numel() == numel if numel is not None else value.numel() <= layout.numel
+    if not fits:
+        size = f"{numel}" if numel is not None else f"at most {layout.numel}"
+        return f"{where} must hold {size} elements, got shape {list(value.shape)}"
     return None
 
 

@@ -299,7 +299,7 @@ PROBE_CSV = "spec,steps_factor,steps\nfp16,1.02,100\ntopk:ratio=0.01,1.8,100\n"
 AGGREGATION_CSV = ("spec,device,numel,one_ms,each_ms\ntopk:ratio=0.01,cpu,1024,0.02,0.001\n"
                    "topk:ratio=0.01,cpu,262144,0.09,0.01\n")
 WRITTEN_FIRST = {"probe": PROBE_CSV, "aggregation": AGGREGATION_CSV}
-ALLOW_NEGATIVE = {"bucket"}
+ALLOW_NEGATIVE: set[str] = set()
 BAD_STRINGS = {
     "tensors": {"name": "", "shape": "axb", "dtype": "int64"},
     "collectives": {"collective": "bogus", "group": "rack", "dtype": "int4"},
@@ -360,7 +360,7 @@ def _table_cases() -> list[Case]:
                                         for i, r in enumerate(rows)]), PLAN_CMD, "any"),
             Case(f"{table}.csv:duplicate-row", csv_edit(
                 relative, lambda rows: rows + rows[1:2]), PLAN_CMD,
-                "error" if table in ("tensors", "probe") else "any"),
+                "error" if table in ("tensors", "probe", "fidelity") else "any"),
         ]
     cases += [
         Case("probe.csv:valid", lambda root: None, PLAN_CMD, "any"),
@@ -651,10 +651,97 @@ def _output_cases() -> list[Case]:
     ]
 
 
+# -- round two (issue 42): runaway options, plan fields, profile consistency, physical
+# ranges, options without effect ----------------------------------------------------------
+
+PLAN_NPROC = ["plan", "{plan_profile}", "--out", "{out}", "--nproc"]
+
+
+def _round_two_cases() -> list[Case]:
+    nothing = lambda root: None  # noqa: E731
+    plan, profile_yaml = "plan.yaml", "profile/profile.yaml"
+    cases = [
+        Case("nproc:profile-a-million", nothing, ["profile", "--nproc", "1000000", "--out",
+                                                  "{out}.d"]),
+        Case("nproc:bench-a-million", nothing, ["bench", "{plan_profile}", "--plan", "{plan}",
+                                                "--out", "{out}.d", "--nproc", "1000000"]),
+        Case("nproc:plan-a-million", nothing, [*PLAN_NPROC, "1000000"]),
+        Case("nproc:profile-zero", nothing, ["profile", "--nproc", "0", "--out", "{out}.d"]),
+        Case("nproc:profile-64-on-a-small-machine", nothing,
+             ["profile", "--nproc", str(8 * (os.cpu_count() or 1) + 1), "--out", "{out}.d"]),
+    ]
+    for name in ("nan", "inf", "negative", "huge", "string", "bool", "list"):
+        cases.append(Case(f"plan.yaml:predicted_ms.plan={name}", yaml_set(
+            plan, "predicted_ms.plan", BAD_NUMBERS[name]), SIMULATE_CMD))
+        cases.append(Case(f"plan.yaml:predicted_ms.baselines.fp32={name}", _yaml_edit(
+            plan, lambda d, v=BAD_NUMBERS[name]: d["predicted_ms"].setdefault(
+                "baselines", {}).update({"fp32 DDP": v})), SIMULATE_CMD))
+    for value in (5, -0.1, math.nan, "high"):
+        cases.append(Case(f"plan.yaml:objective.min_fidelity={value!r}", _yaml_edit(
+            plan, lambda d, v=value: d.setdefault("objective", {"name": "effective"}).update(
+                min_fidelity=v)), SIMULATE_CMD))
+    cases += [
+        Case("plan.yaml:objective.name=foo", _yaml_edit(
+            plan, lambda d: d.setdefault("objective", {}).update(name="foo")), SIMULATE_CMD),
+        Case("plan.yaml:objective=list", yaml_set(plan, "objective", [1]), SIMULATE_CMD),
+        Case("plan.yaml:fidelity.plan=2", yaml_set(plan, "fidelity", {"plan": 2}),
+             SIMULATE_CMD),
+        Case("plan.yaml:compress-with-none", _yaml_edit(plan, _compress_first(
+            "none", "allreduce")), SIMULATE_CMD),
+        Case("ladder:adaptive.family=foo", ladder_edit(
+            lambda d: d["adaptive"].update(family="foo")), SIMULATE_CMD),
+        Case("ladder:levels.1.setting=lots", ladder_edit(
+            lambda d: d["levels"][1].update(setting="lots")), SIMULATE_CMD),
+        Case("ladder:levels.0.setting=of-level-1", ladder_edit(
+            lambda d: d["levels"][0].update(setting=d["levels"][1]["setting"])), SIMULATE_CMD),
+        Case("profile.yaml:backend=mpi", yaml_set(profile_yaml, "backend", "mpi"), PLAN_CMD),
+        Case("profile.yaml:model.fingerprint=12345",
+             yaml_set(profile_yaml, "model.fingerprint", 12345), PLAN_CMD),
+        Case("profile.yaml:model.tensors-disagrees",
+             yaml_set(profile_yaml, "model.tensors", 3), PLAN_CMD),
+        Case("profile.yaml:model.parameters-disagrees",
+             yaml_set(profile_yaml, "model.parameters", 5), PLAN_CMD),
+        Case("profile.yaml:model.parameters=string",
+             yaml_set(profile_yaml, "model.parameters", "many"), PLAN_CMD),
+        Case("profile.yaml:backward-longer-than-the-iteration", yaml_set(
+            profile_yaml, "times.backward.median_ms", 10_000.0), PLAN_CMD),
+        Case("profile.yaml:backward_compute-longer-than-the-iteration", _yaml_edit(
+            profile_yaml, lambda d: d["times"]["backward_compute"].update(
+                median_ms=2 * d["times"]["iteration_compute"]["median_ms"])), PLAN_CMD),
+        Case("compressors.csv:payload_bytes=0", csv_cell("profile/compressors.csv",
+                                                         "payload_bytes", "0"), PLAN_CMD),
+        Case("fidelity.csv:spec-without-timings", csv_cell(
+            "profile/fidelity.csv", "spec", "qsgd:levels=16"), PLAN_CMD),
+        Case("fidelity.csv:same-pair-spelled-twice", csv_edit(
+            "profile/fidelity.csv", lambda rows: rows + [[rows[1][0], "fp16", *rows[1][2:]]]),
+            PLAN_CMD),
+        *[Case(f"probe.csv:steps_factor={value}", _written_first("probe", csv_cell(
+            "profile/probe.csv", "steps_factor", value)), PLAN_CMD) for value in ("0", "0.01")],
+        Case("cluster.yaml:latency_us=1e308", yaml_set("cluster.yaml", "links.inter.latency_us",
+                                                       1e308), CLUSTER_CMD),
+        Case("cluster.yaml:bandwidth_gbps=1e-300", yaml_set(
+            "cluster.yaml", "links.inter.bandwidth_gbps", 1e-300), CLUSTER_CMD),
+        Case("cluster.yaml:bandwidth_gbps=1e9", yaml_set(
+            "cluster.yaml", "links.inter.bandwidth_gbps", 1e9), CLUSTER_CMD),
+        Case("cluster:empty-name", nothing, ["plan", "{profile}", "--cluster", "", "--out",
+                                             "{out}", *FAST_PLAN]),
+        Case("bench:empty-cluster-name", nothing, [
+            "bench", "{plan_profile}", "--plan", "{plan}", "--out", "{out}.d", "--cluster", "",
+            "--nproc", "2"]),
+        *[Case(f"plan:{option}-without-adaptive", nothing, [*PLAN_CMD, option, value])
+          for option, value in (("--window", "5"), ("--gain-threshold", "0.5"),
+                                ("--timing", "predicted"), ("--agree-every", "3"))],
+        Case("plan:min-fidelity-with-objective-time", nothing,
+             [*PLAN_CMD, "--objective", "time", "--min-fidelity", "0.5"]),
+        Case("plan:verify-steps-with-no-verify", nothing, [*PLAN_CMD, "--verify-steps", "10"]),
+    ]
+    return cases
+
+
 def all_cases() -> list[Case]:
     """The whole corpus, ids unique."""
     cases = (_profile_yaml_cases() + _table_cases() + _plan_cases() + _ladder_cases()
-             + _cluster_cases() + _output_cases())
+             + _cluster_cases() + _output_cases() + _round_two_cases())
     ids = [case.id for case in cases]
     assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
     return cases
