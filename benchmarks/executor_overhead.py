@@ -27,6 +27,9 @@ backward with communication, optimizer; after a barrier; slowest rank):
 * an adaptive plan at its fp32 level (level 0 of the same ladder, agreeing every
   ten steps) vs PyTorch's ``allreduce_hook`` (an adaptive plan keeps its hook
   at every level, so a hook is its reference, not DDP's built-in allreduce).
+* what a verified plan's runtime trial costs per step: the PowerSGD plan vs a finalists
+  plan trialling two copies of it through every measured step (it switches level every
+  step, handing the residuals over, and agrees every step's time);
 * PyTorch's ``powerSGD_hook`` (rank 4, one bucket: a plan that is that hook, which
   ``apply_plan`` hands to it) vs the same plan forced through bytecomp's hook, where
   the rounds run on the FIFO thread and the products are bytecomp's own;
@@ -70,7 +73,14 @@ from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress import from_spec
 from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.launch import backend_for, free_port
-from bytecomp.plan import Adaptive, Option, ladder_for_model, plan_for_model, plan_from_dict
+from bytecomp.plan import (
+    FINALISTS,
+    Adaptive,
+    Option,
+    ladder_for_model,
+    plan_for_model,
+    plan_from_dict,
+)
 from bytecomp.profile.workloads import load_workload
 
 TOPK = "topk:ratio=0.01"
@@ -107,7 +117,7 @@ def ready_order(model) -> list[str]:
     return order, handles
 
 
-def configurations(model, world: int, cap_mb: float, order: list[str]):
+def configurations(model, world: int, cap_mb: float, order: list[str], trial_steps: int):
     def plan(spec, scheme):
         option = Option(spec, "device", scheme)
         return plan_for_model(model, lambda n, p: option, world, bucket_cap_mb=cap_mb,
@@ -123,6 +133,17 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
                                 bucket_cap_mb=cap_mb,
                                 predicted_ms=[1000.0, 1.0] if level else [1.0, 1000.0],
                                 ready_order=order)
+    def in_trial():
+        # a verified plan's runtime trial (bytecomp.runtime.trial) between two copies of the
+        # PowerSGD plan, every measured step inside it: what the trial itself costs (the
+        # level switch each step, its residuals handed over, the agreed step times)
+        return ladder_for_model(model, [lambda n, p: Option(), lambda n, p: powersgd,
+                                        lambda n, p: powersgd], world,
+                                Adaptive(FINALISTS, threshold=0.0, start=1, agree_every=10,
+                                         trial=(1, 2), trial_steps=trial_steps,
+                                         trial_warmup=0),
+                                bucket_cap_mb=cap_mb, ready_order=order)
+
     def as_powersgd_hook():
         rank = from_spec(POWERSGD).values["rank"]
         return plan_for_model(
@@ -149,6 +170,8 @@ def configurations(model, world: int, cap_mb: float, order: list[str]):
         ("the same, an adaptive plan's level", None, pinned(1), True, False),
         ("bytecomp PowerSGD plan (third)", None, plan(POWERSGD, "allreduce"), True, False),
         ("the same, agreeing every 10 steps", None, pinned(10), True, False),
+        ("bytecomp PowerSGD plan (fourth)", None, plan(POWERSGD, "allreduce"), True, False),
+        ("the same, two copies of it in a runtime trial", None, in_trial(), True, False),
         ("PyTorch allreduce_hook (again)", default_hooks.allreduce_hook, None, True, False),
         ("an adaptive plan at its fp32 level", None, pinned(10, level=0), True, False),
         ("PyTorch powerSGD_hook, one bucket", None, as_powersgd_hook(), True, False),
@@ -199,7 +222,7 @@ def rank_main(rank, world, port, model_spec, rounds, warmup, cap_mb, device_type
         handle.remove()
     runs = []
     for name, hook, plan, native, meter in configurations(workload.model, world, cap_mb,
-                                                          order):
+                                                          order, warmup + rounds):
         model = copy.deepcopy(workload.model)
         ddp = DistributedDataParallel(model, bucket_cap_mb=plan.bucket_cap_mb
                                       if plan is not None else cap_mb)

@@ -437,11 +437,11 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
             reader.fail(key, "must be a mapping")
     if "finalists" in info:
         _check_finalists(reader, info["finalists"])
-        if levels is not None and adaptive.family == FINALISTS:
+        if levels is not None and adaptive is not None and adaptive.family == FINALISTS:
             names = [f["name"] for f in info["finalists"]]
-            for number, level in enumerate(levels):
-                if level.setting not in names:
-                    reader.fail(f"levels[{number}].setting", f"{level.setting!r} is not one of "
+            for number, rung in enumerate(levels):
+                if rung.setting not in names:
+                    reader.fail(f"levels[{number}].setting", f"{rung.setting!r} is not one of "
                                                              f"the finalists ({', '.join(names)})")
     _check_objective(reader, info.get("objective"))
     _check_fidelity(reader, info.get("fidelity"))

@@ -27,7 +27,6 @@ profile's fitted sweeps, so a profile can be extrapolated to more ranks.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Literal
 
 import torch.distributed as dist
 
@@ -148,7 +149,7 @@ class ReportsPeerFailures:
     def __enter__(self):
         return self
 
-    def __exit__(self, kind, error, traceback) -> bool:
+    def __exit__(self, kind, error, traceback) -> Literal[False]:
         if error is None:
             self.close()
             return False

@@ -162,7 +162,9 @@ def _malformed(saved: dict, world: int, layouts: dict[str, GroupLayout] | None) 
         where = _not_finite(groups, f"ranks[{rank}]")
         if where:
             return f"{where} holds NaN or infinite values"
-        for key, state in groups.items() if layouts is not None else ():
+        if layouts is None:
+            continue
+        for key, state in groups.items():
             problem = _misfit(state, layouts.get(key), f"ranks[{rank}][{key!r}]")
             if problem:
                 return problem
@@ -193,7 +195,8 @@ def _misfit(state: dict, layout: GroupLayout | None, where: str) -> str | None:
     if not isinstance(shapes, (list, tuple)) or \
             [tuple(s) for s in shapes if isinstance(s, (list, tuple))] != list(layout.shapes):
         return f"{where}['shapes'] must be {[list(s) for s in layout.shapes]}, got {shapes!r}"
-    pieces = [(state, layout.numel, where), (state.get("inner"), layout.numel, f"{where}['inner']")]
+    pieces: list[tuple[object, int | None, str]] = [
+        (state, layout.numel, where), (state.get("inner"), layout.numel, f"{where}['inner']")]
     for name in PIECE_STATES:
         part = state.get(name)
         parts = part if isinstance(part, list) else [part]
