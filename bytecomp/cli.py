@@ -137,6 +137,8 @@ def _refuse_unused(unused: bool, why: str, options: dict) -> None:
 
 
 def _check_nproc(nproc: int | None) -> None:
+    if nproc is None:  # nothing to check: no need to import torch (bytecomp.launch) for it
+        return
     from bytecomp.launch import check_nproc
 
     _warn(check_nproc(nproc))

@@ -156,10 +156,11 @@ def _malformed(saved: dict, world: int, layouts: dict[str, GroupLayout] | None) 
         if not isinstance(groups, dict) or not all(
                 isinstance(key, str) and isinstance(value, dict) for key, value in groups.items()):
             return f"ranks[{rank}] must map group keys to state dicts"
-        where = _not_plain(groups, f"ranks[{rank}]")
+        leaves = list(_leaves(groups, f"ranks[{rank}]"))
+        where = next((place for place, item in leaves if not isinstance(item, PLAIN)), None)
         if where:
             return f"{where} is not a tensor, number, string, list or dict"
-        where = _not_finite(groups, f"ranks[{rank}]")
+        where = next((place for place, item in leaves if not _finite(item)), None)
         if where:
             return f"{where} holds NaN or infinite values"
         if layouts is None:
@@ -168,22 +169,6 @@ def _malformed(saved: dict, world: int, layouts: dict[str, GroupLayout] | None) 
             problem = _misfit(state, layouts.get(key), f"ranks[{rank}][{key!r}]")
             if problem:
                 return problem
-    return None
-
-
-def _not_finite(value, where: str) -> str | None:
-    """Where in ``value`` a floating tensor or a float is NaN or infinite, or None."""
-    if isinstance(value, torch.Tensor):
-        finite = not value.is_floating_point() or bool(torch.isfinite(value).all())
-        return None if finite else where
-    if isinstance(value, float):
-        return None if math.isfinite(value) else where
-    items = value.items() if isinstance(value, dict) else \
-        enumerate(value) if isinstance(value, (list, tuple)) else ()
-    for key, item in items:
-        found = _not_finite(item, f"{where}[{key!r}]")
-        if found:
-            return found
     return None
 
 
@@ -236,20 +221,31 @@ def _tensor_misfit(value, numel: int | None, layout: GroupLayout, dtype: torch.d
     return None
 
 
-def _not_plain(value, where: str) -> str | None:
+BAD_KEY = object()  # what _leaves yields for a dict key that is neither a str nor an int
+
+
+def _leaves(value, where: str):
+    """``(place, item)`` of every value under ``value`` that is not a dict, list or tuple,
+    depth first; a dict key that is neither a str nor an int yields ``(place of the dict,
+    BAD_KEY)``."""
     if isinstance(value, dict):
         for key, item in value.items():
-            found = _not_plain(item, f"{where}[{key!r}]") if isinstance(key, (str, int)) else where
-            if found:
-                return found
-        return None
-    if isinstance(value, (list, tuple)):
+            if isinstance(key, (str, int)):
+                yield from _leaves(item, f"{where}[{key!r}]")
+            else:
+                yield where, BAD_KEY
+    elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            found = _not_plain(item, f"{where}[{index}]")
-            if found:
-                return found
-        return None
-    return None if isinstance(value, PLAIN) else where
+            yield from _leaves(item, f"{where}[{index}]")
+    else:
+        yield where, value
+
+
+def _finite(item) -> bool:
+    """False for a float, or a floating tensor, holding NaN or an infinity."""
+    if isinstance(item, torch.Tensor):
+        return not item.is_floating_point() or bool(torch.isfinite(item).all())
+    return not isinstance(item, float) or math.isfinite(item)
 
 
 def to_device(value, device: torch.device):
