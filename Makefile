@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install-dev: $(VENV)/.installed-dev
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP_INSTALL) -e ".[dev,digits]"
+	$(PIP_INSTALL) -e ".[dev,digits,lightning,accelerate]"
 	$(COMPILE)
 	touch $@
 

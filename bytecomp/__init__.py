@@ -9,16 +9,16 @@ plan in the training script::
 
 __version__ = "0.1.0"
 
-__all__ = ["apply_plan", "load_plan", "Plan", "Recipe", "BytecompError", "PeerFailure",
+__all__ = ["apply_plan", "comm_hook", "load_plan", "Plan", "Recipe", "BytecompError", "PeerFailure",
            "__version__"]
 
 
 def __getattr__(name):
     # Imported on first use, so that `bytecomp --help` does not pay for torch.
-    if name == "apply_plan":
-        from bytecomp.runtime import apply_plan
+    if name in ("apply_plan", "comm_hook"):
+        from bytecomp import runtime
 
-        return apply_plan
+        return getattr(runtime, name)
     if name in ("load_plan", "Plan"):
         from bytecomp import plan
 

@@ -1,10 +1,12 @@
 """The ``bytecomp`` command line: every command is a thin layer over the library.
 
-Errors a user can cause end as one line on stderr and exit code 2.
+Errors a user can cause end as one line on stderr and exit code 2. Results go to stdout
+(``--format json``: one JSON document), notes and warnings to stderr.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import replace
@@ -24,9 +26,61 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: rich's help panels cut long option names ("--fidelity-iterati…")
+    # at 80 columns or piped; click's never cuts a name and wraps the help beside it
+    rich_markup_mode=None,
 )
 console = Console()
 errors = Console(stderr=True)
+FORMATS = ("table", "json")
+FORMAT_HELP = ("table (for people) or json (one JSON document on stdout, for programs; "
+               "notes, warnings and progress on stderr).")
+
+
+def _check_format(value: str) -> bool:
+    """Whether the output is JSON (``--format json``); one line for anything but the
+    two formats."""
+    if value not in FORMATS:
+        raise BytecompError(f"--format must be table or json, got {value!r}")
+    return value == "json"
+
+
+def _plain(value):
+    """``value`` as JSON holds it: NaN and infinities as null, tuples and paths as lists
+    and strings, numpy scalars as numbers."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item"):  # a numpy or torch scalar
+        return _plain(value.item())
+    return str(value)
+
+
+def _emit_json(document: dict) -> None:
+    """``document`` on stdout: one JSON document, ``json.loads`` parses it."""
+    sys.stdout.write(json.dumps(_plain(document), indent=2, allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+def _show(table: Table, keep: tuple[int, ...] = (0,), stream: Console | None = None) -> None:
+    """Print ``table`` with the words of its ``keep`` columns (names) whole at any width
+    the words fit (:class:`bytecomp.ui.Fitted`)."""
+    from bytecomp.ui import Fitted
+
+    (stream or console).print(Fitted(table, keep))
+
+
+def _notes(notes: list[str]) -> None:
+    """Notes on stderr, one line each (results stay alone on stdout)."""
+    for note in notes:
+        errors.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
 
 
 def _version(value: bool) -> None:
@@ -47,13 +101,20 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def compressors(
     specs: list[str] = typer.Argument(None, help="Specs to show (default: every compressor)."),
     numel: int = typer.Option(1 << 20, min=1, help="Elements used for the payload column."),
+    output_format: str = typer.Option("table", "--format", help=FORMAT_HELP),
 ):
     """List the compressors: parameters, capabilities and payload size."""
     from bytecomp.comm.schemes import SCHEMES, supported_schemes
     from bytecomp.compress import COMPRESSORS, from_spec
 
+    as_json = _check_format(output_format)
     chosen = [from_spec(spec) for spec in specs] if specs else \
         [from_spec(name) for name in COMPRESSORS]
+    if as_json:
+        _emit_json({"numel": numel, "element_size": 4,
+                    "schemes": {scheme.name: scheme.label for scheme in SCHEMES.values()},
+                    "compressors": [_compressor_json(c, numel) for c in chosen]})
+        return
     table = Table(title=f"bytecomp compressors: payload for {numel:,} float32 elements",
                   caption="schemes: " + ", ".join(f"{s.label} {s.name}"
                                                   for s in SCHEMES.values()))
@@ -70,7 +131,27 @@ def compressors(
                       "yes" if compressor.summable else "no",
                       " ".join(SCHEMES[s].label for s in supported_schemes(compressor)),
                       f"{payload:,}{note}", f"{dense / payload:.1f}x")
-    console.print(table)
+    _show(table, keep=(0, 1))
+
+
+def _compressor_json(compressor, numel: int) -> dict:
+    """A compressor as ``compressors --format json`` shows it: spec, parameters, the
+    traits it declares (:attr:`bytecomp.compress.base.Compressor.TRAITS`), schemes and
+    payload for ``numel`` float32 elements."""
+    from bytecomp.comm.schemes import supported_schemes
+
+    payload = compressor.payload_bytes(numel, 4)
+    return {
+        "name": compressor.name, "spec": compressor.spec, "summary": compressor.summary,
+        "parameters": dict(compressor.values), "error_feedback": compressor.error_feedback,
+        "params": {key: {"type": param.kind.__name__, "default": param.default,
+                         "accepts": param.describe(), "help": param.help}
+                   for key, param in compressor.params.items()},
+        "traits": {trait: getattr(compressor, trait) for trait in compressor.TRAITS
+                   if trait not in ("name", "summary", "params")},
+        "schemes": supported_schemes(compressor),
+        "payload_bytes": payload, "ratio": numel * 4 / payload,
+    }
 
 
 @app.command()
@@ -245,11 +326,12 @@ def plan(
     static: bool = typer.Option(False, "--static", help="Write the chosen plan alone: no "
                                 "runtime trial of the finalists the prediction cannot "
                                 "separate, no controller."),
+    output_format: str = typer.Option("table", "--format", help=FORMAT_HELP),
 ):
     """Search the per-tensor strategy that trains soonest: shortest predicted iteration per
     unit of gradient fidelity (or iteration time alone); write plan.yaml."""
     from bytecomp.plan import MAX_BUCKET_CAP_MB
-    from bytecomp.profile import load_profile
+    from bytecomp.profile_store import load_profile
     from bytecomp.search import Planner, to_plan
     from bytecomp.search.options import (
         ALGORITHMS,
@@ -259,6 +341,7 @@ def plan(
     )
     from bytecomp.search.verify import MAX_STEPS as MAX_VERIFY_STEPS
 
+    as_json = _check_format(output_format)
     if algorithm not in ALGORITHMS:
         raise BytecompError(f"--algorithm must be {', '.join(ALGORITHMS[:-1])} or "
                             f"{ALGORITHMS[-1]}, got {algorithm!r}")
@@ -300,7 +383,8 @@ def plan(
     if settings is not None:
         if min_gain is None:  # the levels are searched by time
             options = replace(options, min_gain=default_min_gain("time"))
-        _plan_adaptive(loaded, _load_cluster(cluster), settings, agree_every, options, out)
+        _plan_adaptive(loaded, _load_cluster(cluster), settings, agree_every, options, out,
+                       as_json)
         return
     planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
                       min_fidelity, fidelity_weights, probe)
@@ -335,11 +419,37 @@ def plan(
                 f"{plan_file.adaptive.trial_steps} steps after {plan_file.adaptive.trial_warmup}"
                 f", then keeps the best; --static writes the chosen plan alone")
     written = plan_file.save(out)
-    if verbose:
-        _print_fits(planner)
+    if verbose:  # asked for: on stdout, or beside a JSON document on stderr
+        _print_fits(planner, errors if as_json else console)
+    if as_json:
+        _notes(result.notes)
+        _warn(result.warnings)
+        _emit_json(_plan_json(result, plan_file, written))
+        return
     if verification is not None:
         _print_finalists(verification)
     _print_plan(result, written)
+
+
+def _starting_entries(plan_file) -> list:
+    """The entries training starts with: a static plan's, or its start level's."""
+    if plan_file.levels and plan_file.adaptive is not None:
+        return plan_file.levels[plan_file.adaptive.start].entries
+    return plan_file.entries
+
+
+def _plan_json(result, plan_file, written) -> dict:
+    """``plan --format json``: the plan file's fields as written (predictions, baselines,
+    fidelity, search, finalists, tensors or levels), where it was written, the per-tensor
+    strategies training starts with, the table's rows, notes and warnings."""
+    rows = [{"strategy": row["strategy"], "bucket_cap_mb": row["cap_mb"],
+             "iteration_ms": row["time_ms"], "fidelity": row["fidelity"],
+             "effective_ms": row["effective_ms"], "below_min_fidelity": row["below"],
+             "vs_fp32": row["vs_fp32"]} for row in result.strategy_rows()]
+    return {"written": str(written), **plan_file.to_dict(),
+            "tensors": [entry.to_dict() for entry in _starting_entries(plan_file)],
+            "strategies": rows, "composition": result.composition(),
+            "evidence": result.evidence, "notes": result.notes, "warnings": result.warnings}
 
 
 def _adaptive_settings(family: str, threshold: float, window: int, timing: str,
@@ -359,15 +469,29 @@ def _adaptive_settings(family: str, threshold: float, window: int, timing: str,
 
 
 def _plan_adaptive(profile, cluster, settings, agree_every: int | None, options,
-                   out: str) -> None:
+                   out: str, as_json: bool = False) -> None:
     from bytecomp.search.ladder import level_rows, plan_ladder, to_ladder_plan
     from bytecomp.search.planner import effective_ms
 
     family, threshold = settings.family, settings.threshold
     result = plan_ladder(profile, cluster, settings, options, agree_every)
-    written = to_ladder_plan(result, profile).save(out)
+    plan_file = to_ladder_plan(result, profile)
+    written = plan_file.save(out)
     level = result.levels[0]
     start = result.adaptive.start
+    if as_json:
+        _notes(result.notes)
+        _emit_json({
+            "written": str(written), **plan_file.to_dict(),
+            "tensors": [entry.to_dict() for entry in _starting_entries(plan_file)],
+            "ladder": [{"level": number, "setting": setting, "iteration_ms": time_ms,
+                        "gain": gain, "fidelity": fidelity,
+                        "effective_ms": effective_ms(time_ms, fidelity) if fidelity else None,
+                        "vs_fp32": speedup}
+                       for number, setting, time_ms, gain, fidelity, speedup in
+                       level_rows(result)],
+            "notes": result.notes})
+        return
     table = Table(title=f"adaptive plan: {family} ladder on {level.cluster.name} "
                         f"({level.cluster.nodes} x {level.cluster.ranks_per_node} ranks), "
                         f"bucket cap {level.cap_mb:g} MB; training starts at level {start} (*) "
@@ -383,13 +507,12 @@ def _plan_adaptive(profile, cluster, settings, agree_every: int | None, options,
                       "-" if fidelity is None else f"{fidelity:.3f}",
                       "-" if not fidelity else f"{effective_ms(time_ms, fidelity):.2f}",
                       f"{speedup:.2f}x")
-    console.print(table)
-    for note in result.notes:
-        console.print(f"note: {note}")
+    _show(table, keep=(1,))
+    _notes(result.notes)
     console.print(f"wrote {written}")
 
 
-def _print_fits(planner) -> None:
+def _print_fits(planner, stream: Console) -> None:
     from bytecomp.model.costs import fit_quality
     from bytecomp.search.tree import pruned_counts
 
@@ -403,10 +526,10 @@ def _print_fits(planner) -> None:
     for row in quality.itertuples():
         table.add_row(row.model, row.key, row.form, f"{row.a_ms:.4f}", f"{row.b_ms_per_unit:.3e}",
                       f"{row.r2:.4f}", f"{100 * row.worst_rel_error:.1f}%", str(row.points))
-    console.print(table)
+    _show(table, keep=(0, 1), stream=stream)
     for reason, count in pruned_counts(planner.tree).items():
-        console.print(f"pruned {count} options: {reason}")
-    console.print(f"{len(planner.problem.options)} options offered per tensor")
+        stream.print(f"pruned {count} options: {reason}")
+    stream.print(f"{len(planner.problem.options)} options offered per tensor")
 
 
 def _print_finalists(verification) -> None:
@@ -421,7 +544,7 @@ def _print_finalists(verification) -> None:
         table.add_row(finalist.name + star, cap_label(finalist.cap_mb), f"{finalist.time_ms:.2f}",
                       "-" if factor is None else f"{factor:.2f}",
                       f"{finalist.value:.2f}" if math.isfinite(finalist.value) else "inf")
-    console.print(table)
+    _show(table)
 
 
 def _print_plan(result, written) -> None:
@@ -447,14 +570,13 @@ def _print_plan(result, written) -> None:
         if number == 0:  # the plan
             cells = [f"[bold]{cell}[/]" for cell in cells]
         table.add_row(*cells)
-    console.print(table)
+    _show(table)
     console.print("plan: " + result.composition())
     console.print(f"search: {result.algorithm}, {result.search_ms:.0f} ms, "
                   f"{result.evaluations} simulations; lower bound {result.lower_bound_ms:.2f} ms "
                   f"(gap <= {100 * result.gap:.1f}%)")
     console.print(f"evidence: {result.evidence}")
-    for note in result.notes:
-        console.print(f"note: {note}")
+    _notes(result.notes)
     _warn(result.warnings)
     console.print(f"wrote {written}")
 
@@ -467,14 +589,16 @@ def simulate(
     trace: str = typer.Option(None, help="Write a Chrome trace (open it in Perfetto)."),
     png: str = typer.Option(None, help="Write a Gantt chart PNG."),
     level: int = typer.Option(None, help="An adaptive plan's level to simulate (default 0)."),
+    output_format: str = typer.Option("table", "--format", help=FORMAT_HELP),
 ):
     """Simulate one iteration of a plan: time breakdown, trace and Gantt chart."""
     from bytecomp.plan import load_plan
-    from bytecomp.profile import load_profile
+    from bytecomp.profile_store import load_profile
     from bytecomp.search import Planner, simulate_plan
     from bytecomp.search.planner import check_plan_fits
     from bytecomp.timeline.render import draw_gantt, trace_json
 
+    as_json = _check_format(output_format)
     outputs: dict[str, str | None] = {"--trace": trace, "--png": png}
     for option, path in outputs.items():
         if path:
@@ -484,12 +608,14 @@ def simulate(
     the_plan = load_plan(plan_file)
     chosen = _load_cluster(cluster)
     check_plan_fits(the_plan, loaded, chosen)
+    simulated_level = None
     if level is not None or the_plan.levels:
         count = len(the_plan.levels or [])
         if not 0 <= (level or 0) < count:
             raise BytecompError(f"{plan_file} has no level {level} (" + (
                 f"levels 0 to {count - 1})" if count else "it is not an adaptive plan)"))
-        the_plan = the_plan.level(level or 0)
+        simulated_level = level or 0
+        the_plan = the_plan.level(simulated_level)
     planner = Planner(loaded, chosen, the_plan.compressors or None, strict=True)
     result = simulate_plan(planner, the_plan)
     breakdown = result.breakdown()
@@ -506,14 +632,23 @@ def simulate(
     rows += [(f"busy {key.replace(':', ' ')}", value) for key, value in sorted(breakdown.items())]
     for name, value in rows:
         table.add_row(name, f"{value:.2f}")
-    console.print(table)
+    if not as_json:
+        _show(table)
     written = [path for path in (trace, png) if path]
     with atomic_files(written) as temporaries:  # both written, then both renamed
         staged = dict(zip(written, temporaries))
         if trace:
-            staged[trace].write_text(trace_json(result, str(plan_file)))
+            staged[trace].write_text(trace_json(result, str(plan_file), planner.problem.tensors))
         if png:
             draw_gantt(result, staged[png], str(plan_file))
+    if as_json:
+        _emit_json({"plan": plan_file, "level": simulated_level,
+                    "cluster": planner.cluster.name, "iteration_ms": result.iteration_ms,
+                    "compute_ms": compute, "exposed_ms": result.iteration_ms - compute,
+                    "backward_end_ms": result.backward_end_ms,
+                    "comm_end_ms": result.comm_end_ms, "busy_ms": dict(sorted(breakdown.items())),
+                    "written": written})
+        return
     for path in written:
         console.print(f"wrote {path}")
 
@@ -553,11 +688,15 @@ def bench(
                                "fp32 DDP, PyTorch's hooks and the plans."),
     train_levels: bool = typer.Option(False, help="With --train-steps: also train every level "
                                       "of an adaptive plan as a static plan of its own."),
+    output_format: str = typer.Option("table", "--format", help=FORMAT_HELP),
 ):
     """Measure the plan and the baselines for real, beside the model's predictions; with
     --train-steps, also their time to a target validation loss."""
+    import os
+
     from bytecomp.bench import BenchConfig, ConvergenceConfig, run_bench
 
+    as_json = _check_format(output_format)
     if cluster is not None:  # checked before any rank starts
         _load_cluster(cluster)
     _check_nproc(nproc)
@@ -569,8 +708,27 @@ def bench(
         raise BytecompError(f"--to-loss must be a finite number, got {to_loss:g}")
     convergence = ConvergenceConfig(train_steps, min(eval_every, train_steps), to_loss, lr,
                                     target_fraction=target_fraction) if train_steps else None
-    run_bench(BenchConfig(profile, plan_file[0], out, plan_file[1:], compressor or [], cluster,
-                          iterations, warmup, force, convergence, train_levels, every), nproc)
+    folder = run_bench(BenchConfig(profile, plan_file[0], out, plan_file[1:], compressor or [],
+                                   cluster, iterations, warmup, force, convergence, train_levels,
+                                   every, tables=not as_json), nproc)
+    if as_json and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0's, as the table
+        _emit_json(_bench_json(folder))
+
+
+def _bench_json(folder: Path) -> dict:
+    """``bench --format json``: the rows of bench.csv (and convergence.csv), the table's
+    caption (compute drift, prediction errors) and the files written."""
+    import pandas as pd
+
+    from bytecomp.bench.runner import prediction_summary
+
+    results = pd.read_csv(folder / "bench.csv")
+    convergence = folder / "convergence.csv"
+    return {"out": str(folder), "files": sorted(path.name for path in folder.iterdir()),
+            "strategies": results.to_dict(orient="records"),
+            "summary": prediction_summary(results),
+            "convergence": pd.read_csv(convergence).to_dict(orient="records")
+            if convergence.exists() else None}
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -639,7 +797,7 @@ def main(argv: list[str] | None = None) -> None:
     except BytecompError as error:
         _error(str(error), getattr(error, "exit_code", 2))
     except NoArgsIsHelpError as error:
-        console.print(error.ctx.get_help())
+        typer.echo(error.ctx.get_help())  # click's plain help, as --help prints it
         sys.exit(2)
     except UsageError as error:
         hint = f" (see {error.ctx.command_path} --help)" if error.ctx else ""

@@ -238,7 +238,7 @@ def spawn(fn: Callable, args: tuple, nproc: int, backend: str, timeout_s: float,
             _stop(processes)
             on_stop()
             if failure.details:
-                print(failure.details)
+                print(failure.details, file=sys.stderr)
             if failure.user_error:
                 raise BytecompError(failure.message)
             raise RankFailed(f"rank {failure.rank} failed: {failure.message}")

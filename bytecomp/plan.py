@@ -115,10 +115,16 @@ NO_COMPRESSION = Option(UNCOMPRESSED, "device", "allreduce")
 
 def fingerprint(model) -> str:
     """sha256 over a model's parameter names, shapes and dtypes, in ``named_parameters``
-    order: what a plan and a profile record to recognise their model."""
+    order: what a plan and a profile record to recognise their model. The names are
+    normalized (:mod:`bytecomp.naming`: without wrappers' prefixes such as ``module.``,
+    ``_orig_mod.`` or a LightningModule's attribute), so a wrapped model is the same model."""
+    from bytecomp.naming import normalize
+
+    named = list(model.named_parameters())
+    names = normalize(name for name, _ in named).names
     digest = hashlib.sha256()
-    for name, param in model.named_parameters():
-        digest.update(f"{name}|{tuple(param.shape)}|{param.dtype}\n".encode())
+    for name, param in named:
+        digest.update(f"{names[name]}|{tuple(param.shape)}|{param.dtype}\n".encode())
     return digest.hexdigest()
 
 

@@ -1,15 +1,77 @@
-"""Terminal output shared by the commands: rich progress bars on rank 0 only."""
+"""Terminal output shared by the commands: rich progress bars on rank 0 only, and tables
+that keep their names whole at any width (:class:`Fitted`)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 console = Console()
+errors = Console(stderr=True)  # notes, warnings and, beside a JSON document, progress
 
+
+class Fitted:
+    """``table`` as printed, its words whole wherever the width allows: narrower than the
+    table's natural width (80 columns, piped, in a CI log), every column narrows to its
+    longest word (headers wrap), values then names get the room left (``keep``: the
+    columns of names, strategies or compressors), and the outer frame and edge padding
+    go before a word would be cut. A word wider than its column folds onto the next
+    line: no cell is ever cut with an ellipsis."""
+
+    def __init__(self, table: Table, keep: Iterable[int] = (0,)) -> None:
+        self.table = table
+        self.keep = set(keep)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        fit(self.table, console, options, self.keep)
+        yield self.table
+
+
+def fit(table: Table, console: Console, options: ConsoleOptions, keep: set[int]) -> None:
+    """Set ``table``'s column widths for ``options.max_width`` (see :class:`Fitted`)."""
+    width = options.max_width
+    wide = options.update_width(1 << 20)  # what a renderable takes, unclamped
+
+    def measure(renderable) -> Measurement:
+        return Measurement.get(console, wide, renderable)
+
+    if measure(table).maximum <= width:
+        return  # as it is: nothing wraps
+
+    word, values, whole = [], [], []  # per column: its longest word, value and line
+    for column in table.columns:
+        header, cells = measure(column.header), [measure(cell) for cell in column.cells]
+        word.append(max([header.minimum, *(cell.minimum for cell in cells)]))
+        values.append(max([0, *(cell.maximum for cell in cells)]))
+        whole.append(max(header.maximum, values[-1]))
+    for column in table.columns:
+        column.overflow, column.no_wrap = "fold", False
+    edge, pad_edge, collapse = table.show_edge, table.pad_edge, table.collapse_padding
+    for compact in range(3):  # lose the frame, then the padding at the edges and between
+        table.show_edge, table.pad_edge = edge and compact == 0, pad_edge and compact == 0
+        table.collapse_padding = collapse or compact == 2
+        room = width - table._extra_width - sum(  # rich's own accounting of borders and padding
+            table._get_padding_width(index) for index in range(len(table.columns)))
+        if sum(word) <= room:
+            break
+    else:
+        return  # narrower than the longest words: rich shares the width out, words fold
+    widths, spare = list(word), room - sum(word)
+    others = [index for index in range(len(widths)) if index not in keep]
+    for order, target in ((others, values), (sorted(keep), whole), (range(len(widths)), whole)):
+        for index in order:
+            if index < len(widths):
+                extra = min(spare, max(0, target[index] - widths[index]))
+                widths[index] += extra
+                spare -= extra
+    for column, column_width in zip(table.columns, widths):
+        column.width = column_width
 
 
 def _ignore(steps: int = 1) -> None:
@@ -19,8 +81,10 @@ def _ignore(steps: int = 1) -> None:
 class Reporter:
     """Progress bars, one per phase; silent where ``enabled`` is false (ranks > 0)."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, to_stderr: bool = False) -> None:
         self.enabled = enabled
+        # to_stderr: progress on stderr and nothing else shown (stdout holds a JSON document)
+        self.to_stderr = to_stderr
         self._progress: Progress | None = None
 
     @contextlib.contextmanager
@@ -29,7 +93,8 @@ class Reporter:
             yield self
             return
         self._progress = Progress(TextColumn("{task.description:<28}"), BarColumn(),
-                                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                                  MofNCompleteColumn(), TimeElapsedColumn(),
+                                  console=errors if self.to_stderr else console,
                                   transient=False)
         with self._progress:
             yield self
@@ -48,5 +113,12 @@ class Reporter:
         return advance
 
     def print(self, *objects) -> None:
-        if self.enabled:
+        """Results, on stdout (nothing where ``to_stderr``: a JSON document holds them)."""
+        if self.enabled and not self.to_stderr:
             console.print(*objects)
+
+    def warn(self, text: str) -> None:
+        """A warning, on stderr, one line."""
+        if self.enabled:
+            errors.print(f"[bold yellow]warning:[/] {escape(text)}", highlight=False,
+                         soft_wrap=True)

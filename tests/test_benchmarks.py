@@ -54,3 +54,15 @@ def test_the_interleaving_order_benchmark_runs():
     for kind in ("fp16", "powersgd"):
         assert f"{kind} copies, fixed order: slowest over fastest" in result.stdout
         assert f"{kind} copies, shuffled order: slowest over fastest" in result.stdout
+
+
+def test_the_startup_benchmark_runs(tmp_path):
+    table = tmp_path / "table.md"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "startup.py"), "--runs", "1",
+         "--markdown", str(table)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    for text in ('-c "import torch"', "bytecomp plan profiles/transformer --cluster gbe1",
+                 "plan / import torch: ", "1.5x target", "before: load average",
+                 "after: load average"):
+        assert text in result.stdout and text in table.read_text(), text

@@ -171,7 +171,7 @@ def test_bytecomp_plan_trains_the_finalists_and_records_them(cli, monkeypatch, t
         assert plan.adaptive.family == "finalists" and plan.levels[0].setting == "fp32 DDP"
         assert plan.levels[plan.adaptive.start].setting == chosen["name"]
         assert plan.adaptive.start in plan.adaptive.trial
-        assert "the running job times" in text
+        assert "the running job times" in " ".join(done.stderr.split())  # a note: stderr
 
 
 def test_finalists_the_prediction_cannot_separate_become_a_runtime_trial(planned):

@@ -35,6 +35,36 @@ def test_a_training_job_imports_no_planner_code():
     assert "bytecomp.runtime.executor" in loaded and "yaml" in loaded
 
 
+# what `bytecomp plan --no-verify` has no use for: it runs no torch code (the compressors and
+# the scheme registry import torch where they run it), fits without scipy.optimize, and reads
+# a profile without the profiler
+PLAN_SKIPS = ("torch", "scipy", "matplotlib", "bytecomp.profile", "bytecomp.runtime",
+              "bytecomp.launch", "bytecomp.recipe", "bytecomp.bench", "bytecomp.emulate",
+              "bytecomp.comm.exchanges", "bytecomp.comm.collectives", "bytecomp.comm.worker")
+
+
+def test_bytecomp_plan_imports_only_what_it_needs(tmp_path):
+    """The plan command's start is most of its time (the shipped transformer profile's
+    search takes a tenth of a second): none of it goes to modules it does not run."""
+    out, modules = tmp_path / "plan.yaml", tmp_path / "modules.txt"
+    script = ("import sys\n"
+              "from bytecomp.cli import main\n"
+              f"sys.argv = ['bytecomp', 'plan', {str(REPO / 'profiles' / 'transformer')!r}, "
+              f"'--cluster', 'gbe1', '--no-verify', '--out', {str(out)!r}]\n"
+              "try:\n"
+              "    main()\n"
+              "except SystemExit as stop:\n"
+              "    assert not stop.code, stop.code\n"
+              f"open({str(modules)!r}, 'w').write('\\n'.join(sorted(sys.modules)))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert out.exists() and "wrote" in result.stdout
+    loaded = modules.read_text().split()
+    unneeded = [m for m in loaded if any(m == s or m.startswith(f"{s}.") for s in PLAN_SKIPS)]
+    assert not unneeded, unneeded
+    assert "bytecomp.search.planner" in loaded and "bytecomp.compress.quantize" in loaded
+
+
 def _module_name(path: Path) -> str:
     parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

@@ -71,7 +71,7 @@ from bytecomp.runtime import Executor
 from bytecomp.search import Planner, simulate_plan
 from bytecomp.search.options import BaselineKind
 from bytecomp.search.planner import native_option
-from bytecomp.ui import Reporter
+from bytecomp.ui import Fitted, Reporter
 
 DEFAULT_COMPRESSOR = "topk:ratio=0.01"
 
@@ -90,6 +90,7 @@ class BenchConfig:
     convergence: ConvergenceConfig | None = None  # also train to a validation loss
     train_levels: bool = False  # also train each level of an adaptive plan, statically
     every: bool = True  # the "one compressor on every tensor" strategies
+    tables: bool = True  # print the tables (False: bench --format json; progress on stderr)
 
 
 @dataclass
@@ -301,7 +302,7 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
     batch = to_device(workload.make_batch(int(profile.meta["batch_size"])), device)
     strategies = build_strategies(workload, device, profile, plans, specs, rank, world, shape[0],
                                   workload.make_optimizer)
-    reporter = Reporter(enabled=dist.get_rank() == 0)
+    reporter = Reporter(enabled=dist.get_rank() == 0, to_stderr=not config.tables)
     with reporter.session():
         progress = reporter.phase(f"{len(strategies)} strategies, interleaved",
                                   config.warmup + config.iterations)
@@ -341,9 +342,9 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
         convergence = time_to_accuracy(training, config.convergence,
                                        _fidelities(profile, plans, cluster, specs))
     _write(results, config, profile, world, shape, training, convergence)
-    reporter.print(_table(results, profile, shape, config))
+    reporter.print(Fitted(_table(results, profile, shape, config)))
     if convergence is not None and config.convergence is not None:
-        reporter.print(convergence_table(convergence, config.convergence))
+        reporter.print(Fitted(convergence_table(convergence, config.convergence)))
     return results
 
 
@@ -446,13 +447,25 @@ def _table(results: pd.DataFrame, profile, shape, config) -> Table:
                       f"{row.predicted_ms:.1f}", f"{100 * row.error:+.1f}%",
                       f"{row.recalibrated_ms:.1f}", f"{100 * row.recalibrated_error:+.1f}%",
                       f"{row.speedup_vs_fp32:.2f}x")
+    summary = prediction_summary(results)
+    table.caption = (f"compute drift since the profile: x{summary['compute_drift']:.3f}; "
+                     f"prediction error: median {100 * summary['error_median']:.1f}%, worst "
+                     f"{100 * summary['error_worst']:.1f}%; recalibrated for the drift: median "
+                     f"{100 * summary['recalibrated_error_median']:.1f}%, worst "
+                     f"{100 * summary['recalibrated_error_worst']:.1f}%")
+    return table
+
+
+def prediction_summary(results: pd.DataFrame) -> dict[str, float]:
+    """The bench table's caption: the compute drift since the profile and the predictions'
+    absolute errors (median and worst over the strategies, compute-only left out), raw and
+    recalibrated for the drift."""
     strategies = results[results.strategy != COMPUTE_ONLY]
     raw, recalibrated = strategies["error"].abs(), strategies["recalibrated_error"].abs()
-    table.caption = (f"compute drift since the profile: x{results.compute_drift.iloc[0]:.3f}; "
-                     f"prediction error: median {100 * raw.median():.1f}%, worst "
-                     f"{100 * raw.max():.1f}%; recalibrated for the drift: median "
-                     f"{100 * recalibrated.median():.1f}%, worst {100 * recalibrated.max():.1f}%")
-    return table
+    return {"compute_drift": float(results.compute_drift.iloc[0]),
+            "error_median": float(raw.median()), "error_worst": float(raw.max()),
+            "recalibrated_error_median": float(recalibrated.median()),
+            "recalibrated_error_worst": float(recalibrated.max())}
 
 
 def _write(results: pd.DataFrame, config: BenchConfig, profile, world: int, shape,

@@ -8,9 +8,8 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
-from bytecomp.comm.exchanges import Exchange
 from bytecomp.comm.schemes import (
     SCHEMES,
     Scheme,
@@ -21,9 +20,16 @@ from bytecomp.comm.schemes import (
     scheme_of,
     supported_schemes,
 )
-from bytecomp.comm.topology import Topology
-from bytecomp.comm.worker import CommWorker
 from bytecomp.compress.base import Compressor
+
+# Exchange, Topology and CommWorker need torch: imported when first asked for (__getattr__),
+# so that the planner, which reads the scheme registry, imports no torch
+if TYPE_CHECKING:
+    import torch
+
+    from bytecomp.comm.exchanges import Exchange
+    from bytecomp.comm.topology import Topology
+    from bytecomp.comm.worker import CommWorker
 
 
 class Communicator:
@@ -33,6 +39,9 @@ class Communicator:
     the same order."""
 
     def __init__(self, topology: Topology | None = None) -> None:
+        from bytecomp.comm.topology import Topology
+        from bytecomp.comm.worker import CommWorker
+
         self.owns_topology = topology is None
         self.topology = topology or Topology.build()
         self.worker = CommWorker()
@@ -54,6 +63,22 @@ class Communicator:
 def _finish(staged: Exchange) -> torch.Tensor:
     staged.communicate()
     return staged.decode()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Exchange":
+        from bytecomp.comm.exchanges import Exchange
+
+        return Exchange
+    if name == "Topology":
+        from bytecomp.comm.topology import Topology
+
+        return Topology
+    if name == "CommWorker":
+        from bytecomp.comm.worker import CommWorker
+
+        return CommWorker
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["SCHEMES", "CommWorker", "Communicator", "Exchange", "Scheme", "Topology",

@@ -29,23 +29,16 @@ from bytecomp.comm.collectives import (
     alltoall_payloads,
 )
 from bytecomp.comm.compat import all_gather_flat, reduce_scatter_flat
+from bytecomp.comm.rounds import GATHER, native_rounds  # noqa: F401 (GATHER: as before)
 from bytecomp.comm.topology import Topology
 from bytecomp.compress.base import Compressor, Peers
 
 SERVER_SALT = 1_000_003  # same on every rank, so stage-two contexts agree
 INTER_SALT = 2_000_003  # the two-level scheme's inter-node stage, same on every node
-GATHER = ("allgather",)  # the rounds of an exchange that gathers every rank's payload
 
 
 def peers_of(group: dist.ProcessGroup) -> Peers:
     return Peers(dist.get_rank(group), dist.get_world_size(group))
-
-
-def native_rounds(compressor: Compressor) -> tuple[str, ...]:
-    """The rounds of a compressor's own one-stage exchange: its rounds where the last is
-    an allreduce (the mean travels), else one allgather of its payload."""
-    rounds = compressor.collectives_of_rounds()
-    return rounds if rounds[-1] == "allreduce" else GATHER
 
 
 def mean_of_decompressed(compressor: Compressor, payloads, ctx, like: torch.Tensor,

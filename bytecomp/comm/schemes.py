@@ -32,24 +32,18 @@ the input's shape and dtype; the input may be overwritten.
 
 from __future__ import annotations
 
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
-import torch
-
-from bytecomp.comm.exchanges import (
-    GATHER,
-    Exchange,
-    FlatExchange,
-    HierarchicalExchange,
-    TwoLevelExchange,
-    TwoShotExchange,
-    chunk_residuals,
-    native_rounds,
-    placed,
-    stage_residual,
-)
-from bytecomp.comm.topology import Topology
+from bytecomp.comm.rounds import GATHER, native_rounds
 from bytecomp.compress.base import Compressor
+
+# the exchanges need torch: each is imported where one is built, so that the planner,
+# which reads the registry, imports no torch
+if TYPE_CHECKING:
+    import torch
+
+    from bytecomp.comm.exchanges import Exchange
+    from bytecomp.comm.topology import Topology
 
 SEVERAL_NODES = "needs several nodes and several ranks per node"
 
@@ -173,6 +167,8 @@ def make_exchange(x: torch.Tensor, compressor: Compressor, state: dict, topology
                   scheme: str = "allreduce") -> Exchange:
     """The staged exchange of ``x`` with ``compressor`` on ``scheme`` (the input may be
     overwritten; the result is the mean over all ranks, identical on every rank)."""
+    from bytecomp.comm.exchanges import Exchange
+
     check_scheme(compressor, scheme)
     if x.numel() == 0:
         return Exchange(x)
@@ -213,6 +209,8 @@ class AllReduce(Scheme):
         return compressor.collectives_of_rounds()
 
     def exchange(self, x, compressor, state, topology):
+        from bytecomp.comm.exchanges import FlatExchange
+
         return FlatExchange(x, compressor, state, topology.world, self.flat_rounds(compressor))
 
 
@@ -233,6 +231,8 @@ class AllGather(Scheme):
         return GATHER
 
     def exchange(self, x, compressor, state, topology):
+        from bytecomp.comm.exchanges import FlatExchange
+
         return FlatExchange(x, compressor, state, topology.world, GATHER)
 
 
@@ -247,11 +247,15 @@ class TwoShot(Scheme):
         return compressor.gatherable and compressor.rounds == 1 and compressor.chunkable
 
     def exchange(self, x, compressor, state, topology):
+        from bytecomp.comm.exchanges import TwoShotExchange
+
         return TwoShotExchange(x, compressor, state, topology.world)
 
     def take_residuals(self, state, numel, topology):
         """One residual per chunk and, for the chunk this rank re-compresses, a "server"
         residual of the average (so it counts ``world`` times)."""
+        from bytecomp.comm.exchanges import chunk_residuals, placed, stage_residual
+
         size = topology.size
         pieces = chunk_residuals(state) + [(topology.rank, stage_residual(state, "server"),
                                             size)]
@@ -270,12 +274,18 @@ class Hierarchical(Scheme):
         return True
 
     def exchange(self, x, compressor, state, topology):
+        import torch
+
+        from bytecomp.comm.exchanges import HierarchicalExchange
+
         dtype = getattr(torch, self.intra_dtype) if self.intra_dtype else None
         return HierarchicalExchange(x, compressor, state, topology, dtype)
 
     def take_residuals(self, state, numel, topology):
         """One residual of this rank's chunk of the node's average (so it counts
         ``ranks_per_node`` times)."""
+        from bytecomp.comm.exchanges import placed
+
         residual = state.pop("residual", None)
         k = topology.ranks_per_node
         width = residual.numel() if residual is not None else 0
@@ -312,12 +322,16 @@ class TwoLevel(Scheme):
         return compressor.gatherable and compressor.rounds == 1 and compressor.chunkable
 
     def exchange(self, x, compressor, state, topology):
+        from bytecomp.comm.exchanges import TwoLevelExchange
+
         return TwoLevelExchange(x, compressor, state, topology)
 
     def take_residuals(self, state, numel, topology):
         """One residual per chunk of its intra-node stage, one of the node's average of its
         chunk (inter-node stage) and one of the world's average of it, which the same local
         rank of every node holds (``server``): both count ``ranks_per_node`` times."""
+        from bytecomp.comm.exchanges import chunk_residuals, placed, stage_residual
+
         k = topology.ranks_per_node
         pieces = chunk_residuals(state) + [(topology.local_rank, stage_residual(state, stage),
                                             k) for stage in ("inter", "server")]

@@ -13,7 +13,9 @@ its own with :func:`register`).
 # isort: off
 from bytecomp.compress import quantize, sparse, sign, lowrank, exdyna  # noqa: F401
 # isort: on
-from bytecomp.compress.base import SOLO, Compressor, Meta, Param, Payload, Peers, payload_nbytes
+from typing import TYPE_CHECKING, Any
+
+from bytecomp.compress.base import SOLO, Compressor, Meta, Param, Peers, payload_nbytes
 from bytecomp.compress.feedback import ErrorFeedback
 from bytecomp.compress.registry import (
     COMPRESSORS,
@@ -26,6 +28,9 @@ from bytecomp.compress.registry import (
     parameters_of,
     register,
 )
+
+if TYPE_CHECKING:
+    from bytecomp.compress.base import Payload
 
 __all__ = [
     "COMPRESSORS",
@@ -46,3 +51,11 @@ __all__ = [
     "payload_nbytes",
     "register",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Payload":  # list[torch.Tensor]: it needs torch, imported when asked
+        from bytecomp.compress import base
+
+        return base.Payload
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

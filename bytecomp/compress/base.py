@@ -29,11 +29,21 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it runs: planning imports this module without it
+    import torch
 
-Payload = list[torch.Tensor]
+    Payload = list[torch.Tensor]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Payload":  # list[torch.Tensor], made on first use (it needs torch)
+        import torch
+
+        globals()["Payload"] = payload = list[torch.Tensor]
+        return payload
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -256,6 +266,8 @@ class Compressor:
     def aggregate_into(self, payloads: list[Payload], ctx: Any, out: torch.Tensor) -> torch.Tensor:
         """The mean of every rank's decompressed payload, summed in rank order in float32,
         written into ``out``."""
+        import torch
+
         total = torch.zeros(out.numel(), dtype=torch.float32, device=out.device)
         for payload in payloads:
             total += self.decompress(payload, ctx).float()
@@ -273,6 +285,8 @@ def count_of(ratio: float, numel: int) -> int:
 
 
 def index_dtype(numel: int) -> torch.dtype:
+    import torch
+
     return torch.int32 if numel < 2**31 else torch.int64
 
 
@@ -282,6 +296,8 @@ def index_bytes(numel: int) -> int:
 
 def seeded_generator(device: torch.device, *keys: int) -> torch.Generator:
     """A generator whose seed is a stable hash of ``keys`` (same on every rank and run)."""
+    import torch
+
     digest = hashlib.blake2b(repr(tuple(int(k) for k in keys)).encode(), digest_size=8).digest()
     generator = torch.Generator(device=device)
     generator.manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
@@ -296,6 +312,8 @@ def next_step(state: dict) -> int:
 
 
 def scatter_values(values: torch.Tensor, indices: torch.Tensor, meta: Meta) -> torch.Tensor:
+    import torch
+
     out = torch.zeros(meta.numel, dtype=meta.dtype, device=meta.device)
     if indices.numel():
         out.index_put_((indices.long(),), values.to(meta.dtype))

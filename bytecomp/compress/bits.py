@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it runs: planning imports this module without it
+    import torch
 
 
 @cache  # every pack and unpack needs them: one small tensor per width and device
 def _shifts(bits: int, device: torch.device) -> torch.Tensor:
+    import torch
+
     per_byte = 8 // bits
     # The first code of a byte goes into its highest bits.
     return torch.arange(per_byte - 1, -1, -1, device=device, dtype=torch.uint8) * bits
@@ -17,6 +21,8 @@ def _shifts(bits: int, device: torch.device) -> torch.Tensor:
 @cache
 def _bit_masks(device: torch.device) -> torch.Tensor:
     """Each bit of a byte alone, the highest first (the order :func:`pack` fills them)."""
+    import torch
+
     return torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8, device=device)
 
 
@@ -27,6 +33,8 @@ def packed_size(numel: int, bits: int) -> int:
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack codes in ``[0, 2**bits)`` into ``ceil(n * bits / 8)`` bytes."""
+    import torch
+
     if bits not in (1, 2, 4):
         raise ValueError(f"bits must be 1, 2 or 4, got {bits}")
     per_byte = 8 // bits

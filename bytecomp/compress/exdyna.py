@@ -23,8 +23,7 @@ averaged over ranks in round 1.
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from bytecomp.compress.base import (
     FRACTION_LADDER,
@@ -41,6 +40,9 @@ from bytecomp.compress.base import (
     seeded_generator,
 )
 from bytecomp.compress.registry import register
+
+if TYPE_CHECKING:  # torch is imported where it runs: planning imports this module without it
+    import torch
 
 BLOCK_ALIGN = 32
 SAMPLE_SIZE = 4096
@@ -121,6 +123,8 @@ class ExDyna(Compressor):
         return block_size, state["bounds"]
 
     def _initial_threshold(self, magnitude: torch.Tensor, state: dict, peers: Peers, step: int):
+        import torch
+
         generator = seeded_generator(magnitude.device, self.seed, state.get("salt", 0),
                                      peers.rank, step)
         size = min(magnitude.numel(), SAMPLE_SIZE)
@@ -129,6 +133,8 @@ class ExDyna(Compressor):
         return torch.topk(sample, count_of(self.density, size), sorted=False).values.min().float()
 
     def compress(self, x, state, peers: Peers = SOLO):
+        import torch
+
         step = next_step(state)
         numel = x.numel()
         block_size, bounds = self._layout(state, numel, peers.size)
@@ -149,6 +155,8 @@ class ExDyna(Compressor):
         return [indices, proposal.reshape(1).float()], ctx
 
     def advance(self, result, ctx, state, peers: Peers = SOLO):
+        import torch
+
         meta, x, _ = ctx
         step = state["step"] - 1
         indices = [payload[0] for payload in result]

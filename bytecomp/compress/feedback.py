@@ -20,9 +20,12 @@ compression gain ``sqrt(1 - sq_error / sq_norm)`` without another pass.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from bytecomp.compress.base import SOLO, Compressor, Peers
+
+if TYPE_CHECKING:  # torch is imported where it runs: planning imports this module without it
+    import torch
 
 
 def _squared_norm(x: torch.Tensor) -> torch.Tensor:
@@ -31,6 +34,8 @@ def _squared_norm(x: torch.Tensor) -> torch.Tensor:
     type: a cast to float64 would be one more kernel per group and step on a GPU, and
     the gain needs no more than float32's precision (on the CPU a float32 dot of 10M
     Gaussian elements is off by about 1e-4, relative)."""
+    import torch
+
     flat = x.reshape(-1)
     if flat.dtype in (torch.float16, torch.bfloat16):  # a 16-bit dot rounds its result
         flat = flat.float()

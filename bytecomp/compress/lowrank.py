@@ -13,9 +13,7 @@ Random initial factors come from a seed shared by all ranks.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
-import torch
+from typing import TYPE_CHECKING, NamedTuple
 
 from bytecomp.compress.base import (
     POWERSGD_HOOK,
@@ -28,6 +26,9 @@ from bytecomp.compress.base import (
     seeded_generator,
 )
 from bytecomp.compress.registry import register
+
+if TYPE_CHECKING:  # torch is imported where it runs: planning imports this module without it
+    import torch
 
 _RANK = Param(int, 4, "1 <= rank <= 1024", lambda v: 1 <= v <= 1024, "approximation rank")
 _SEED = Param(int, 0, "seed >= 0", lambda v: v >= 0, "seed of the shared random factors",
@@ -94,6 +95,8 @@ def layout(numel: int, shapes, max_rank: int) -> list[Segment]:
 
 def orthogonalize(matrix: torch.Tensor, method: str = "auto", epsilon: float = 1e-8) -> torch.Tensor:
     """Orthonormal columns spanning ``matrix``'s columns (Gram-Schmidt or QR)."""
+    import torch
+
     rank = matrix.shape[1]
     if rank == 0 or matrix.shape[0] == 0:
         return matrix
@@ -133,6 +136,8 @@ class _LowRank(Compressor):
         return sum(self.factor_bytes(numel, shapes))
 
     def _matrices(self, x: torch.Tensor, segments: list[Segment]) -> list[torch.Tensor]:
+        import torch
+
         flat = x.reshape(-1).float()
         matrices = []
         for s in segments:
@@ -152,6 +157,8 @@ class _LowRank(Compressor):
         return views
 
     def _random_factor(self, size: int, device, state: dict, step: int):
+        import torch
+
         generator = seeded_generator(device, self.seed, state.get("salt", 0), step)
         return torch.randn(size, generator=generator, device=device)
 
@@ -159,6 +166,8 @@ class _LowRank(Compressor):
     def _factor(matrices, thins, transpose: bool = False) -> torch.Tensor:
         """Every matrix times its thin factor (``M Q``; ``M^T P`` with ``transpose``),
         concatenated flat: the payload of one round."""
+        import torch
+
         return torch.cat([thin_product(m, thin, transpose).reshape(-1)
                           for m, thin in zip(matrices, thins)])
 
@@ -166,6 +175,8 @@ class _LowRank(Compressor):
                   out: torch.Tensor | None = None) -> torch.Tensor:
         """Every segment's ``left @ right.T``, written in its place of a flat tensor of
         ``meta``'s dtype: ``out`` where given."""
+        import torch
+
         total = sum(s.numel for s in segments)
         if out is not None and out.dtype == torch.float32 and out.is_contiguous():
             flat, direct = out.reshape(-1), True
@@ -259,6 +270,8 @@ class ACPSGD(_LowRank):
         return super().payload_bytes(numel, element_size, shapes) // 2
 
     def compress(self, x, state, peers: Peers = SOLO):
+        import torch
+
         segments = self._layout(x.numel(), state.get("shapes"))
         matrices = self._matrices(x, segments)
         q_size = sum(s.cols * s.rank for s in segments)

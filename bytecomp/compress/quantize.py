@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 import bytecomp.compress.bits as bits
 from bytecomp.compress.base import (
@@ -17,6 +17,9 @@ from bytecomp.compress.base import (
     seeded_generator,
 )
 from bytecomp.compress.registry import register
+
+if TYPE_CHECKING:  # torch is imported where it runs: planning imports this module without it
+    import torch
 
 
 @register
@@ -39,10 +42,20 @@ class NoCompression(Compressor):
         return payload[0]
 
 
+class _CastTarget:
+    """``Cast.target``: the torch dtype its class's ``cast_dtype`` names (float16 where it
+    names none), looked up on use: importing the compressors needs no torch."""
+
+    def __get__(self, instance: object, owner: type) -> torch.dtype:
+        import torch
+
+        return getattr(torch, getattr(owner, "cast_dtype", None) or "float16")
+
+
 class Cast(Compressor):
     """Cast to a 16-bit float type; summable, like PyTorch's fp16/bf16 hooks."""
 
-    target: torch.dtype = torch.float16
+    target = _CastTarget()
     summable = True
     metered_without_ef = True
 
@@ -63,7 +76,6 @@ class Cast(Compressor):
 class FP16(Cast):
     name = "fp16"
     summary = "cast to float16 (2 bytes per element)"
-    target = torch.float16
     cast_dtype = "float16"
     pytorch_hook = FP16_HOOK
 
@@ -72,7 +84,6 @@ class FP16(Cast):
 class BF16(Cast):
     name = "bf16"
     summary = "cast to bfloat16 (2 bytes per element)"
-    target = torch.bfloat16
     cast_dtype = "bfloat16"
     # PyTorch's bf16_compress_hook is not its hook: it refuses any backend but NCCL and XCCL
 
@@ -88,6 +99,8 @@ class Int8(Compressor):
         return numel + 8
 
     def compress(self, x, state, peers: Peers = SOLO):
+        import torch
+
         xf = x.float()
         if x.numel() == 0:
             return [x.new_zeros(0, dtype=torch.uint8), xf.new_zeros(2)], meta_of(x)
@@ -124,6 +137,8 @@ class QSGD(Compressor):
         return numel + bits.packed_size(numel, 1) + 4
 
     def compress(self, x, state, peers: Peers = SOLO):
+        import torch
+
         step = next_step(state)
         xf = x.float()
         norm = xf.norm().reshape(1)
@@ -158,6 +173,8 @@ class TernGrad(Compressor):
         return bits.packed_size(numel, 2) + 4
 
     def compress(self, x, state, peers: Peers = SOLO):
+        import torch
+
         step = next_step(state)
         xf = x.float()
         scale = xf.abs().max().reshape(1) if x.numel() else xf.new_zeros(1)

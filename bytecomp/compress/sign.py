@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 import bytecomp.compress.bits as bits
 from bytecomp.compress.base import SOLO, Compressor, Param, Peers, meta_of
 from bytecomp.compress.registry import register
+
+if TYPE_CHECKING:  # torch is imported where it runs: planning imports this module without it
+    import torch
 
 
 @register
@@ -40,6 +43,8 @@ class Signum(SignSGD):
     momentum: float
 
     def _signs_of(self, x, state):
+        import torch
+
         momentum = state.get("momentum")
         if momentum is None or momentum.shape != x.shape:
             momentum = torch.zeros_like(x, dtype=torch.float32)
@@ -83,6 +88,8 @@ class EFSignSGD(ScaledSign):
         return _scaled_signs(x.reshape(-1) >= 0, payload[1]).to(ctx.dtype)
 
     def aggregate_into(self, payloads, ctx, out):
+        import torch
+
         total = None
         for signs, scale in payloads:  # in rank order, in float32, as the default sums
             # decompress rounds to the gradient's dtype: so does each term here
@@ -113,6 +120,8 @@ class OneBit(ScaledSign):
         return bits.packed_size(numel, 1) + 8
 
     def _scales(self, xf):
+        import torch
+
         positive = xf >= 0
         count_positive = positive.sum()
         count_negative = xf.numel() - count_positive
@@ -122,6 +131,8 @@ class OneBit(ScaledSign):
                             sum_negative / count_negative.clamp(min=1)])
 
     def decompress(self, payload, ctx):
+        import torch
+
         signs, means = payload
         positive = bits.unpack_bools(signs, ctx.numel)
         return torch.where(positive, means[0], means[1]).to(ctx.dtype)

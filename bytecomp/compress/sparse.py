@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from bytecomp.compress.base import (
     FRACTION_LADDER,
@@ -21,6 +20,9 @@ from bytecomp.compress.base import (
     seeded_generator,
 )
 from bytecomp.compress.registry import register
+
+if TYPE_CHECKING:  # torch is imported where it runs: planning imports this module without it
+    import torch
 
 _RATIO = Param(float, 0.01, "0 < ratio <= 1", lambda v: 0 < v <= 1, "fraction of elements kept")
 _SEED = Param(int, 0, "seed >= 0", lambda v: v >= 0, "random seed", primary=False)
@@ -43,6 +45,8 @@ class _IndexedSparse(Compressor):
         """Sum the sparse payloads into ``out`` in rank order (no dense temporaries).
         CUDA's index_add_ sums with atomics in no fixed order, so ranks could disagree
         in the last bit: there the dense rank-order sum is used."""
+        import torch
+
         if out.device.type != "cpu":
             return super().aggregate_into(payloads, ctx, out)
         total = out if out.dtype == torch.float32 else \
@@ -68,6 +72,8 @@ class TopK(_IndexedSparse):
         return count_of(self.ratio, numel) * (element_size + index_bytes(numel))
 
     def compress(self, x, state, peers: Peers = SOLO):
+        import torch
+
         k = count_of(self.ratio, x.numel())
         indices = torch.topk(x.abs(), k, sorted=False).indices
         return self._pack(x, indices)
@@ -89,6 +95,8 @@ class Threshold(_IndexedSparse):
         return numel * (element_size + index_bytes(numel))
 
     def compress(self, x, state, peers: Peers = SOLO):
+        import torch
+
         indices = torch.nonzero(x.abs() >= self.threshold).reshape(-1)
         return self._pack(x, indices)
 
@@ -118,6 +126,8 @@ class DGC(_IndexedSparse):
         return count_of(self.ratio, numel) * (element_size + index_bytes(numel))
 
     def compress(self, x, state, peers: Peers = SOLO):
+        import torch
+
         step = next_step(state)
         numel = x.numel()
         k = count_of(self.ratio, numel)
@@ -159,6 +169,8 @@ class RandomK(Compressor):
         return count_of(self.ratio, numel) * element_size
 
     def compress(self, x, state, peers: Peers = SOLO):
+        import torch
+
         step = next_step(state)
         numel = x.numel()
         k = count_of(self.ratio, numel)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from typing import ClassVar, NamedTuple, Protocol, TypeVar
 
-from bytecomp.comm.exchanges import native_rounds
+from bytecomp.comm.rounds import native_rounds
 from bytecomp.comm.schemes import Scheme
 from bytecomp.compress import Compressor
 

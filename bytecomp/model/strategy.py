@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
-from bytecomp.comm.exchanges import GATHER
+from bytecomp.comm.rounds import GATHER
 from bytecomp.comm.schemes import scheme_of
 from bytecomp.compress import from_spec
 from bytecomp.model.costs import CommModel, ComputeModel
@@ -138,7 +138,7 @@ class StrategyCosts:
 
     def exchange_collectives(self, spec: str, group: str, rounds: tuple[str, ...]) -> int:
         """How many collectives the one-stage exchange over ``group`` in ``rounds`` issues
-        (the compressor's own, or :data:`~bytecomp.comm.exchanges.GATHER`)."""
+        (the compressor's own, or :data:`~bytecomp.comm.rounds.GATHER`)."""
         compressor = _compressor(spec)
         if self.comm.ranks(group) <= 1:
             return 0

@@ -146,7 +146,7 @@ def digits() -> ExampleBatches:
         from sklearn.datasets import load_digits
     except ImportError:
         raise BytecompError("the digits workload needs scikit-learn: "
-                            "pip install 'bytecomp[digits]'") from None
+                            "pip install 'bytecomp-ddp[digits]'") from None
     data = load_digits()
     images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(data.target, dtype=torch.int64)

@@ -220,8 +220,7 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
             lambda keys: _sweep_some_compressors(keys, devices, sweep),
             COMPRESSOR_KEY, "numel", ("encode_ms", "decode_ms", "advance_ms"))
         for fit in collectives.poor + compressors.poor:
-            reporter.print(f"warning: a poor fit after {RETRIES} more sweeps: "
-                           f"{fit.describe()}")
+            reporter.warn(f"a poor fit after {RETRIES} more sweeps: {fit.describe()}")
         aggregation = sweep_aggregation(
             config.specs, devices, sweep,
             reporter.phase("aggregation sweeps", aggregation_steps(config.specs, devices, sweep)))

@@ -5,7 +5,7 @@ A workload spec is one of:
 * a built-in name with optional arguments, like compressor specs:
   ``mlp``, ``cnn``, ``transformer:layers=4,width=256,seq_len=128``, ``lstm``,
   ``resnet18``, ``resnet50``, ``vgg16`` (the last three need torchvision:
-  ``pip install 'bytecomp[vision]'``);
+  ``pip install 'bytecomp-ddp[vision]'``);
 * ``pkg.module:factory``: ``factory()`` returns a :class:`Recipe` (the model, its
   batches and how it trains), or the shorter ``(model, make_batch)`` or
   ``(model, make_batch, loss_fn)``. ``make_batch(batch_size)`` returns
@@ -263,7 +263,7 @@ def _vision(name):
         try:
             import torchvision
         except Exception:
-            raise BytecompError(f"{name} needs torchvision: pip install 'bytecomp[vision]' "
+            raise BytecompError(f"{name} needs torchvision: pip install 'bytecomp-ddp[vision]' "
                                 f"(torch==2.14.1 torchvision==0.29.1 on CPU-only machines)") from None
         model = getattr(torchvision.models, name)(num_classes=classes)
 

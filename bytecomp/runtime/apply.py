@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
 from bytecomp.plan import Plan, load_plan
-from bytecomp.runtime.checks import agree, check_bucket_cap, local_problem
+from bytecomp.runtime.checks import agree, check_bucket_cap, local_problem, match_parameters
 from bytecomp.runtime.executor import Executor, device_of
 from bytecomp.runtime.groups import build_groups
 from bytecomp.runtime.native import NativeRun, bucket_hook, one_bucket, powersgd_rank
@@ -50,28 +51,83 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     >>> ...train...
     >>> torch.save({"model": ddp.state_dict(), "bytecomp": executor.state_dict()}, path)
     """
-    if not isinstance(ddp_model, DistributedDataParallel):
-        raise BytecompError(f"apply_plan takes the model wrapped in torch.nn.parallel."
-                            f"DistributedDataParallel (its ddp_model), got "
-                            f"{type(ddp_model).__name__}")
-    if not isinstance(plan, Plan):
-        plan = load_plan(plan)
+    ddp = ddp_of(ddp_model)
+    runner = _prepare(ddp.module, load(plan), fallback, host_workers, native, measure_gain,
+                      ddp)
+    runner.register(ddp)
+    return runner
+
+
+def load(plan: Plan | str | Path) -> Plan:
+    return plan if isinstance(plan, Plan) else load_plan(plan)
+
+
+def ddp_of(model) -> DistributedDataParallel:
+    """The DDP object of ``model`` (itself, or what ``torch.compile`` compiled); anything
+    else gets one line saying what bytecomp supports and why."""
+    ddp = model
+    if not isinstance(ddp, DistributedDataParallel):
+        ddp = getattr(model, "_orig_mod", None)  # torch.compile(ddp) before apply_plan
+    if not isinstance(ddp, DistributedDataParallel):
+        raise BytecompError(not_ddp(model))
+    if getattr(ddp, "_use_python_reducer", False):
+        raise BytecompError(PYTHON_REDUCER)
+    return ddp
+
+
+# DDP built under torch._dynamo.config.optimize_ddp = "python_reducer" hands its hooks one
+# (gradient, parameter) pair at a time inside the compiled backward, never a bucket.
+PYTHON_REDUCER = ("bytecomp's plans run on DDP's buckets, but this DDP was built with "
+                  "torch._dynamo.config.optimize_ddp='python_reducer' (compiled autograd), "
+                  "which calls hooks per parameter: keep the default optimize_ddp with "
+                  "torch.compile")
+
+
+def not_ddp(model) -> str:
+    """Why ``model`` cannot run a plan, in one line."""
+    kind = type(model).__name__
+    supported = ("apply_plan takes the model wrapped in torch.nn.parallel."
+                 "DistributedDataParallel (bytecomp runs plans in DDP only: directly, through "
+                 "Lightning's DDPStrategy or Accelerate)")
+    if _is_fsdp(model):
+        return (f"{supported}; got {kind}: FSDP reduce-scatters sharded gradients, to which "
+                f"per-tensor compression plans do not apply")
+    if isinstance(model, torch.nn.Module):
+        return (f"{supported}; got {kind}, a module not wrapped in DDP: wrap it, "
+                f"DistributedDataParallel(model, bucket_cap_mb=plan.bucket_cap_mb), or use "
+                f"bytecomp.comm_hook(plan) where a framework wraps it")
+    return f"{supported}; got {kind}"
+
+
+def _is_fsdp(model) -> bool:
+    import torch.distributed.fsdp as fsdp
+
+    # FSDPModule: what fully_shard (FSDP2, torch >= 2.6) makes a module
+    kinds = tuple(getattr(fsdp, name) for name in ("FullyShardedDataParallel", "FSDPModule")
+                  if hasattr(fsdp, name))
+    return isinstance(model, kinds)
+
+
+def _prepare(model, plan: Plan, fallback: str | None, host_workers: int | None, native: bool,
+             measure_gain: bool, ddp=None) -> Executor | NativeRun:
+    """Check ``plan`` against ``model`` (the module DDP wraps) and the job on every rank,
+    and build what runs it (not yet registered)."""
     if fallback not in (None, "fp32"):
         raise BytecompError(f"fallback must be None or 'fp32', got {fallback!r}")
     if not dist.is_initialized():
-        raise BytecompError("apply_plan needs torch.distributed initialized "
+        raise BytecompError("bytecomp needs torch.distributed initialized "
                             "(dist.init_process_group)")
-    model = ddp_model.module
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    agree(plan, local_problem(plan, model, params, fallback))
+    params, mismatch = match_parameters(plan, model)
+    agree(plan, local_problem(plan, model, params, fallback, mismatch))
     ladder = [build_groups(plan.level(i), params, fallback, f"L{i}:")
               for i in range(len(plan.levels))] if plan.levels else \
         [build_groups(plan, params, fallback)]
-    check_bucket_cap(ddp_model, plan)
+    if ddp is not None:
+        check_bucket_cap(ddp, plan)
     if native and not measure_gain and plan.adaptive is None:
         hook = bucket_hook(ladder[0])
         rank = powersgd_rank(ladder[0], params) if hook is None and \
             one_bucket(params.values(), plan.bucket_cap_mb) else None
         if hook is not None or rank is not None:
-            return NativeRun(ddp_model, plan, params, device_of(params), hook, rank)
-    return Executor(ddp_model, plan, params, ladder, host_workers, measure_gain)
+            return NativeRun(plan, params, device_of(params), hook, rank)
+    return Executor(plan, params, ladder, host_workers, measure_gain)

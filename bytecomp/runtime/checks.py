@@ -8,26 +8,48 @@ import warnings
 import torch.distributed as dist
 
 from bytecomp.errors import BytecompError
+from bytecomp.naming import normalize
 from bytecomp.plan import Plan, fingerprint
 
 MIB = 1 << 20
 
 
-def local_problem(plan: Plan, model, params: dict, fallback: str | None) -> str | None:
-    """What is wrong with ``plan`` for this rank's model and job, or None."""
+def match_parameters(plan: Plan, model) -> tuple[dict, str | None]:
+    """The model's trainable parameters keyed by the plan's names, matched through
+    normalized names (:mod:`bytecomp.naming`: a plan made on the bare model runs on it
+    wrapped, compiled or inside a LightningModule); parameters the plan does not name
+    keep their own. Also what does not match, in one line, or None."""
+    own = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    model_names = normalize(n for n, _ in own)
+    plan_names = normalize(e.name for e in plan.entries)
+    planned = {norm: raw for raw, norm in plan_names.names.items()}
+    params = {planned.get(model_names.names[n], n): p for n, p in own}
+    problem = None
+    missing = [e.name for e in plan.entries if e.name not in params]
+    unknown = [n for n, _ in own if model_names.names[n] not in planned]
+    if missing or unknown:
+        first = unknown[0] if unknown else None
+        what = (f"the model's parameter {first!r} (normalized {model_names.names[first]!r}) is "
+                f"not in the plan") if first is not None else \
+            f"the plan's tensor {missing[0]!r} is not in the model"
+        problem = (f"{what}; prefixes tried: model {model_names.tried()}, plan "
+                   f"{plan_names.tried()}")
+    return params, problem
+
+
+def local_problem(plan: Plan, model, params: dict, fallback: str | None,
+                  mismatch: str | None) -> str | None:
+    """What is wrong with ``plan`` for this rank's model and job, or None. ``mismatch``:
+    :func:`match_parameters`'s finding."""
     world = dist.get_world_size()
     if plan.world_size != world:
         return f"the plan is for {plan.world_size} ranks but this job has {world}"
-    names = plan.by_name()
-    for name in names:
-        if name not in params:
-            return f"the plan names tensor {name!r}, which the model does not have " \
-                   f"(a plan for another model?)"
-    unknown = [n for n in params if n not in names]
+    for entry in plan.entries:
+        if entry.name not in params:
+            return f"{mismatch} (a plan for another model?)"
     if fallback is None:
-        if unknown:
-            return f"tensor {unknown[0]!r} is not in the plan (pass fallback='fp32' " \
-                   f"to allreduce unplanned tensors in fp32)"
+        if mismatch is not None:
+            return f"{mismatch} (pass fallback='fp32' to allreduce unplanned tensors in fp32)"
         if fingerprint(model) != plan.model_fingerprint:
             return "the plan was made for another model (its fingerprint differs: " \
                    "parameter names, shapes or dtypes changed)"

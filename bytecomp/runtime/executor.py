@@ -53,11 +53,9 @@ class Executor(ReportsPeerFailures):
 
     native = False  # bytecomp's own hook (see NativeRun for PyTorch's)
 
-    def __init__(self, ddp, plan: Plan, params: dict[str, torch.nn.Parameter],
+    def __init__(self, plan: Plan, params: dict[str, torch.nn.Parameter],
                  ladder: list[list[GroupSpec]], host_workers: int | None = None,
                  measure_gain: bool = False):
-        # no reference to ddp: DDP's C++ reducer holds this executor (the hook's state), and
-        # a cycle through C++ is never collected (the model, its groups and threads with it)
         self.plan = plan
         self.params = params
         self.name_of = {id(p): n for n, p in params.items()}
@@ -91,7 +89,12 @@ class Executor(ReportsPeerFailures):
         self.heartbeats = Heartbeats(job_store(), dist.get_rank(), dist.get_world_size())
         self.failure: BytecompError | None = None  # the first failed exchange, explained
         self._failure_lock = threading.Lock()
-        ddp.register_comm_hook(self, Executor._hook)
+
+    def register(self, ddp) -> None:
+        """Register the hook on ``ddp`` (what :func:`apply_plan` does)."""
+        # no reference to ddp: DDP's C++ reducer holds this executor (the hook's state), and
+        # a cycle through C++ is never collected (the model, its groups and threads with it)
+        ddp.register_comm_hook(self, Executor.hook)
 
     @property
     def step(self) -> int:
@@ -159,7 +162,8 @@ class Executor(ReportsPeerFailures):
 
     # -- the hook ---------------------------------------------------------------------------------
     @staticmethod
-    def _hook(self: Executor, bucket):  # no annotations: DDP rejects postponed ones
+    def hook(self: Executor, bucket):  # no annotations: DDP rejects postponed ones
+        """The communication hook (``self`` is DDP's hook state): one bucket's exchange."""
         if self.closed:
             raise BytecompError("this executor is closed: apply the plan again to train on")
         started = time.perf_counter()

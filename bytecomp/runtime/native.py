@@ -104,7 +104,7 @@ class NativeRun(ReportsPeerFailures):
     native = True
     controller = None  # no adaptive plan runs natively
 
-    def __init__(self, ddp, plan: Plan, params: dict[str, torch.nn.Parameter],
+    def __init__(self, plan: Plan, params: dict[str, torch.nn.Parameter],
                  device: torch.device, hook: str | None = None, rank: int | None = None):
         self.plan = plan
         self.stats = Stats()
@@ -113,20 +113,38 @@ class NativeRun(ReportsPeerFailures):
         self.failure = None
         self.measures_gain = False
         self._fp32_bytes = sum(p.numel() * p.element_size() for p in params.values())
+        self.bucket_hook = hook
         self.powersgd_state: powersgd.PowerSGDState | None = None
         if rank is not None:
             self.powersgd_state = powersgd.PowerSGDState(
                 process_group=None, matrix_approximation_rank=rank,
                 start_powerSGD_iter=POWERSGD_START_ITER, min_compression_rate=2,
                 use_error_feedback=True, warm_start=True, random_seed=0)
-            ddp.register_comm_hook(self.powersgd_state, powersgd.powerSGD_hook)
             self._sent = _powersgd_sent_bytes(params, rank)
         else:
             assert hook is not None
-            if hook != ALLREDUCE_HOOK:  # fp32: DDP's own, no hook at all
-                ddp.register_comm_hook(None, BUCKET_HOOKS[hook])
             self._sent = sent_bytes(hook, self._fp32_bytes)
+
+    def register(self, ddp) -> None:
+        """Register PyTorch's hook on ``ddp`` (none for fp32: DDP's own allreduce), and
+        count steps at each forward pass."""
+        if self.powersgd_state is not None:
+            ddp.register_comm_hook(self.powersgd_state, powersgd.powerSGD_hook)
+        elif self.bucket_hook is not None and self.bucket_hook != ALLREDUCE_HOOK:
+            ddp.register_comm_hook(None, BUCKET_HOOKS[self.bucket_hook])
         ddp.register_forward_pre_hook(self._count_step)
+
+    @staticmethod
+    def hook(self: NativeRun, bucket):  # no annotations: DDP rejects postponed ones
+        """PyTorch's hook as a hook over this run (:func:`bytecomp.comm_hook`'s way): the
+        bucket through it, a step counted at the last bucket."""
+        if self.powersgd_state is not None:
+            future = powersgd.powerSGD_hook(self.powersgd_state, bucket)
+        else:
+            future = BUCKET_HOOKS[self.bucket_hook](None, bucket)  # type: ignore[index,arg-type]
+        if bucket.is_last():
+            self.stats.add(steps=1, fp32_bytes=self._fp32_bytes, sent_bytes=self._sent)
+        return future
 
     def _count_step(self, *_) -> None:
         if torch.is_grad_enabled():

@@ -17,9 +17,16 @@ from bytecomp.plan import Plan
 STATE_FORMAT = 1
 
 
+# The totals Stats keeps (summed by add), in summary order.
+TOTALS = ("steps", "sent_bytes", "fp32_bytes", "encode_s", "communicate_s", "decode_s", "hook_s",
+          "switches")
+
+
 @dataclass
 class Stats:
-    """Totals since the last reset; ``summary()`` gives per-step figures."""
+    """What the plan's run sent and spent: totals since the start (:meth:`summary`) and
+    since the last read (:meth:`interval`), per step; :meth:`log_every` hands the
+    interval's figures to a logger every N steps."""
 
     steps: int = 0
     sent_bytes: int = 0
@@ -30,25 +37,69 @@ class Stats:
     hook_s: float = 0.0  # on DDP's thread, inside the hook (encodes of device groups included)
     switches: int = 0  # an adaptive plan's moves between levels
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _read: dict = field(default_factory=lambda: dict.fromkeys(TOTALS, 0), repr=False)
+    _log: tuple | None = field(default=None, repr=False)  # (every, sink)
 
     def add(self, **amounts: float) -> None:
         with self.lock:
             for name, amount in amounts.items():
                 setattr(self, name, getattr(self, name) + amount)
+            due = self._log is not None and "steps" in amounts and \
+                self.steps % self._log[0] == 0
+        if due:
+            assert self._log is not None
+            _emit(self._log[1], self.interval(), self.steps)
 
     def summary(self) -> dict:
-        steps = max(self.steps, 1)
-        return {
-            "steps": self.steps,
-            "sent_bytes_per_step": self.sent_bytes / steps,
-            "fp32_bytes_per_step": self.fp32_bytes / steps,
-            "bytes_vs_fp32": self.sent_bytes / self.fp32_bytes if self.fp32_bytes else 0.0,
-            "encode_ms_per_step": 1000 * self.encode_s / steps,
-            "communicate_ms_per_step": 1000 * self.communicate_s / steps,
-            "decode_ms_per_step": 1000 * self.decode_s / steps,
-            "hook_ms_per_step": 1000 * self.hook_s / steps,
-            "switches": self.switches,
-        }
+        """Per-step figures since the start: steps, sent and fp32 bytes per step, their
+        ratio, encode / communicate / decode / hook milliseconds per step, switches."""
+        with self.lock:
+            return _figures({name: getattr(self, name) for name in TOTALS})
+
+    def interval(self) -> dict:
+        """The :meth:`summary` figures of the steps since the last call (or the start)."""
+        with self.lock:
+            now = {name: getattr(self, name) for name in TOTALS}
+            since = {name: now[name] - self._read[name] for name in TOTALS}
+            self._read = now
+        return _figures(since)
+
+    def log_every(self, steps: int, to) -> None:
+        """Every ``steps`` steps, hand :meth:`interval`'s figures to ``to``: a
+        ``torch.utils.tensorboard.SummaryWriter`` (one scalar per figure, tagged
+        ``bytecomp/<figure>``, at the step), or any callable ``to(figures, step)``.
+        It runs on the thread that ends the step (DDP's, in the backward pass)."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise BytecompError(f"log_every takes a whole number of steps >= 1, got {steps!r}")
+        if not callable(to) and not callable(getattr(to, "add_scalar", None)):
+            raise BytecompError(f"log_every logs to a SummaryWriter or a callable "
+                                f"(figures, step), got {type(to).__name__}")
+        self._log = (steps, to)
+
+
+def _figures(totals: dict) -> dict:
+    steps = max(totals["steps"], 1)
+    return {
+        "steps": totals["steps"],
+        "sent_bytes_per_step": totals["sent_bytes"] / steps,
+        "fp32_bytes_per_step": totals["fp32_bytes"] / steps,
+        "bytes_vs_fp32": totals["sent_bytes"] / totals["fp32_bytes"]
+        if totals["fp32_bytes"] else 0.0,
+        "encode_ms_per_step": 1000 * totals["encode_s"] / steps,
+        "communicate_ms_per_step": 1000 * totals["communicate_s"] / steps,
+        "decode_ms_per_step": 1000 * totals["decode_s"] / steps,
+        "hook_ms_per_step": 1000 * totals["hook_s"] / steps,
+        "switches": totals["switches"],
+    }
+
+
+def _emit(sink, figures: dict, step: int) -> None:
+    add_scalar = getattr(sink, "add_scalar", None)
+    if callable(add_scalar):  # a SummaryWriter
+        for name, value in figures.items():
+            add_scalar(f"bytecomp/{name}", value, step)
+    else:
+        sink(figures, step)
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,12 @@ class EventSimulation:
     def push(self, time: float, handler, *args) -> None:
         heappush(self.heap, (time, self.sequence(), handler, args))
 
-    def log(self, resource: str, op: str, start: float, end: float, label: str = "") -> None:
+    def log(self, resource: str, op: str, start: float, end: float, group: int = -1) -> None:
+        """Record an event (of group ``group``, an index into ``self.groups``; -1: none)."""
         if end > start:  # callers check self.record first: this is the hot loop
             self.events.append(Event(resource, op, start + self.model.forward_ms,
-                                     end + self.model.forward_ms, label))
+                                     end + self.model.forward_ms,
+                                     self.groups[group].label if group >= 0 else "", group))
 
     def run(self) -> SimResult:
         self._schedule_backward()
@@ -73,7 +75,8 @@ class EventSimulation:
             self.events.append(Event("compute", "optimizer", self.model.forward_ms + end,
                                      self.model.forward_ms + end + self.model.optimizer_ms))
         return SimResult(self.model.forward_ms + end + self.model.optimizer_ms, backward_end,
-                         self.last_finish, self.events, self.channel)
+                         self.last_finish, self.events, self.channel,
+                         self.groups if self.record else [])
 
     # -- the compute stream --------------------------------------------------------------
     def _next_milestone(self) -> float | None:
@@ -153,8 +156,7 @@ class EventSimulation:
         duration, done, index, op = self.device_queue.popleft()
         self.device_busy = True
         if self.record:
-            self.log("compute", op, self.now, self.now + duration,
-                     self.groups[index].label if index >= 0 else "")
+            self.log("compute", op, self.now, self.now + duration, index)
         self.push(self.now + duration, self._device_done, done, index)
 
     def _device_done(self, done, index: int) -> None:
@@ -200,7 +202,7 @@ class EventSimulation:
         self._set_rate(self.model.channel_rate(cost))
         self.channel[index] = (self.now, self.now + duration)
         if self.record:
-            self.log("channel", "collective", self.now, self.now + duration, group.label)
+            self.log("channel", "collective", self.now, self.now + duration, index)
         self.push(self.now + duration, self._channel_done, index)
 
     def _channel_done(self, index: int) -> None:
@@ -233,7 +235,7 @@ class EventSimulation:
             duration, index, op, done = self.host_queue.popleft()
             self.free_workers -= 1
             if self.record:
-                self.log("host", op, self.now, self.now + duration, self.groups[index].label)
+                self.log("host", op, self.now, self.now + duration, index)
             self.push(self.now + duration, self._host_done, index, done)
 
     def _host_done(self, index: int, done) -> None:
@@ -250,7 +252,7 @@ class EventSimulation:
         duration, index, op, done = self.copy_queue.popleft()
         self.copy_busy = True
         if self.record:
-            self.log("copy", op, self.now, self.now + duration, self.groups[index].label)
+            self.log("copy", op, self.now, self.now + duration, index)
         self.push(self.now + duration, self._copy_done, index, done)
 
     def _copy_done(self, index: int, done) -> None:

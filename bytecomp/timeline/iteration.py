@@ -79,7 +79,8 @@ class Event:
     op: str
     start: float
     end: float
-    label: str = ""
+    label: str = ""  # the group's strategy
+    group: int = -1  # the group's index in SimResult.groups (-1: no group's)
 
     @property
     def duration(self) -> float:
@@ -93,6 +94,7 @@ class SimResult:
     comm_end_ms: float
     events: list[Event] = field(default_factory=list)
     channel: list[tuple[float, float]] = field(default_factory=list)  # per group (start, end)
+    groups: list[SimGroup] = field(default_factory=list)  # the groups simulated, where recorded
 
     def idle_after(self, group: int, tolerance: float = 1e-9) -> bool:
         """True when the channel idles after ``group`` (its communication is hidden)."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bytecomp.files import atomic_files, write_text_atomic
 from bytecomp.timeline.simulator import SimResult
@@ -15,8 +17,15 @@ COLORS = {"forward": "#9ecae1", "backward": "#3182bd", "optimizer": "#6baed6",
 OTHER = "#999999"  # an op without a colour of its own
 
 
-def trace_json(result: SimResult, title: str = "bytecomp") -> str:
-    """Trace Event Format JSON: one thread per resource, times in microseconds."""
+def trace_json(result: SimResult, title: str = "bytecomp",
+               tensors: Sequence[Any] | None = None) -> str:
+    """Trace Event Format JSON: one thread per resource, times in microseconds.
+
+    An event of a group (encode, collective, decode, copies, hook) carries in its
+    ``args`` the group's index and ``strategy``, the ``wire_bytes`` a rank sends for
+    it and, given ``tensors`` (what the groups' members index: the problem's tensors,
+    with ``name`` and ``bytes``), the ``tensors`` by name, their ``tensor_bytes`` and
+    the group's gradient ``bytes`` in all (``members``, the positions, without)."""
     events = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": title}}]
     for tid, lane in enumerate(LANES):
         events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid,
@@ -24,13 +33,33 @@ def trace_json(result: SimResult, title: str = "bytecomp") -> str:
     for event in result.events:
         events.append({"name": event.label or event.op, "cat": event.op, "ph": "X", "pid": 1,
                        "tid": LANES.index(event.resource), "ts": round(event.start * 1000, 3),
-                       "dur": round(event.duration * 1000, 3), "args": {"op": event.op}})
+                       "dur": round(event.duration * 1000, 3),
+                       "args": _event_args(result, event.op, event.group, tensors)})
     return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"})
 
 
-def chrome_trace(result: SimResult, path, title: str = "bytecomp") -> Path:
+def _event_args(result: SimResult, op: str, group: int,
+                tensors: Sequence[Any] | None) -> dict:
+    args: dict = {"op": op}
+    if not 0 <= group < len(result.groups):
+        return args
+    simulated = result.groups[group]
+    args.update(group=group, strategy=simulated.label,
+                wire_bytes=round(simulated.cost.wire_bytes))
+    if tensors is None:
+        args["members"] = list(simulated.members)
+        return args
+    members = [tensors[position] for position in simulated.members]
+    args.update(tensors=[tensor.name for tensor in members],
+                tensor_bytes=[tensor.bytes for tensor in members],
+                bytes=sum(tensor.bytes for tensor in members))
+    return args
+
+
+def chrome_trace(result: SimResult, path, title: str = "bytecomp",
+                 tensors: Sequence[Any] | None = None) -> Path:
     """Write :func:`trace_json` to ``path`` (atomically)."""
-    write_text_atomic(path, trace_json(result, title))
+    write_text_atomic(path, trace_json(result, title, tensors))
     return Path(path)
 
 
