@@ -338,7 +338,7 @@ def mismatch(rank, world, case):
 
 @pytest.mark.parametrize("case,message", [
     ("ranks differ", "the plan differs between ranks"),
-    ("another model", "the plan names tensor 'hidden.2.bias', which the model does not have"),
+    ("another model", "the plan's tensor 'hidden.2.bias' is not in the model; prefixes tried"),
     ("other shapes", "the plan was made for another model (its fingerprint differs"),
     ("another world size", "the plan is for 4 ranks but this job has 2"),
 ])
@@ -374,7 +374,8 @@ def unplanned_tensor(rank, world):
 @pytest.mark.multirank
 def test_unplanned_tensors_need_the_fp32_fallback():
     for errors, _ in run_ranks(unplanned_tensor, 2):
-        assert "is not in the plan (pass fallback='fp32'" in errors[0]
+        assert "is not in the plan; prefixes tried: model none, plan none (pass " \
+               "fallback='fp32'" in errors[0]
         assert "saved with another plan" in errors[1]
 
 

@@ -308,3 +308,35 @@ def test_the_readmes_cluster_config_describes_eight_ranks_on_four_machines():
     cluster = load_cluster(str(ROOT / "examples" / "my-cluster.yaml"))
     assert (cluster.nodes, cluster.ranks_per_node, cluster.world_size) == (4, 2, 8)
     assert "examples/my-cluster.yaml" in (ROOT / "README.md").read_text()
+
+
+def test_every_install_line_names_the_distribution_bytecomp_ddp():
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "bytecomp-ddp"
+    assert project["scripts"] == {"bytecomp": "bytecomp.cli:main"}
+    # PyPI's "bytecomp" is another project: no install line may fetch it
+    wrong = re.compile(r"pip install\s+['\"]?bytecomp(?![-\w])")
+    texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "bytecomp").rglob("*.py"),
+             *(ROOT / "notebooks").glob("*.ipynb")]
+    found = [f"{path.name}: {line.strip()}" for path in texts
+             for line in path.read_text().splitlines()
+             if wrong.search(line) and "fetches another" not in line
+             and "history" not in path.name]
+    assert not found, found
+
+
+def test_a_plan_naming_some_tensors_under_one_prefix_matches_them_as_named():
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.head = net(), nn.Linear(4, 2)
+
+    model = Two()
+    plan = plan_for_model(model, lambda n, p: TOPK if p.dim() == 2 else Option(), 2)
+    plan.entries = [e for e in plan.entries if e.name.startswith("body.")]  # head: fallback
+    params, problem = match_parameters(plan, model)
+    assert {e.name for e in plan.entries} <= set(params)
+    assert "'head.weight' is not in the plan" in problem  # without fallback='fp32'

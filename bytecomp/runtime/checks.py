@@ -8,7 +8,7 @@ import warnings
 import torch.distributed as dist
 
 from bytecomp.errors import BytecompError
-from bytecomp.naming import normalize
+from bytecomp.naming import Normalized, normalize
 from bytecomp.plan import Plan, fingerprint
 
 MIB = 1 << 20
@@ -22,6 +22,11 @@ def match_parameters(plan: Plan, model) -> tuple[dict, str | None]:
     own = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     model_names = normalize(n for n, _ in own)
     plan_names = normalize(e.name for e in plan.entries)
+    if all(e.name in dict(own) for e in plan.entries):
+        # every planned name as it is (a plan naming a few tensors, the rest on fallback,
+        # may share a prefix the model's names do not): no normalizing
+        model_names = Normalized({n: n for n, _ in own})
+        plan_names = Normalized({e.name: e.name for e in plan.entries})
     planned = {norm: raw for raw, norm in plan_names.names.items()}
     params = {planned.get(model_names.names[n], n): p for n, p in own}
     problem = None
@@ -29,9 +34,12 @@ def match_parameters(plan: Plan, model) -> tuple[dict, str | None]:
     unknown = [n for n, _ in own if model_names.names[n] not in planned]
     if missing or unknown:
         first = unknown[0] if unknown else None
-        what = (f"the model's parameter {first!r} (normalized {model_names.names[first]!r}) is "
-                f"not in the plan") if first is not None else \
-            f"the plan's tensor {missing[0]!r} is not in the model"
+        if first is None:
+            what = f"the plan's tensor {missing[0]!r} is not in the model"
+        else:
+            normal = model_names.names[first]
+            shown = f"{first!r}" + (f" (normalized {normal!r})" if normal != first else "")
+            what = f"the model's parameter {shown} is not in the plan"
         problem = (f"{what}; prefixes tried: model {model_names.tried()}, plan "
                    f"{plan_names.tried()}")
     return params, problem
