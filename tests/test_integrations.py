@@ -299,7 +299,9 @@ def test_compiled_autograd_is_refused_in_one_line(recipe_plan):
     result = recipe("compile_ddp.py", "--plan", str(recipe_plan), "--order", "compiled-autograd")
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: rank")]
-    assert len(errors) == 2 and all("optimize_ddp='python_reducer'" in e for e in errors)
+    # torchrun stops the other rank as soon as one fails: one or two such lines
+    assert errors and all("optimize_ddp='python_reducer'" in e for e in errors)
+    assert "bytecomp/runtime" not in result.stderr  # no traceback through bytecomp
 
 
 def test_the_readmes_cluster_config_describes_eight_ranks_on_four_machines():
@@ -312,11 +314,12 @@ def test_the_readmes_cluster_config_describes_eight_ranks_on_four_machines():
 
 def test_every_install_line_names_the_distribution_bytecomp_ddp():
     import re
-    import tomllib
+    from importlib.metadata import distribution
 
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["name"] == "bytecomp-ddp"
-    assert project["scripts"] == {"bytecomp": "bytecomp.cli:main"}
+    installed = distribution("bytecomp-ddp")  # the checkout, installed under its name
+    assert [(e.name, e.value) for e in installed.entry_points
+            if e.group == "console_scripts"] == [("bytecomp", "bytecomp.cli:main")]
+    assert 'name = "bytecomp-ddp"' in (ROOT / "pyproject.toml").read_text()
     # PyPI's "bytecomp" is another project: no install line may fetch it
     wrong = re.compile(r"pip install\s+['\"]?bytecomp(?![-\w])")
     texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "bytecomp").rglob("*.py"),
