@@ -574,7 +574,7 @@ def _print_plan(result, written) -> None:
     console.print("plan: " + result.composition())
     console.print(f"search: {result.algorithm}, {result.search_ms:.0f} ms, "
                   f"{result.evaluations} simulations; lower bound {result.lower_bound_ms:.2f} ms "
-                  f"(gap <= {100 * result.gap:.1f}%)")
+                  f"({result.gap_text()})")
     console.print(f"evidence: {result.evidence}")
     _notes(result.notes)
     _warn(result.warnings)

@@ -421,7 +421,7 @@ def asymptotic_slopes(problem: Problem) -> list[float]:
 
 
 def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], value: float,
-                     node_limit: int = 200_000) -> tuple[list[int], float, bool]:
+                     node_limit: float = 200_000) -> tuple[list[int], float, bool]:
     """Exact search; returns (assignment, time, proven optimal).
 
     Bound of a partial assignment: the larger of (a) the simulation of the assigned
