@@ -15,7 +15,8 @@ Two sets (``--set``):
   and under 2 s at 1,500 with one compressor; the plan never predicted worse than
   any baseline it may use on its objective; the gap to the lower bound reported.
 * ``scale`` (issue 18): GPU-like profiles of five model sizes, LSTM (10
-  tensors), VGG-16 (32), GPT-2 small (148), BERT-base (199) and ResNet-101 (314),
+  tensors), VGG-16 (32), GPT-2 small (148), BERT-base (199), ResNet-101 (314) and a
+  GAN-like pair of residual conv nets (296 small tensors),
   planned with ``--cluster`` for 8 x 8 V100 (NVLink; the network at 10, 25 and
   100 Gbit/s) and 4 x 8 A100 (``a100-ib200``), with one compressor allowed
   (top-k 1%; the fp16 and PowerSGD hooks' methods stay candidates, as by
@@ -28,7 +29,11 @@ Two sets (``--set``):
   searches' results from an earlier run's markdown table instead of running them
   (40 minutes at 60 s each).
 
+``--long-evaluations 40000`` makes the long search ``--algorithm local`` with 40,000
+evaluations and no margin instead; ``--clusters`` and ``--allowed`` pick instances.
+
     python benchmarks/search.py [--set classic|scale] [--repeats 3] [--long-seconds 60]
+                                [--long-evaluations 40000] [--clusters "8x8 V100 25G"]
                                 [--long-from benchmarks/results/search-scale.md]
                                 [--models LSTM VGG-16 ...] [--markdown out.md]
 """
@@ -50,6 +55,7 @@ from bytecomp.search import Planner
 from bytecomp.search.options import BaselineKind
 from bytecomp.testing.synthetic import (
     bert_shapes,
+    gan_shapes,
     gpt2_shapes,
     lstm_shapes,
     mlp_shapes,
@@ -63,7 +69,7 @@ from bytecomp.testing.synthetic import (
 # (name, shapes, backward ms): GPU-like backward passes of 10 to 400 ms
 SCALE_MODELS = [("LSTM", lstm_shapes(), 10.0), ("VGG-16", vgg16_shapes(), 100.0),
                 ("GPT-2", gpt2_shapes(), 400.0), ("BERT-base", bert_shapes(), 200.0),
-                ("ResNet-101", resnet101_shapes(), 150.0)]
+                ("ResNet-101", resnet101_shapes(), 150.0), ("GAN-like", gan_shapes(), 60.0)]
 LARGE_MODEL = ("48-layer transformer", transformer_shapes(), 400.0)
 CLASSIC_MODELS = [("MLP", mlp_shapes(5, 1024)), ("ResNet-50-like", resnet50_shapes()),
                   ("48-layer transformer", transformer_shapes())]
@@ -104,8 +110,14 @@ def scale_row(name, shapes, backward_ms, cluster, allowed, specs, args) -> dict:
            "evaluations": default.evaluations, "same": same,
            "bound_ms": default.lower_bound_ms}
     if args.earlier is not None:
-        long_ms, long_evaluations = args.earlier[(name, cluster.name, allowed)]
-        row.update(long_ms=long_ms, long_evaluations=long_evaluations)
+        if (name, cluster.name, allowed) in args.earlier:
+            long_ms, long_evaluations = args.earlier[(name, cluster.name, allowed)]
+            row.update(long_ms=long_ms, long_evaluations=long_evaluations)
+    elif args.long_evaluations:  # the issue's reference: a local search of N evaluations
+        long = Planner(profile, cluster, specs).search(algorithm="local", min_gain=0.0,
+                                                       evaluations=args.long_evaluations)
+        row.update(long_ms=long.value, long_evaluations=long.evaluations,
+                   bound_ms=max(default.lower_bound_ms, long.lower_bound_ms))
     elif args.long_seconds > 0:
         long = Planner(profile, cluster, specs).search(evaluations=LONG_EVALUATIONS,
                                                        budget_s=args.long_seconds)
@@ -134,7 +146,8 @@ def earlier_long_searches(path: str) -> tuple[str, dict]:
 
 
 def scale(args, console: Console) -> list[str]:
-    long_header = f"{args.long_seconds:g} s search ms"
+    long_header = f"{args.long_seconds:g} s search ms" if not args.long_evaluations else \
+        f"{args.long_evaluations:,}-evaluation search ms"
     if args.long_from:
         try:
             header, args.earlier = earlier_long_searches(args.long_from)
@@ -144,10 +157,12 @@ def scale(args, console: Console) -> list[str]:
         long_header = f"{header} ({Path(args.long_from).name})"
         missing = [(name, cluster.name, allowed) for name, _, _ in SCALE_MODELS
                    if not args.models or name in args.models for cluster in clusters()
+                   if not args.clusters or cluster.name in args.clusters
                    for allowed in ("top-k", "all")
+                   if not args.allowed or allowed == args.allowed
                    if (name, cluster.name, allowed) not in args.earlier]
-        if missing:
-            sys.exit(f"search.py: {args.long_from} has no row for {' / '.join(missing[0])}")
+        for row in missing:  # (a model added since that table: no long search to compare)
+            console.print(f"search.py: {args.long_from} has no row for {' / '.join(row)}")
     headers = ["model", "tensors", "cluster", "allowed", "options", "search ms", "evaluations",
                "same plan each repeat", "plan ms", "cap", long_header,
                "its evaluations", "default vs long", "lower bound ms", "gap", "gap of long",
@@ -157,7 +172,11 @@ def scale(args, console: Console) -> list[str]:
         if args.models and name not in args.models:
             continue
         for cluster in clusters():
+            if args.clusters and cluster.name not in args.clusters:
+                continue
             for allowed, specs in (("top-k", ONE), ("all", None)):
+                if args.allowed and allowed != args.allowed:
+                    continue
                 row = scale_row(name, shapes, backward_ms, cluster, allowed, specs, args)
                 rows.append(row)
                 console.print(_line(row))
@@ -304,6 +323,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--long-seconds", type=float, default=60.0,
                         help="annealing budget of the long search (0: none)")
+    parser.add_argument("--long-evaluations", type=int, default=0,
+                        help="scale set: the long search is --algorithm local with this many "
+                        "evaluations and no margin (e.g. 40000) instead of --long-seconds")
+    parser.add_argument("--clusters", nargs="*", help="only these clusters (scale set), "
+                        "e.g. '8x8 V100 25G'")
+    parser.add_argument("--allowed", choices=("top-k", "all"), help="only this choice "
+                        "of compressors (scale set)")
     parser.add_argument("--long-from", help="scale set: the long searches' results from this "
                         "earlier --markdown table instead of running them")
     parser.add_argument("--models", nargs="*", help="only these models (scale set)")

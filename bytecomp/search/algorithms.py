@@ -509,14 +509,33 @@ def lower_bound(problem: Problem, cap_mb: float, floors=None) -> float:
     channel = 0.0
     ready_so_far = 0.0
     distinct = _distinct_channels(problem)
+    first_element, slope = _mixed_floor(problem, distinct)
     for members, ready in zip(problem.buckets(cap_mb), model.bucket_ready_ms):
         numel = sum(problem.tensors[p].numel for p in members)
-        shapes = tuple(problem.tensors[p].shape for p in members)
-        cheapest = min(_channel_ms(problem, index, numel, shapes) for index in distinct) \
-            if floors is None else _cheapest_above_floors(problem, distinct, floors, numel, shapes)
+        if len(members) > 1:
+            # its tensors may be split between options: each group costs at least its
+            # first element's price plus the cheapest marginal price of the rest (costs
+            # are concave in size), so the bucket at least one first element and the
+            # cheapest slope for every other element. (The cheapest single group for the
+            # whole bucket is no bound: a long search found a mix of fp32, host and device
+            # groups 0.9% under it.)
+            cheapest = first_element + slope * (numel - 1)
+        else:
+            shapes = tuple(problem.tensors[p].shape for p in members)
+            cheapest = min(_channel_ms(problem, index, numel, shapes) for index in distinct) \
+                if floors is None else _cheapest_above_floors(problem, distinct, floors, numel,
+                                                              shapes)
         ready_so_far = max(ready_so_far, ready)
         channel = max(channel, ready_so_far) + cheapest
     return model.forward_ms + max(model.backward_ms, channel) + model.optimizer_ms
+
+
+def _mixed_floor(problem: Problem, distinct: list[int]) -> tuple[float, float]:
+    """The least channel price of a one-element group over ``distinct`` options, and the
+    least asymptotic price per element over every option (0 where a low-rank compressor
+    is one: its factors grow like a square root)."""
+    first = min(_channel_ms(problem, index, 1, ((1, 1),)) for index in distinct)
+    return first, min(asymptotic_slopes(problem), default=0.0)
 
 
 def _channel_ms(problem: Problem, index: int, numel: int, shapes: tuple) -> float:

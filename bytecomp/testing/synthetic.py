@@ -87,6 +87,27 @@ def vgg16_shapes() -> list[tuple[str, tuple]]:
     return shapes
 
 
+def gan_shapes(blocks: int = 48, width: int = 128) -> list[tuple[str, tuple]]:
+    """A GAN-like pair (a generator and a discriminator of residual conv blocks with batch
+    norms): several hundred small tensors, 3x3 convolutions of ``width`` channels and
+    their norms' weights and biases, 6 per block, plus stems and heads; 48 blocks give
+    296 tensors of 7.2M parameters."""
+    shapes: list[tuple[str, tuple]] = [("generator.project.weight", (width * 16, 128)),
+                                       ("generator.project.bias", (width * 16,))]
+    half = blocks // 2
+    for net, count in (("generator", half), ("discriminator", blocks - half)):
+        for block in range(count):
+            prefix = f"{net}.block{block}"
+            for i in (1, 2):
+                shapes += [(f"{prefix}.conv{i}.weight", (width, width, 3, 3)),
+                           (f"{prefix}.norm{i}.weight", (width,)),
+                           (f"{prefix}.norm{i}.bias", (width,))]
+    shapes += [("generator.to_rgb.weight", (3, width, 3, 3)), ("generator.to_rgb.bias", (3,)),
+               ("discriminator.stem.weight", (width, 3, 3, 3)),
+               ("discriminator.head.weight", (1, width * 16)), ("discriminator.head.bias", (1,))]
+    return shapes
+
+
 def bert_shapes(layers: int = 12, width: int = 768, vocab: int = 30522) -> list:
     """BERT-base's 199 parameter tensors (110M parameters)."""
     shapes: list[tuple[str, tuple]] = [("embeddings.word", (vocab, width)),
