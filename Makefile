@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install install-dev run test test-all lint wheel-check check bench gpu-check
+.PHONY: install install-dev run test test-all lint wheel-check check bench gpu-check docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install-dev: $(VENV)/.installed-dev
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP_INSTALL) -e ".[dev,digits,lightning,accelerate]"
+	$(PIP_INSTALL) -e ".[dev,digits,lightning,accelerate,kernels]"
 	$(COMPILE)
 	touch $@
 
@@ -65,3 +65,8 @@ bench: install
 # simulate; writes benchmarks/results/gpu-check-<date>.md.
 gpu-check: install-dev
 	$(BIN)/python benchmarks/gpu_check.py
+
+# The generated parts of docs/ and the README (option tables, the API page, sample outputs,
+# quoted results tables) and benchmarks/results/INDEX.md; tests/test_docs.py checks them.
+docs: install
+	$(BIN)/python docs/generate.py

@@ -11,11 +11,16 @@ on CUDA every timing synchronizes the device before and after.
 
 On a GPU, Espresso's premise is that compression is cheap; the target checked
 there: casts (fp16, bf16), random-k, int8 and sign packing (signsgd, signum,
-efsignsgd, onebit) encode at no less than 50% of the device copy bandwidth at
-16M elements (top-k and the low-rank methods are measured and reported).
+efsignsgd, onebit) encode and decode at no less than 50% of the device copy
+bandwidth at 16M elements (top-k and the low-rank methods are measured and
+reported). On CUDA, a compressor with fused kernels (its ``kernel`` trait:
+docs/kernels.md) is timed on both paths side by side in the same run: ``triton``
+(the kernels, what the executor runs where triton imports) and ``torch`` (its
+PyTorch ops, ``BYTECOMP_KERNELS=off``); ``--paths`` picks one. On the CPU every
+compressor runs its PyTorch ops (path ``torch``).
 
     python benchmarks/compressors.py [--device cuda] [--repeats 5] [--sizes 1048576 16777216]
-        [--peers 2] [--markdown out.md]
+        [--peers 2] [--paths triton torch] [--markdown out.md]
 """
 
 from __future__ import annotations
@@ -23,17 +28,48 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import os
 import statistics
 import time
+from contextlib import contextmanager, nullcontext
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from bytecomp.compress import default_specs, from_spec
+from bytecomp.compress import default_specs, from_spec, kernels
 from bytecomp.compress.local import decode, encode
 
 TARGETS = ("fp16", "bf16", "randomk", "int8", "signsgd", "signum", "efsignsgd", "onebit")
+PATHS = (kernels.TRITON, kernels.TORCH)
+
+
+@contextmanager
+def kernel_path(path: str):
+    """Run the compressors on ``path``: ``torch`` sets ``BYTECOMP_KERNELS=off`` for the
+    block (read at every call), ``triton`` leaves the kernels on where they run."""
+    previous = os.environ.get(kernels.ENV)
+    if path == kernels.TORCH:
+        os.environ[kernels.ENV] = "off"
+    else:
+        os.environ.pop(kernels.ENV, None)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(kernels.ENV, None)
+        else:
+            os.environ[kernels.ENV] = previous
+
+
+def paths_of(spec: str, device: torch.device, wanted: tuple[str, ...],
+             interpret: bool = False) -> list[str]:
+    """The paths to time ``spec`` on: both where it has kernels that run here."""
+    compressor = from_spec(spec)
+    runs = kernels.path(compressor, device.type) == kernels.TRITON or \
+        (interpret and compressor.kernel == kernels.TRITON)
+    chosen = [path for path in wanted if runs or path == kernels.TORCH]
+    return chosen or [kernels.TORCH]
 
 
 def _sync(device: torch.device) -> None:
@@ -55,7 +91,18 @@ def median_seconds(fn, repeats: int, setup=lambda: (), device=torch.device("cpu"
 
 
 def measure(spec: str, numel: int, repeats: int, device=torch.device("cpu"),
-            peers: int = 2) -> dict:
+            peers: int = 2, path: str = kernels.TORCH) -> dict:
+    """Time a second step on ``path`` (:func:`kernel_path`)."""
+    with kernel_path(path):
+        launched = sum(kernels.LAUNCHES.values())
+        row = _measure(spec, numel, repeats, device, peers)
+        ran = kernels.TRITON if sum(kernels.LAUNCHES.values()) > launched else kernels.TORCH
+    if ran != path:
+        raise SystemExit(f"{spec}: asked for the {path} path, {ran} ran")
+    return {**row, "path": path}
+
+
+def _measure(spec: str, numel: int, repeats: int, device, peers: int) -> dict:
     """Time a second step: every timed encode starts from a copy of the state left by a
     first step on another tensor, so residuals and thresholds do not drift between runs."""
     x = torch.randn(numel, device=device)
@@ -93,17 +140,29 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--peers", type=int, default=2,
                         help="payloads averaged in the allgather-path decode column")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
+                        help="on CUDA, the paths to time a compressor with kernels on "
+                             "(default both, side by side)")
+    parser.add_argument("--interpret", action="store_true",
+                        help="on the CPU, run the kernels under Triton's interpreter: a check "
+                             "of this script without a GPU (its timings mean nothing)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
-    rows = [measure(spec, numel, args.repeats, device, args.peers) for numel in args.sizes
-            for spec in args.specs]
+    if args.interpret and device.type != "cpu":
+        raise SystemExit("--interpret: the interpreter runs on the CPU (--device cpu)")
+    with kernels.interpreted_on_cpu() if args.interpret else nullcontext():
+        rows = [measure(spec, numel, args.repeats, device, args.peers, path)
+                for numel in args.sizes for spec in args.specs
+                for path in paths_of(spec, device, tuple(args.paths), args.interpret)]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU, {args.threads} threads"
-    table = Table(title=f"encode / decode throughput, {where}, median of {args.repeats}")
-    headers = ["compressor", "elements", "copy GB/s", "encode GB/s", "encode / copy",
+    kernel_note = f", kernels: {kernels.describe(device)}" if device.type == "cuda" else ""
+    table = Table(title=f"encode / decode throughput, {where}{kernel_note}, median of "
+                        f"{args.repeats}")
+    headers = ["compressor", "path", "elements", "copy GB/s", "encode GB/s", "encode / copy",
                "decode GB/s", "decode / copy", f"mean of {args.peers} GB/s", "payload bytes"]
     for header in headers:
         table.add_column(header, justify="left" if header == "compressor" else "right")
@@ -115,8 +174,8 @@ def main() -> None:
             mean = "" if math.isnan(row["mean_gbps"]) else f"{row['mean_gbps']:.2f}"
             speeds = [f"{row['encode_gbps']:.2f}", f"{row['encode_ratio']:.3f}",
                       f"{row['decode_gbps']:.2f}", f"{row['decode_ratio']:.3f}", mean]
-        cells = [row["spec"], f"{row['numel']:,}", f"{row['copy_gbps']:.2f}", *speeds,
-                 f"{row['payload_bytes']:,}"]
+        cells = [row["spec"], row["path"], f"{row['numel']:,}", f"{row['copy_gbps']:.2f}",
+                 *speeds, f"{row['payload_bytes']:,}"]
         table.add_row(*cells)
         lines.append("| " + " | ".join(cells) + " |")
     Console().print(table)
@@ -125,10 +184,12 @@ def main() -> None:
         lines.append("")
         for row in rows:
             if row["numel"] == largest and from_spec(row["spec"]).name in TARGETS:
-                verdict = "met" if row["encode_ratio"] >= 0.5 else "MISSED"
-                line = f"- {row['spec']} at {largest:,}: encode at " \
-                       f"{100 * row['encode_ratio']:.0f}% of the device copy ({verdict}, " \
-                       f"target >= 50%)"
+                verdicts = ", ".join(
+                    f"{what} at {100 * row[f'{what}_ratio']:.0f}% of the device copy "
+                    f"({'met' if row[f'{what}_ratio'] >= 0.5 else 'MISSED'})"
+                    for what in ("encode", "decode"))
+                line = f"- {row['spec']} ({row['path']}) at {largest:,}: {verdicts}; " \
+                       f"target >= 50%"
                 print(line)
                 lines.append(line)
     if args.markdown:

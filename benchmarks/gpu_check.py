@@ -2,9 +2,10 @@
 
 1. the tests marked ``cuda`` (compressors on CUDA tensors against the CPU, state
    round trips, apply_plan with device and host placement, the profiler on one
-   GPU);
+   GPU; the fused Triton kernels against the PyTorch path, tests/test_kernels.py);
 2. ``benchmarks/compressors.py --device cuda``: encode and decode GB/s against a
-   device copy of the same tensor, and the 50%-of-copy target;
+   device copy of the same tensor, the fused kernels and the PyTorch path side by
+   side, and the 50%-of-copy target;
 3. ``benchmarks/executor_overhead.py --device cuda``: the executor's hooks, gain
    metering and an adaptive plan's controller against PyTorch's hooks, per
    iteration on one NCCL rank;
@@ -56,12 +57,16 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA GPU on this machine", file=sys.stderr)
         raise SystemExit(2)
+    from bytecomp.compress import kernels
+
     device = torch.cuda.get_device_name(0)
     report = [f"# gpu-check {today}", "",
               f"{device}; torch {torch.__version__}, CUDA {torch.version.cuda}; "
-              f"{torch.cuda.device_count()} GPU(s)", ""]
+              f"{torch.cuda.device_count()} GPU(s); compressor kernels: "
+              f"{kernels.describe(torch.device('cuda', 0))}", ""]
     results = [step("tests marked cuda", [sys.executable, "-m", "pytest", "-q", "-m", "cuda",
-                                          "tests/test_cuda.py"], report)]
+                                          "tests/test_cuda.py", "tests/test_kernels.py"],
+                    report)]
     results.append(step("compressor throughput on the GPU",
                         [sys.executable, "benchmarks/compressors.py", "--device", "cuda"],
                         report))

@@ -105,7 +105,7 @@ def compressors(
 ):
     """List the compressors: parameters, capabilities and payload size."""
     from bytecomp.comm.schemes import SCHEMES, supported_schemes
-    from bytecomp.compress import COMPRESSORS, from_spec
+    from bytecomp.compress import COMPRESSORS, from_spec, kernels
 
     as_json = _check_format(output_format)
     chosen = [from_spec(spec) for spec in specs] if specs else \
@@ -115,10 +115,14 @@ def compressors(
                     "schemes": {scheme.name: scheme.label for scheme in SCHEMES.values()},
                     "compressors": [_compressor_json(c, numel) for c in chosen]})
         return
+    missing = "" if kernels.triton_installed() else " (triton is not installed)"
     table = Table(title=f"bytecomp compressors: payload for {numel:,} float32 elements",
                   caption="schemes: " + ", ".join(f"{s.label} {s.name}"
-                                                  for s in SCHEMES.values()))
-    for column in ("name", "parameters", "EF", "sum", "schemes", "payload bytes", "ratio"):
+                                                  for s in SCHEMES.values())
+                  + f"; kernel: what encodes a CUDA tensor here, triton (fused kernels) or "
+                    f"torch (PyTorch ops, as on the CPU){missing}")
+    for column in ("name", "parameters", "EF", "sum", "kernel", "schemes", "payload bytes",
+                   "ratio"):
         table.add_column(column, overflow="fold",
                          justify="right" if column in ("payload bytes", "ratio") else "left")
     dense = numel * 4
@@ -128,7 +132,7 @@ def compressors(
         payload = compressor.payload_bytes(numel, 4)
         note = "" if compressor.fixed_size else f" ({compressor.payload_estimate})"
         table.add_row(compressor.name, parameters, "on" if compressor.error_feedback else "off",
-                      "yes" if compressor.summable else "no",
+                      "yes" if compressor.summable else "no", kernels.path(compressor),
                       " ".join(SCHEMES[s].label for s in supported_schemes(compressor)),
                       f"{payload:,}{note}", f"{dense / payload:.1f}x")
     _show(table, keep=(0, 1))
@@ -136,9 +140,11 @@ def compressors(
 
 def _compressor_json(compressor, numel: int) -> dict:
     """A compressor as ``compressors --format json`` shows it: spec, parameters, the
-    traits it declares (:attr:`bytecomp.compress.base.Compressor.TRAITS`), schemes and
-    payload for ``numel`` float32 elements."""
+    traits it declares (:attr:`bytecomp.compress.base.Compressor.TRAITS`), what encodes a
+    CUDA tensor here (``cuda_path``: triton or torch), schemes and payload for ``numel``
+    float32 elements."""
     from bytecomp.comm.schemes import supported_schemes
+    from bytecomp.compress import kernels
 
     payload = compressor.payload_bytes(numel, 4)
     return {
@@ -149,6 +155,7 @@ def _compressor_json(compressor, numel: int) -> dict:
                    for key, param in compressor.params.items()},
         "traits": {trait: getattr(compressor, trait) for trait in compressor.TRAITS
                    if trait not in ("name", "summary", "params")},
+        "cuda_path": kernels.path(compressor),
         "schemes": supported_schemes(compressor),
         "payload_bytes": payload, "ratio": numel * 4 / payload,
     }
@@ -278,9 +285,9 @@ def plan(
                                 "fp16 and PowerSGD baselines' methods are candidates too)."),
     min_gain: float = typer.Option(None, help="Percent: unless the searched plan is predicted "
                                    "this much better (on the objective) than fp32 DDP, the plan "
-                                   "is fp32 DDP; else unless it is this much better than the best "
-                                   "baseline, the plan is that baseline (0: always the searched "
-                                   "plan; default 10 for effective time, 5 for time)."),
+                                   "is fp32 DDP (no other baseline: more compressors never give "
+                                   "a worse plan; 0: always the searched plan; default 10 for "
+                                   "effective time, 5 for time)."),
     objective: str = typer.Option(None, help="effective (iteration time / fidelity, the "
                                   "default where the profile measured fidelity) or time "
                                   "(iteration time alone, the default without)."),

@@ -12,6 +12,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# Triton reads TRITON_INTERPRET when it is first imported (its own @jit helpers, tl.sum and
+# the like, are made then), and torch.compile's tests import it: without a GPU, the kernel
+# tests' interpreter must be on from the start of the session (tests/test_kernels.py).
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 # Markers that put a test in the second tier (make test-all), unless it is also `smoke`.
 SECOND_TIER = ("multirank", "faults", "notebook", "benchmark", "slow")
 

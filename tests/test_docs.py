@@ -1,6 +1,7 @@
 """The README and docs/: a short front page, links that resolve inside the repository,
-every command-line option documented on its command's page, and the README's training
-snippet runs as it is on two ranks."""
+every command-line option documented on its command's page, history kept on its own page,
+generated parts equal to what the code gives now, results quoted as their files hold them,
+and the README's training snippet runs as it is on two ranks."""
 from __future__ import annotations
 
 import os
@@ -17,21 +18,22 @@ from bytecomp.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
-MAX_README_LINES = 250
-# The pages that document each command (an option may be named on any of them).
+MAX_README_LINES = 200
+# The pages that document each command: its reference page first (an option may be named
+# on any of them).
 COMMAND_PAGES = {
-    "compressors": ["compressors.md"],
-    "profile": ["profiling.md"],
-    "plan": ["planning.md", "adaptive.md", "large-clusters.md"],
-    "simulate": ["planning.md"],
-    "bench": ["emulation.md"],
-    "emulate": ["emulation.md"],
+    "compressors": ["commands/compressors.md", "compressors.md"],
+    "profile": ["commands/profile.md", "profiling.md"],
+    "plan": ["commands/plan.md", "planning.md", "adaptive.md", "large-clusters.md"],
+    "simulate": ["commands/simulate.md", "planning.md"],
+    "bench": ["commands/bench.md", "emulation.md"],
+    "emulate": ["commands/emulate.md", "emulation.md"],
 }
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def markdown_files() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    return [README, *sorted(DOCS.rglob("*.md"))]
 
 
 def slug(heading: str) -> str:
@@ -92,6 +94,181 @@ def test_every_option_is_documented_on_its_commands_page(command, option, names)
     pattern = re.compile("|".join(rf"{re.escape(n)}(?![\w-])" for n in names))
     assert any(pattern.search(text) for text in texts), \
         f"`bytecomp {command} {option}` is not in docs/{', docs/'.join(pages)}"
+
+
+# ---------------------------------------------------------------- history on its own page
+
+HISTORY = DOCS / "history.md"
+# "issue 18", "issues 15 and 18", "(issue 40)", "issue #7", "(#12)"; conv runs: "conv22", "conv19b"
+ISSUE = re.compile(r"\bissues?\s+#?\d+|\(#\d+\)", re.IGNORECASE)
+CONV_RUN = re.compile(r"\bconv\d+[a-z]?\b")
+
+
+@pytest.mark.parametrize("path", [p for p in markdown_files() if p != HISTORY],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_history_stays_on_the_history_page(path):
+    """Issue numbers and the convergence runs' names (conv8..conv22) belong to
+    docs/history.md: a reference page states what holds now."""
+    text = path.read_text()
+    found = sorted({m.group(0) for m in [*ISSUE.finditer(text), *CONV_RUN.finditer(text)]})
+    assert not found, f"{path.relative_to(ROOT)} mentions {found}: run diaries, conv runs " \
+                      f"and issue numbers go to docs/history.md"
+
+
+def test_the_torch_versions_are_explained_in_one_place():
+    """Every torch pin the pages name is one that install.md's "Which torch" explains."""
+    install = (DOCS / "install.md").read_text()
+    section = install.split("## Which torch", 1)[1].split("\n## ", 1)[0]
+    explained = set(re.findall(r"torch==([\d.]+)", section))
+    assert {"2.13.0", "2.14.1"} <= explained
+    for path in markdown_files():
+        if path == HISTORY:
+            continue
+        for version in re.findall(r"torch==([\d.]+)", path.read_text()):
+            assert version in explained, f"{path.relative_to(ROOT)} pins torch=={version}, " \
+                                         f"which docs/install.md#which-torch does not explain"
+
+
+# ---------------------------------------------------------------- generated parts
+
+sys.path.insert(0, str(DOCS))
+import generate  # noqa: E402  (docs/generate.py)
+
+
+def generated_pages() -> list[Path]:
+    return [path for path in markdown_files() if generate.BLOCK.search(path.read_text())]
+
+
+def test_the_generated_pages_are_there():
+    names = {str(path.relative_to(ROOT)) for path in generated_pages()}
+    assert {"README.md", "docs/planning.md", "docs/api.md", "docs/benchmarks.md",
+            *(f"docs/commands/{command}.md" for command in COMMAND_PAGES)} <= names
+
+
+@pytest.mark.parametrize("path", generated_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_generated_parts_are_current(path):
+    """Option tables (from the typer app), the API page (from the docstrings), the sample
+    outputs of plan and simulate (run now) and quoted results tables equal what
+    docs/generate.py makes now; the search time of a sample may differ."""
+    import difflib
+
+    text = path.read_text()
+    now = generate.regenerate(text)
+    old, new = generate.normalized(text), generate.normalized(now)
+    diff = "\n".join(list(difflib.unified_diff(old.splitlines(), new.splitlines(), "on disk",
+                                               "generated now", lineterm=""))[:60])
+    assert old == new, f"{path.relative_to(ROOT)} is stale: run `python docs/generate.py` " \
+                       f"(make docs)\n{diff}"
+
+
+def test_the_api_page_covers_the_public_names():
+    import bytecomp
+
+    text = (DOCS / "api.md").read_text()
+    for name in bytecomp.__all__:
+        if name != "__version__":
+            assert f"#### `bytecomp.{name}`" in text, f"docs/api.md has no section for {name}"
+    for name in ("Stats.summary", "Stats.interval", "Stats.log_every", "Executor.state_dict",
+                 "Executor.load_state_dict", "search.Planner"):
+        assert f"{name}`" in text, f"docs/api.md has no section for {name}"
+
+
+# ---------------------------------------------------------------- benchmark results
+
+RESULTS = ROOT / "benchmarks" / "results"
+RESULTS_PATH = re.compile(r"benchmarks/results/[\w./:=,+*<>-]*")
+# Paths written as patterns, not files: a placeholder or a glob.
+PATTERN = re.compile(r"[*<]|RUN|FILE|<date>")
+
+
+def test_the_results_index_lists_every_file():
+    listed = generate.indexed_files((RESULTS / "INDEX.md").read_text())
+    files = set(generate.result_files())
+    assert not files - listed, f"benchmarks/results/INDEX.md does not list " \
+                               f"{sorted(files - listed)[:10]}: run `python docs/generate.py`"
+    assert not listed - files, f"benchmarks/results/INDEX.md lists files that are not " \
+                               f"there: {sorted(listed - files)[:10]}"
+
+
+def test_every_results_file_has_its_command():
+    undescribed = [name for name in generate.result_files()
+                   if generate.set_of(name) is generate.UNDESCRIBED]
+    assert not undescribed, f"no set of docs/generate.py's SETS describes {undescribed[:10]}: " \
+                            f"add one with the command that makes them"
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_named_results_files_exist(path):
+    for match in RESULTS_PATH.finditer(path.read_text()):
+        name = match.group(0).rstrip(".,:;")
+        if PATTERN.search(name) or name.endswith("/results/"):
+            continue
+        assert (ROOT / name).exists(), f"{path.relative_to(ROOT)} names {name}, which does " \
+                                       f"not exist"
+
+
+FIGURES = re.compile(r"<!-- figures(?::\s*(?P<files>[^>]*?))?\s*-->\n(?P<table>(?:\|.*\n)+)")
+NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
+
+
+def _numbers(text: str) -> list[str]:
+    return [n.replace(",", "") for n in NUMBER.findall(text)]
+
+
+def _quoted(figure: str, held: set[str]) -> bool:
+    """Whether a file holds ``figure``, as written or rounded to its decimals."""
+    from decimal import ROUND_DOWN, ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
+
+    if figure in held:
+        return True
+    wanted = Decimal(figure)
+    places = Decimal(1).scaleb(wanted.as_tuple().exponent)
+    for value in held:
+        number = Decimal(value)
+        if any(number.quantize(places, rounding=mode) == wanted
+               for mode in (ROUND_HALF_UP, ROUND_HALF_EVEN, ROUND_DOWN)):
+            return True
+    return False
+
+
+def figure_tables() -> list[tuple[Path, str, list[str], list[list[str]]]]:
+    """(page, the marker's files, rows) for every table a page marks with
+    ``<!-- figures: FILE ... -->`` (or ``<!-- figures -->``: each row's linked files)."""
+    found = []
+    for path in markdown_files():
+        for match in FIGURES.finditer(path.read_text()):
+            files = (match.group("files") or "").split()
+            rows = [[cell.strip() for cell in line.strip().strip("|").split(" | ")]
+                    for line in match.group("table").splitlines()[2:]]
+            found.append((path, match.group(0).splitlines()[0], files, rows))
+    return found
+
+
+FIGURE_TABLES = figure_tables()
+
+
+@pytest.mark.parametrize("page,marker,files,rows", FIGURE_TABLES,
+                         ids=[f"{table[0].relative_to(ROOT)}:{table[2][0] if table[2] else 'rows'}"
+                              for table in FIGURE_TABLES])
+def test_quoted_figures_are_the_files_figures(page, marker, files, rows):
+    """Every figure of a table that quotes benchmark results (the cells after the first, but
+    commands and links) is one its results files hold, as written or rounded."""
+    assert rows, f"{page.name}: {marker} is followed by no table"
+    for row in rows:
+        sources = files or [f"benchmarks/results/{target}" for cell in row
+                            for target in re.findall(r"\]\((?:\.\./)*benchmarks/results/"
+                                                     r"([^)]+)\)", cell)]
+        assert sources, f"{page.name}: the row {row[0]!r} names no results file"
+        held = {n for source in sources for n in _numbers((ROOT / source).read_text())}
+        for cell in row[1:]:
+            if "`" in cell or "](" in cell:
+                continue
+            for figure in _numbers(cell):
+                if "." not in figure and int(figure) < 10:
+                    continue  # counts ("5 of 8") say little by themselves
+                assert _quoted(figure, held), \
+                    f"{page.relative_to(ROOT)}: {figure} in the row {row[0]!r} is not in " \
+                    f"{', '.join(sources)}"
 
 
 def readme_training_snippet() -> str:

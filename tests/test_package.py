@@ -38,9 +38,10 @@ def test_a_training_job_imports_no_planner_code():
 # what `bytecomp plan --no-verify` has no use for: it runs no torch code (the compressors and
 # the scheme registry import torch where they run it), fits without scipy.optimize, and reads
 # a profile without the profiler
-PLAN_SKIPS = ("torch", "scipy", "matplotlib", "bytecomp.profile", "bytecomp.runtime",
-              "bytecomp.launch", "bytecomp.recipe", "bytecomp.bench", "bytecomp.emulate",
-              "bytecomp.comm.exchanges", "bytecomp.comm.collectives", "bytecomp.comm.worker")
+PLAN_SKIPS = ("torch", "triton", "scipy", "matplotlib", "bytecomp.profile",
+              "bytecomp.runtime", "bytecomp.launch", "bytecomp.recipe", "bytecomp.bench",
+              "bytecomp.emulate", "bytecomp.comm.exchanges", "bytecomp.comm.collectives",
+              "bytecomp.comm.worker", "bytecomp.compress.triton_kernels")
 
 
 def test_bytecomp_plan_imports_only_what_it_needs(tmp_path):

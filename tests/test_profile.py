@@ -175,6 +175,7 @@ def test_profile_yaml_describes_the_run(mlp_profile):
     assert meta["backend"] == "gloo" and meta["device"]["type"] == "cpu"
     assert meta["bucket_cap_mb"] == BUCKET_CAP_MB and meta["batch_size"] == 64
     assert meta["torch_version"] == str(torch.__version__)
+    assert meta["compress_kernels"] == "torch"  # the compressors' path when timed (CPU)
     for name in ("forward", "backward", "optimizer", "iteration"):
         stats = meta["times"][name]
         assert 0 < stats["p10_ms"] <= stats["median_ms"] <= stats["p90_ms"]

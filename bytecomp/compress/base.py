@@ -149,6 +149,10 @@ class Compressor:
       (:meth:`runs_as_pytorch_hook`).
     * ``ladder``: ``(parameter, settings mild to aggressive)`` of the family's adaptive
       ladder (``plan --adaptive``), if it has one.
+    * ``kernel``: ``"triton"`` where its encode and decode (and, with error feedback, the
+      residual's update: :meth:`compress_fed_back`) run fused Triton kernels on a CUDA
+      tensor when triton imports (:mod:`bytecomp.compress.kernels`), with the results of
+      its PyTorch ops; None: PyTorch ops everywhere.
     """
 
     name: ClassVar[str] = ""
@@ -169,12 +173,13 @@ class Compressor:
     payload_estimate: ClassVar[str] = "bound"
     pytorch_hook: ClassVar[str | None] = None
     ladder: ClassVar[tuple[str, tuple] | None] = None
+    kernel: ClassVar[str | None] = None
     # every class attribute above: what a wrapper (error feedback) takes from its inner one
     TRAITS: ClassVar[tuple[str, ...]] = (
         "name", "summary", "params", "summable", "gatherable", "chunkable", "fixed_size",
         "default_ef", "requires_ef", "round_collectives", "compresses", "cast_dtype",
         "metered_without_ef", "per_matrix", "measured_payload", "payload_estimate",
-        "pytorch_hook", "ladder")
+        "pytorch_hook", "ladder", "kernel")
 
     def __init__(self, **values: Any) -> None:
         self.values = {key: p.default for key, p in self.params.items()}
@@ -249,6 +254,16 @@ class Compressor:
 
     def decompress(self, payload: Payload, ctx: Any) -> torch.Tensor:
         raise NotImplementedError
+
+    def compress_fed_back(self, x: torch.Tensor, residual: torch.Tensor | None, state: dict,
+                          peers: Peers = SOLO, keep: bool = False) -> tuple | None:
+        """Error feedback's step fused with the compression, where a kernel does it: for
+        ``c = x + residual`` (``x`` where ``residual`` is None) ``(payload, ctx, c -
+        approximation, c where keep else None)``, with exactly the values of
+        :meth:`compress` and :meth:`approximation` on ``c``. None (the default, and
+        wherever no kernel takes ``x``) leaves ``state`` as it was: error feedback then
+        takes those two steps itself. Single-round compressors only."""
+        return None
 
     def approximation(self, payload: Payload, ctx: Any, x: torch.Tensor) -> torch.Tensor:
         """What this rank's own payload of ``x`` (just compressed) decompresses to: error

@@ -8,7 +8,8 @@ this rank's own payload does not carry becomes the next residual::
     residual = c - decompress(own final-round payload)
 
 so over steps, everything sent plus the residual equals the sum of the
-inputs (telescoping). For multi-round compressors (PowerSGD, ExDyna) the
+inputs (telescoping). A compressor with fused kernels takes these steps in one
+(:meth:`~bytecomp.compress.base.Compressor.compress_fed_back`, on a GPU: the same values). For multi-round compressors (PowerSGD, ExDyna) the
 residual is taken at the last round, from this rank's own contribution to it.
 
 Where the state asks for it (``state["meter"]``, set by the executor for
@@ -43,8 +44,14 @@ def _squared_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def _keep_residual(state: dict, compensated: torch.Tensor, approx: torch.Tensor) -> None:
-    state["residual"] = residual = compensated - approx
+    _store_residual(state, compensated, compensated - approx)
+
+
+def _store_residual(state: dict, compensated: torch.Tensor | None,
+                    residual: torch.Tensor) -> None:
+    state["residual"] = residual
     if state.get("meter"):
+        assert compensated is not None, "metering needs the compensated gradient"
         state["sq_norm"] = _squared_norm(compensated)
         state["sq_error"] = _squared_norm(residual)
 
@@ -83,10 +90,17 @@ class ErrorFeedback(Compressor):
 
     def compress(self, x, state, peers: Peers = SOLO):
         residual = state.get("residual")
-        if residual is not None and residual.shape == x.shape and residual.device == x.device:
-            compensated = x + residual
-        else:
-            compensated = x.clone()
+        if residual is not None and (residual.shape != x.shape or residual.device != x.device):
+            residual = None
+        if self.inner.rounds == 1:  # a kernel may fuse the residual's update (on a GPU)
+            meter = bool(state.get("meter"))
+            fused = self.inner.compress_fed_back(x, residual, self._inner_state(state), peers,
+                                                 keep=meter)
+            if fused is not None:
+                payload, ctx, new_residual, compensated = fused
+                _store_residual(state, compensated, new_residual)
+                return payload, (ctx, compensated, 1)
+        compensated = x + residual if residual is not None else x.clone()
         payload, ctx = self.inner.compress(compensated, self._inner_state(state), peers)
         if self.inner.rounds == 1:
             _keep_residual(state, compensated,

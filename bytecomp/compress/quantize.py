@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import bytecomp.compress.bits as bits
+from bytecomp.compress import kernels
 from bytecomp.compress.base import (
     ALLREDUCE_HOOK,
     FP16_HOOK,
@@ -94,6 +95,7 @@ class Int8(Compressor):
 
     name = "int8"
     summary = "min-max linear 8-bit quantization"
+    kernel = kernels.TRITON
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
         return numel + 8
@@ -101,6 +103,9 @@ class Int8(Compressor):
     def compress(self, x, state, peers: Peers = SOLO):
         import torch
 
+        fused = kernels.for_tensor(x)
+        if fused is not None and (done := fused.int8_encode(x)) is not None:
+            return [done[0], done[1]], meta_of(x)
         xf = x.float()
         if x.numel() == 0:
             return [x.new_zeros(0, dtype=torch.uint8), xf.new_zeros(2)], meta_of(x)
@@ -110,8 +115,22 @@ class Int8(Compressor):
         codes = ((xf - low) / scale).round_().clamp_(0, 255).to(torch.uint8)
         return [codes, torch.stack([low, scale])], meta_of(x)
 
+    def compress_fed_back(self, x, residual, state, peers: Peers = SOLO, keep=False):
+        fused = kernels.for_tensor(x)
+        if fused is None or not kernels.fits(residual, x):
+            return None
+        done = fused.int8_encode(x, residual, feedback=True, keep=keep)
+        if done is None:
+            return None
+        codes, low_scale, new_residual, compensated = done
+        return [codes, low_scale], meta_of(x), new_residual, compensated
+
     def decompress(self, payload, ctx):
         codes, low_scale = payload
+        fused = kernels.for_tensor(codes, ctx.dtype)
+        if fused is not None and (out := fused.int8_decode(codes, low_scale, ctx.numel,
+                                                           ctx.dtype)) is not None:
+            return out
         return (codes.float() * low_scale[1] + low_scale[0]).to(ctx.dtype)
 
 

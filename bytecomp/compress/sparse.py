@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from bytecomp.compress import kernels
 from bytecomp.compress.base import (
     FRACTION_LADDER,
     SOLO,
@@ -162,13 +163,16 @@ class RandomK(Compressor):
     default_ef = True
     params = {"ratio": _RATIO, "seed": _SEED}
     ladder = ("ratio", FRACTION_LADDER)
+    kernel = kernels.TRITON
     ratio: float
     seed: int
 
     def payload_bytes(self, numel, element_size=4, shapes=None):
         return count_of(self.ratio, numel) * element_size
 
-    def compress(self, x, state, peers: Peers = SOLO):
+    def _indices(self, x: torch.Tensor, state: dict) -> torch.Tensor:
+        """This step's indices, the same on every rank: drawn by PyTorch's generator on
+        x's device on every path (a kernel would draw others: docs/kernels.md)."""
         import torch
 
         step = next_step(state)
@@ -176,9 +180,39 @@ class RandomK(Compressor):
         k = count_of(self.ratio, numel)
         # Drawn with replacement: k stays exact and it costs O(k), not O(n) like randperm.
         generator = seeded_generator(x.device, self.seed, state.get("salt", 0), step)
-        indices = torch.randint(0, max(numel, 1), (k,), generator=generator, device=x.device)
-        return [x[indices]], (meta_of(x), indices)
+        return torch.randint(0, max(numel, 1), (k,), generator=generator, device=x.device)
+
+    def compress(self, x, state, peers: Peers = SOLO):
+        indices = self._indices(x, state)
+        fused = kernels.for_tensor(x)
+        values = fused.gather(x, indices) if fused is not None else None
+        return [x[indices] if values is None else values], (meta_of(x), indices)
+
+    def compress_fed_back(self, x, residual, state, peers: Peers = SOLO, keep=False):
+        """``c = x + residual`` (one pass, as PyTorch adds), the values gathered from it,
+        and the new residual: ``c`` less its approximation, which is ``c`` but at the k
+        indices, where it is ``c - c`` (written there alone, without the dense
+        approximation and subtraction of the unfused path)."""
+        fused = kernels.for_tensor(x)
+        if fused is None or not kernels.fits(residual, x):
+            return None
+        indices = self._indices(x, state)
+        compensated = x + residual if residual is not None else x.clone()
+        values = fused.gather(compensated, indices)
+        new_residual = compensated.clone() if keep else compensated
+        if values is None or fused.scatter(values, indices, new_residual, subtract=True) is None:
+            # the kernels failed (and are off): the unfused steps on the same indices
+            values = compensated[indices]
+            new_residual = compensated - scatter_values(values, indices, meta_of(x))
+        return [values], (meta_of(x), indices), new_residual, compensated if keep else None
 
     def decompress(self, payload, ctx):
         meta, indices = ctx
+        fused = kernels.for_tensor(payload[0], meta.dtype)
+        if fused is not None:
+            import torch
+
+            out = torch.zeros(meta.numel, dtype=meta.dtype, device=meta.device)
+            if fused.scatter(payload[0], indices, out) is not None:
+                return out
         return scatter_values(payload[0], indices, meta)

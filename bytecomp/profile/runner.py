@@ -17,7 +17,7 @@ from rich.table import Table
 
 import bytecomp
 from bytecomp.comm.topology import Topology
-from bytecomp.compress import default_specs, from_spec, ladder_specs
+from bytecomp.compress import default_specs, from_spec, kernels, ladder_specs
 from bytecomp.errors import BytecompError
 from bytecomp.plan import fingerprint
 from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
@@ -255,6 +255,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "format_version": FORMAT_VERSION,
         "bytecomp_version": bytecomp.__version__,
         "torch_version": str(torch.__version__),
+        # what the compressors with kernels ran when timed: "triton <version>" or "torch"
+        "compress_kernels": kernels.describe(device),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_description(config, device),
         "model": {"name": workload.name, "spec": config.model,

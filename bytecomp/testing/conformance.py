@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from bytecomp.compress.base import Compressor, Peers
+from bytecomp.compress.kernels import TRITON
 from bytecomp.compress.local import encode, roundtrip
 from bytecomp.compress.registry import COMPRESSORS, from_spec
 
@@ -68,6 +69,8 @@ def check_declared(cls: type[Compressor]) -> None:
         raise _fail(cls, f"cast_dtype {cls.cast_dtype!r} is not a torch dtype")
     if cls.requires_ef and not cls.default_ef:
         raise _fail(cls, "requires_ef needs default_ef")
+    if cls.kernel not in (None, TRITON):
+        raise _fail(cls, f"kernel must be None or {TRITON!r}, got {cls.kernel!r}")
     for key, param in cls.params.items():
         if not param.valid(param.default):
             raise _fail(cls, f"parameter {key}'s default {param.default!r} breaks its rule")
