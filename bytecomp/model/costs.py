@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import pandas as pd
@@ -49,6 +50,28 @@ def ring_ms(collective: str, ranks: int, nbytes: float, alpha_ms: float, beta: f
 
 def profiled_cluster(profile: Profile) -> Cluster:
     return Cluster(f"profiled ({profile.label})", profile.nodes, profile.ranks_per_node)
+
+
+class LazyFits(Mapping):
+    """A fit per key, made from the key's profile rows when first read."""
+
+    def __init__(self, rows: dict, fit: Callable) -> None:
+        self._rows, self._fit = rows, fit
+        self._fits: dict = {}
+
+    def __getitem__(self, key):
+        if key not in self._fits:
+            self._fits[key] = self._fit(self._rows[key])  # KeyError where no rows
+        return self._fits[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, key) -> bool:
+        return key in self._rows
 
 
 @dataclass
@@ -164,18 +187,23 @@ class ComputeModel:
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
-        self.encode: dict[tuple[str, str], PiecewiseFit] = {}
-        self.decode: dict[tuple[str, str], PiecewiseFit] = {}
-        self.payload: dict[tuple[str, str], LinearFit] = {}
+        # fitted on first use: a search with a few compressors reads a few of a profile's
+        # twenty-odd (the fits were three quarters of a small search's set-up)
+        table = profile.compressors
+        groups = {key: table.iloc[rows] for key, rows in
+                  table.groupby(["spec", "device"]).indices.items()}
+        self.encode: Mapping[tuple[str, str], PiecewiseFit] = LazyFits(
+            groups, lambda rows: fit_piecewise(rows["numel"], rows["encode_ms"]))
+        self.decode: Mapping[tuple[str, str], PiecewiseFit] = LazyFits(
+            groups, lambda rows: fit_piecewise(rows["numel"], rows["decode_ms"]))
+        self.payload: Mapping[tuple[str, str], LinearFit] = LazyFits(
+            groups, lambda rows: fit_linear(rows["numel"], rows["payload_bytes"]))
         # the part of a multi-round compressor's encode between its collectives (profiles
         # before it: none, the whole encode before the first collective)
-        self.advance: dict[tuple[str, str], PiecewiseFit] = {}
-        for (spec, device), rows in profile.compressors.groupby(["spec", "device"]):
-            self.encode[(spec, device)] = fit_piecewise(rows["numel"], rows["encode_ms"])
-            self.decode[(spec, device)] = fit_piecewise(rows["numel"], rows["decode_ms"])
-            self.payload[(spec, device)] = fit_linear(rows["numel"], rows["payload_bytes"])
-            if "advance_ms" in rows.columns and (rows["advance_ms"] > 0).any():
-                self.advance[(spec, device)] = fit_piecewise(rows["numel"], rows["advance_ms"])
+        timed = {key: rows for key, rows in groups.items()
+                 if "advance_ms" in rows.columns and (rows["advance_ms"] > 0).any()}
+        self.advance: Mapping[tuple[str, str], PiecewiseFit] = LazyFits(
+            timed, lambda rows: fit_piecewise(rows["numel"], rows["advance_ms"]))
         self.copies = {direction: fit_linear(rows["bytes"], rows["time_ms"])
                        for direction, rows in profile.copies.groupby("direction")}
         # the executor's decode of a gathered exchange (profiles before it: decode_ms x
