@@ -45,12 +45,11 @@ def _strip_wrappers(name: str, removed: dict[str, None]) -> str:
                 name = name[len(prefix):]
                 removed.setdefault(prefix)
                 stripped = True
-    parts = name.split(".")
-    inner = [p for p in parts[:-1] if p not in WRAPPER_COMPONENTS]
-    for part in parts[:-1]:
+    *path, last = name.split(".")
+    for part in path:
         if part in WRAPPER_COMPONENTS:
             removed.setdefault(part + ".")
-    return ".".join([*inner, parts[-1]])
+    return ".".join([*(p for p in path if p not in WRAPPER_COMPONENTS), last])
 
 
 def _shared_components(names: list[str]) -> list[str]:

@@ -22,7 +22,8 @@ def match_parameters(plan: Plan, model) -> tuple[dict, str | None]:
     own = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     model_names = normalize(n for n, _ in own)
     plan_names = normalize(e.name for e in plan.entries)
-    if all(e.name in dict(own) for e in plan.entries):
+    own_names = {n for n, _ in own}
+    if all(e.name in own_names for e in plan.entries):
         # every planned name as it is (a plan naming a few tensors, the rest on fallback,
         # may share a prefix the model's names do not): no normalizing
         model_names = Normalized({n: n for n, _ in own})

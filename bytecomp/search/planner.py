@@ -531,7 +531,8 @@ class Planner:
                                                   target=target)
         exact = False
         if algorithm == "exact":  # asked for: branch and bound to the end
-            exact, assignment, value, cap = _exact(view, caps, assignment, value, cap, None)
+            exact, assignment, value, cap = _exact(view, caps, assignment, value, cap,
+                                                   math.inf)
         if algorithm != "greedy" and value > target and not exact:
             if evaluations is None:
                 evaluations = default_evaluations(len(problem.tensors))
@@ -613,15 +614,15 @@ def _lower_bound(problem: Problem, caps: list[float]) -> float:
 
 
 def _exact(view: Problem, caps: list[float], assignment: list[int], value: float, cap: float,
-           nodes: int | None) -> tuple[bool, list[int], float, float]:
+           nodes: float) -> tuple[bool, list[int], float, float]:
     """Branch and bound at every cap from the incumbent (``nodes``: the most nodes at
-    each, None: no limit); whether every cap was searched through, and the best."""
+    each, ``math.inf`` for no limit); whether every cap was searched through, and the
+    best."""
     complete = True
     for other in caps:
         found, found_value, done = branch_and_bound(
-            view, other, assignment if other == cap else assignment,
-            view.evaluate(assignment, other) if other != cap else value,
-            node_limit=nodes if nodes is not None else math.inf)
+            view, other, assignment,
+            value if other == cap else view.evaluate(assignment, other), node_limit=nodes)
         complete &= done
         if found_value < value - 1e-9:
             assignment, value, cap = found, found_value, other
