@@ -89,15 +89,16 @@ def one(task: str, bandwidth: str, out: Path, args) -> Path:
                             *[flag for family in args.family for flag in ("--ladder", family)]],
         args.reuse_profiles)
     plans = {name: folder / f"plan-{name}.yaml" for name in ("effective", "time")}
-    run([*BYTECOMP, "plan", str(profile), "--out", str(plans["effective"])], log)
-    run([*BYTECOMP, "plan", str(profile), "--out", str(plans["time"]), "--objective", "time"],
-        log)
+    model = ["--model", task]  # a factory is built only when named (bytecomp.model_spec)
+    run([*BYTECOMP, "plan", str(profile), "--out", str(plans["effective"]), *model], log)
+    run([*BYTECOMP, "plan", str(profile), "--out", str(plans["time"]), "--objective", "time",
+         *model], log)
     for family in args.family:
         path = folder / f"plan-adaptive-{family}.yaml"
         if run([*BYTECOMP, "plan", str(profile), "--out", str(path), "--adaptive", family], log,
                check=False):  # else no setting of the family pays here: no adaptive plan
             plans[f"adaptive-{family}"] = path
-    run([*emulate, *BYTECOMP, "bench", str(profile),
+    run([*emulate, *BYTECOMP, "bench", str(profile), *model,
          *[flag for path in plans.values() for flag in ("--plan", str(path))],
          "--out", str(folder / "bench"), "--force", "--iterations", str(args.bench_iterations),
          *[flag for spec in COMPRESSORS for flag in ("--compressor", spec)],

@@ -69,9 +69,10 @@ def cell(task: str, bandwidth: str, out: Path, args) -> Path:
          *[flag for c in COMPRESSORS for flag in ("--compressor", c)]], args.reuse_profiles)
     folder = profile.parent
     plans = [folder / "plan.yaml", folder / "plan-static.yaml"]
-    run([*BYTECOMP, "plan", str(profile), "--out", str(plans[0])], log)
-    run([*BYTECOMP, "plan", str(profile), "--out", str(plans[1]), "--static"], log)
-    run([*emulate, *BYTECOMP, "bench", str(profile),
+    model = ["--model", spec]  # a factory is built only when named (bytecomp.model_spec)
+    run([*BYTECOMP, "plan", str(profile), "--out", str(plans[0]), *model], log)
+    run([*BYTECOMP, "plan", str(profile), "--out", str(plans[1]), "--static", *model], log)
+    run([*emulate, *BYTECOMP, "bench", str(profile), *model,
          *[flag for path in plans for flag in ("--plan", str(path))],
          "--out", str(folder / "bench"), "--force", "--iterations", "6", "--no-every",
          "--train-steps", str(int(steps * 1.5)), "--target-fraction", f"{1 / 1.5:.6f}",

@@ -66,17 +66,21 @@ def one(model: str, nodes: int, per_node: int, bandwidth: str, out: Path, args) 
              "--force", "--iterations", str(args.profile_iterations), "--warmup", "2",
              "--max-mb", str(args.max_mb), *compressors, "--machine",
              f"emulated {nodes}x{per_node} at {bandwidth} on this project's CI machine"], log)
+    named = ["--model", model]  # a factory is built only when named (bytecomp.model_spec)
     run([*BYTECOMP, "plan", str(profile), "--out", str(plan), "--min-gain",
-         str(args.min_gain)], log)
-    run([*emulate, *BYTECOMP, "bench", str(profile), "--plan", str(plan), "--out", str(bench),
+         str(args.min_gain), *named], log)
+    run([*emulate, *BYTECOMP, "bench", str(profile), *named, "--plan", str(plan), "--out",
+         str(bench),
          "--force", "--iterations", str(args.bench_iterations)], log)
     mixed = folder / "plan-min-gain-0.yaml"
     mixed.unlink(missing_ok=True)
     shutil.rmtree(folder / "bench-min-gain-0", ignore_errors=True)
     if args.also_min_gain_0:
-        run([*BYTECOMP, "plan", str(profile), "--out", str(mixed), "--min-gain", "0"], log)
+        run([*BYTECOMP, "plan", str(profile), "--out", str(mixed), "--min-gain", "0", *named],
+            log)
         if _decisions(mixed) != _decisions(plan):
-            run([*emulate, *BYTECOMP, "bench", str(profile), "--plan", str(mixed), "--out",
+            run([*emulate, *BYTECOMP, "bench", str(profile), *named, "--plan", str(mixed),
+                 "--out",
                  str(folder / "bench-min-gain-0"), "--force", "--iterations",
                  str(args.bench_iterations)], log)
     print(f"{name}: done in {(time.monotonic() - started) / 60:.1f} min", flush=True)

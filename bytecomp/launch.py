@@ -12,7 +12,8 @@
 
 Spawned ranks die with their parent: the kernel kills them when it exits, even
 when it is killed outright (``PR_SET_PDEATHSIG``), and a SIGTERM to the parent
-stops them before it exits. A rank still running ``timeout`` seconds after
+(or SIGHUP) stops them before it exits. Each rank asks for that signal at its first
+instruction, before it imports torch (:mod:`bytecomp.lifetime`). A rank still running ``timeout`` seconds after
 another finished is killed.
 """
 
@@ -38,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from bytecomp.errors import BytecompError
-from bytecomp.lifetime import die_with_parent
+from bytecomp.lifetime import deferred_stop_signals, pack, rank_boot
 
 REPORT_GRACE_S = 2.0  # after a symptom, how long to wait for the root cause's report
 # What a rank sees when a peer died or stopped: a symptom, not the cause.
@@ -140,13 +141,13 @@ class _Stopped(SystemExit):
     """The parent stopped this rank (SIGTERM): not a failure of its own."""
 
 
-def _rank_entry(fn, args, rank, nproc, port, backend, timeout_s, errors, parent):
-    die_with_parent(parent)
-
+def _rank_entry(fn, args, rank, nproc, port, backend, timeout_s, errors):
+    """A spawned rank, after :func:`bytecomp.lifetime.rank_boot` tied it to its parent."""
     def stop(_signum, _frame):
         raise _Stopped(143)
 
-    signal.signal(signal.SIGTERM, stop)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc),
                       GROUP_RANK="0")
@@ -173,9 +174,14 @@ def _rank_entry(fn, args, rank, nproc, port, backend, timeout_s, errors, parent)
     os._exit(0)  # done: no interpreter teardown (a stuck thread's join) can keep it alive
 
 
+# Signals that stop a job as Ctrl-C does: a terminal that closes (SIGHUP) is a stop too.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def _terminate_as_interrupt():
-    """SIGTERM raises KeyboardInterrupt in the main thread, so the ranks are stopped."""
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, so the ranks are
+    stopped."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -183,11 +189,12 @@ def _terminate_as_interrupt():
     def interrupt(_signum, _frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # Local ranks per core beyond which a spawn is refused: each rank is a whole Python process
@@ -221,14 +228,16 @@ def spawn(fn: Callable, args: tuple, nproc: int, backend: str, timeout_s: float,
     context = multiprocessing.get_context("spawn")
     errors = context.Queue()
     port = free_port()
-    processes = [context.Process(target=_rank_entry, daemon=True,
-                                 args=(fn, args, rank, nproc, port, backend, timeout_s, errors,
-                                       os.getpid()))
+    # rank_boot ties each rank to this process before it imports anything of the job
+    processes = [context.Process(target=rank_boot, daemon=True,
+                                 args=(pack(_rank_entry, (fn, args, rank, nproc, port, backend,
+                                                          timeout_s)), os.getpid(), errors))
                  for rank in range(nproc)]
     with _terminate_as_interrupt():
         try:
             for process in processes:
-                process.start()
+                with deferred_stop_signals():  # a rank is started whole, or not at all
+                    process.start()
             failure = _watch(processes, errors, timeout_s)
         except KeyboardInterrupt:
             _stop(processes)
@@ -297,6 +306,7 @@ def _blame(reports: list[Report], codes: list[int | None]) -> Report:
 
 
 def _stop(processes) -> None:
+    processes = [p for p in processes if p.pid is not None]  # the ones started
     for process in processes:
         if process.is_alive():
             process.terminate()

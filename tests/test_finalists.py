@@ -151,7 +151,7 @@ def test_bytecomp_plan_trains_the_finalists_and_records_them(cli, monkeypatch, t
     slow.write_text("name: slow\nnodes: 2\nranks_per_node: 1\n"
                     "links:\n  inter: {bandwidth_gbps: 0.01, latency_us: 100}\n")
     done = cli("plan", profile, "--cluster", slow, "--out", tmp_path / "plan.yaml",
-               "--verify-steps", "60")
+               "--verify-steps", "60", "--model", "factories:with_recipe")
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
     assert "finalists, each trained 60 steps" in text

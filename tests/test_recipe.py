@@ -242,7 +242,7 @@ def test_a_factorys_recipe_is_profiled_with_a_probe(cli, monkeypatch, tmp_path, 
     assert set(profile.steps_factors) == {"fp16", "topk:ratio=0.1"}
     assert all(math.isfinite(f) for f in profile.steps_factors.values())
     assert "quality" in meta and meta["quality"]["retries"] == 2
-    plan = cli("plan", out, "--out", tmp_path / "plan.yaml")
+    plan = cli("plan", out, "--out", tmp_path / "plan.yaml", "--model", f"factories:{factory}")
     assert plan.returncode == 0, plan.stderr
     assert f"losses on {batches}) calibrates the gains" in " ".join(plan.stdout.split())
 

@@ -17,6 +17,7 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, check_outputs_spare_inputs
 from bytecomp.launch import backend_for, run_job
 from bytecomp.model.clusters import cluster_file, load_cluster
+from bytecomp.model_spec import allowed_model
 from bytecomp.plan import load_plan
 from bytecomp.profile.convergence import ConvergenceConfig
 from bytecomp.profile_store import load_profile, profile_files
@@ -45,6 +46,8 @@ def _check_other_plan(plan, profile, cluster) -> None:
 def run_bench(config: BenchConfig, nproc: int | None = None, timeout_s: float = 600) -> Path:
     """Benchmark on ``nproc`` spawned ranks or on this torchrun (or emulate) job."""
     profile = load_profile(config.profile)  # bad files fail here, once, before any rank starts
+    allowed_model(profile.meta["model"].get("spec"), config.model, profile.label,
+                  "bench a profile of a built-in model")  # before any rank imports it
     cluster = load_cluster(config.cluster) if config.cluster else None
     check_plan_fits(load_plan(config.plan), profile, cluster)  # its predictions are compared
     for path in config.other_plans:

@@ -54,6 +54,7 @@ from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import directory_atomic
 from bytecomp.model.clusters import load_cluster
+from bytecomp.model_spec import allowed_model
 from bytecomp.plan import Plan, load_plan, plan_for_model
 from bytecomp.profile.convergence import (
     ConvergenceConfig,
@@ -91,6 +92,7 @@ class BenchConfig:
     train_levels: bool = False  # also train each level of an adaptive plan, statically
     every: bool = True  # the "one compressor on every tensor" strategies
     tables: bool = True  # print the tables (False: bench --format json; progress on stderr)
+    model: str | None = None  # the model spec the user named (bytecomp.model_spec)
 
 
 @dataclass
@@ -298,7 +300,9 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
     predicted, rank = _predictions(profile, plans, cluster, specs)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
-    workload = load_workload(profile.meta["model"]["spec"], optimizer=profile.recipe_optimizer())
+    spec = allowed_model(profile.meta["model"].get("spec"), config.model, profile.label,
+                         "bench a profile of a built-in model")
+    workload = load_workload(spec, optimizer=profile.recipe_optimizer())
     batch = to_device(workload.make_batch(int(profile.meta["batch_size"])), device)
     strategies = build_strategies(workload, device, profile, plans, specs, rank, world, shape[0],
                                   workload.make_optimizer)

@@ -97,8 +97,10 @@ def run_emulated(command: list[str], nodes: int, ranks_per_node: int, bandwidth:
     def terminate(_signum, _frame):
         raise KeyboardInterrupt
 
-    # Both signals, also where the shell started us with SIGINT ignored (a background job).
-    previous = {sig: signal.signal(sig, terminate) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Every stop signal, also where the shell started us with SIGINT ignored (a background
+    # job); a closed terminal (SIGHUP) stops the ranks as Ctrl-C does.
+    previous = {sig: signal.signal(sig, terminate)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     processes: list[subprocess.Popen] = []
     parent = os.getpid()
     try:

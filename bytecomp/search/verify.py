@@ -74,18 +74,28 @@ def _entries_for(planner: Planner, finalist: Finalist) -> list[PlanEntry]:
     return out
 
 
-def _check_runnable(planner: Planner, nproc: int | None) -> tuple[str, int | None]:
+def _allowed(planner: Planner, model: str | None) -> str:
+    from bytecomp.model_spec import allowed_model
+
+    return allowed_model(planner.profile.meta["model"].get("spec"), model, planner.profile.label,
+                         "plan with --no-verify (nothing is trained)")
+
+
+def _check_runnable(planner: Planner, nproc: int | None,
+                    model: str | None = None) -> tuple[str, int | None]:
     """The model spec to train, and the ranks to spawn (None under torchrun); one line
-    where the profile's model cannot be built here or its ranks cannot be spawned."""
+    where the profile's model cannot be built here or its ranks cannot be spawned, or
+    where it is a factory the user did not name (``model``: see
+    :mod:`bytecomp.model_spec`)."""
+    profile = planner.profile
+    if profile.meta.get("synthetic"):
+        raise BytecompError(f"{profile.label} is synthetic: there is no model to train the "
+                            f"finalists on (plan with --no-verify)")
+    spec = _allowed(planner, model)  # before anything imports the model's module
     from bytecomp.launch import in_torchrun
     from bytecomp.plan import fingerprint
     from bytecomp.profile.workloads import load_workload
 
-    profile = planner.profile
-    spec = profile.meta["model"]["spec"]
-    if profile.meta.get("synthetic"):
-        raise BytecompError(f"{profile.label} is synthetic: there is no model to train the "
-                            f"finalists on (plan with --no-verify)")
     try:
         workload = load_workload(spec)
     except BytecompError as error:
@@ -118,15 +128,18 @@ def steps_within(planner: Planner, finalists: int, budget_s: float, most: int) -
 
 def verify(planner: Planner, result: PlanResult, options: SearchOptions | None = None,
            steps: int | None = None, nproc: int | None = None, timeout_s: float = 300.0,
-           budget_s: float = DEFAULT_BUDGET_S) -> Verification:
+           budget_s: float = DEFAULT_BUDGET_S, model: str | None = None) -> Verification:
     """Shortlist, train and choose (see the module docstring). ``steps`` per finalist
     (default: what ``budget_s`` seconds of training afford, at most
-    :data:`DEFAULT_STEPS`)."""
+    :data:`DEFAULT_STEPS`). ``model``: the spec the user named (``--model``), which
+    a factory profile needs (:mod:`bytecomp.model_spec`)."""
+    if steps is not None and not 1 <= steps <= MAX_STEPS:
+        raise BytecompError(f"--verify-steps must be from 1 to {MAX_STEPS:,}, got {steps}")
+    if not planner.profile.meta.get("synthetic"):  # refused up front, whatever is trained
+        _allowed(planner, model)
     from bytecomp.launch import backend_for, run_job
     from bytecomp.profile.finalists import FinalistsJob, load_results, train_finalists
 
-    if steps is not None and not 1 <= steps <= MAX_STEPS:
-        raise BytecompError(f"--verify-steps must be from 1 to {MAX_STEPS:,}, got {steps}")
     finalists = shortlist(planner, result, options)
     problem = planner.problem
     for finalist in finalists:  # fp32 at any cap or scheme: fp32 DDP's steps, no training
@@ -136,7 +149,7 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
         return Verification(finalists, choose(finalists), 0, "none", 0.0, 0.0, 0.0,
                             ["no compressed plan is predicted faster than fp32 DDP: nothing "
                              "to train"])
-    spec, world = _check_runnable(planner, nproc)
+    spec, world = _check_runnable(planner, nproc, model)
     trained = [f for f in finalists if f.steps_factor is None or f.name == REFERENCE]
     steps = steps or steps_within(planner, len(trained), budget_s, DEFAULT_STEPS)
     profile = planner.profile
