@@ -107,7 +107,11 @@ def compressors(
     from bytecomp.comm.schemes import SCHEMES, supported_schemes
     from bytecomp.compress import COMPRESSORS, from_spec, kernels
 
+    from bytecomp.profile_store import MAX_INTEGER
+
     as_json = _check_format(output_format)
+    if not 1 <= numel <= MAX_INTEGER:  # the most elements a profiled tensor may have
+        raise BytecompError(f"--numel must be from 1 to {MAX_INTEGER:,} elements, got {numel:,}")
     chosen = [from_spec(spec) for spec in specs] if specs else \
         [from_spec(name) for name in COMPRESSORS]
     if as_json:
@@ -375,6 +379,12 @@ def plan(
                    {"--verify-steps": verify_steps, "--verify-budget": verify_budget})
     _refuse_unused(objective == "time", "with --objective time (fidelity is not scored)",
                    {"--min-fidelity": min_fidelity})
+    _refuse_unused(adaptive is not None, "with --adaptive (an adaptive plan's levels are "
+                   "neither trained nor tried at run time)",
+                   {"--static": static or None, "--nproc": nproc, "--verify-steps": verify_steps,
+                    "--verify-budget": verify_budget})
+    _refuse_unused(not verify, "with --no-verify (no finalists are trained or tried)",
+                   {"--static": static or None, "--nproc": nproc})
     verify_budget = 180.0 if verify_budget is None else verify_budget
     _require_positive("--verify-budget", verify_budget)
     _check_nproc(nproc)
@@ -462,16 +472,17 @@ def _plan_json(result, plan_file, written) -> dict:
 def _adaptive_settings(family: str, threshold: float, window: int, timing: str,
                        agree_every: int | None):
     """The controller's settings from --adaptive and its options, checked."""
-    from bytecomp.plan import TIMINGS, Adaptive
+    from bytecomp.plan import MAX_WINDOW, TIMINGS, Adaptive
 
     if not 0 <= threshold <= 1:
         raise BytecompError(f"--gain-threshold must be between 0 and 1, got {threshold:g}")
-    if window < 1:
-        raise BytecompError(f"--window must be at least 1, got {window}")
+    if not 1 <= window <= MAX_WINDOW:
+        raise BytecompError(f"--window must be from 1 to {MAX_WINDOW:,} steps, got {window}")
     if timing not in TIMINGS:
         raise BytecompError(f"--timing must be {' or '.join(TIMINGS)}, got {timing!r}")
-    if agree_every is not None and agree_every < 1:
-        raise BytecompError(f"--agree-every must be at least 1, got {agree_every}")
+    if agree_every is not None and not 1 <= agree_every <= MAX_WINDOW:
+        raise BytecompError(f"--agree-every must be from 1 to {MAX_WINDOW:,} steps, got "
+                            f"{agree_every}")
     return Adaptive(family, threshold, window, timing=timing)
 
 

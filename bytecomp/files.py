@@ -23,6 +23,7 @@ import re
 import shutil
 import stat
 import tempfile
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -141,6 +142,17 @@ def load_yaml(text: str, label: str):
     except (ValueError, OverflowError, RecursionError) as error:  # e.g. a 5,000-digit integer
         raise BytecompError(f"{label}: not valid YAML ({type(error).__name__}: "
                             f"{str(error)[:120]})") from None
+
+
+def control_character(text: str) -> str | None:
+    """The first control or format character in ``text`` (an escape sequence's ESC, a
+    bell, a bidirectional override: what a terminal takes as a command, not as part of a
+    name), as Python writes it (``'\\x1b'``), or None. Names read from files and printed
+    (a cluster's, a tensor's, a finalist's) must have none."""
+    for character in text:
+        if unicodedata.category(character) in ("Cc", "Cf"):
+            return ascii(character)
+    return None
 
 
 def read_yaml_file(path: str | os.PathLike, what: str = "file"):

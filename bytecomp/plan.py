@@ -62,7 +62,7 @@ from pathlib import Path
 from bytecomp.comm.schemes import SCHEMES, supported_schemes, uncompressed_schemes
 from bytecomp.compress import canonical, from_spec, ladder_families
 from bytecomp.errors import BytecompError
-from bytecomp.files import dump_yaml, read_yaml_file, write_text_atomic
+from bytecomp.files import control_character, dump_yaml, read_yaml_file, write_text_atomic
 
 FORMAT_VERSION = 1
 ACTIONS = ("none", "compress")
@@ -79,6 +79,16 @@ MAX_PREDICTED_MS = 1e9  # a level's predicted step time
 OBJECTIVES = ("effective", "time")  # what a search minimizes (bytecomp.search.problem)
 PLAN_OBJECTIVES = (*OBJECTIVES, "adaptive")  # objective.name in a plan file
 MAX_STEPS_FACTOR = 10.0  # a measured steps factor's cap (bytecomp.profile.probe.MAX_FACTOR)
+# An adaptive plan's step counts: a window (and an agreement interval) longer than a long
+# training run never decides; explore_every up to "never" (bytecomp.search.verify.NEVER).
+MAX_WINDOW = 100_000
+MAX_EXPLORE_EVERY = 10**9
+# A verified plan's record of its finalists' training (bytecomp.search.verify): its steps
+# (bytecomp.search.verify.MAX_STEPS) and seconds, the finalists' sources.
+MAX_VERIFY_STEPS = 100_000
+MAX_VERIFY_SECONDS = 1e7  # about four months
+FINALIST_SOURCES = ("search", "baseline", "mix")
+VERIFY_BATCHES = ("validation", "held-out training batches", "none")  # "none": none trained
 # How gradients reach the hook: DDP's buckets at bucket_cap_mb, or one bucket per tensor
 # (bucket_cap_mb 0: no tensor merged with another, each exchanged when its gradient is ready)
 EXCHANGES = ("ddp-buckets", "per-tensor")
@@ -354,11 +364,19 @@ def _kind_names(kinds) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
+def _printable(reader: _Reader, where: str, name: str) -> None:
+    control = control_character(name)
+    if control:
+        reader.fail(where, f"holds the control character {control} (a name is printed: no "
+                           f"escape sequences)")
+
+
 def _entry(reader: _Reader, index: int, data, within: str = "tensors") -> PlanEntry:
     where = f"{within}[{index}]."
     if not isinstance(data, dict):
         reader.fail(f"{within}[{index}]", "must be a mapping")
     name = reader.field(data, "name", str, where)
+    _printable(reader, f"{where}name", name)
     action = reader.field(data, "action", str, where)
     if action not in ACTIONS:
         reader.fail(f"{where}action", f"{action!r} is not one of {', '.join(ACTIONS)}")
@@ -442,13 +460,26 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
         if key in info and not isinstance(info[key], dict):
             reader.fail(key, "must be a mapping")
     if "finalists" in info:
-        _check_finalists(reader, info["finalists"])
+        chosen = _check_finalists(reader, info["finalists"])
         if levels is not None and adaptive is not None and adaptive.family == FINALISTS:
             names = [f["name"] for f in info["finalists"]]
+            claimed: dict[str, int] = {}
             for number, rung in enumerate(levels):
                 if rung.setting not in names:
                     reader.fail(f"levels[{number}].setting", f"{rung.setting!r} is not one of "
                                                              f"the finalists ({', '.join(names)})")
+                if rung.setting in claimed:
+                    reader.fail(f"levels[{number}].setting", f"{rung.setting!r} is also "
+                                f"levels[{claimed[rung.setting]}]: each finalist is one level")
+                claimed[rung.setting] = number
+            if levels[adaptive.start].setting != chosen:
+                reader.fail("adaptive.start", f"level {adaptive.start} is "
+                            f"{levels[adaptive.start].setting!r}, but the chosen finalist is "
+                            f"{chosen!r} (a verified plan starts at the chosen finalist)")
+        _check_verification(reader, info.get("verification"), chosen)
+    elif "verification" in info:
+        reader.fail("verification", "records the finalists' training, but the plan has no "
+                                    "finalists")
     _check_objective(reader, info.get("objective"))
     _check_fidelity(reader, info.get("fidelity"))
     predicted = data.get("predicted_ms", {})
@@ -512,18 +543,28 @@ def _check_fidelity(reader: _Reader, fidelity: dict | None) -> None:
     _check_numbers(reader, fidelity.get("effective_ms"), "fidelity.effective_ms", math.inf)
 
 
-def _check_finalists(reader: _Reader, finalists) -> None:
+def _check_finalists(reader: _Reader, finalists) -> str:
     """The finalists a verified plan records (bytecomp.search.finalists): what they are,
-    what was predicted and measured, and which was chosen (one)."""
+    what was predicted and measured, and which was chosen (one, whose name is returned).
+    Each name once; ``value`` is ``predicted_ms`` x ``steps_factor`` (1 where untrained),
+    as rounded in the file."""
     if not isinstance(finalists, list) or not finalists:
         reader.fail("finalists", "must be a non-empty list")
-    chosen = 0
+    chosen: list[str] = []
+    seen: dict[str, int] = {}
     for index, finalist in enumerate(finalists):
         where = f"finalists[{index}]."
         if not isinstance(finalist, dict):
             reader.fail(f"finalists[{index}]", "must be a mapping")
-        reader.field(finalist, "name", str, where)
-        reader.field(finalist, "source", str, where)
+        name = reader.field(finalist, "name", str, where)
+        _printable(reader, f"{where}name", name)
+        if name in seen:
+            reader.fail(f"{where}name", f"{name!r} is also finalists[{seen[name]}]")
+        seen[name] = index
+        source = reader.field(finalist, "source", str, where)
+        if source not in FINALIST_SOURCES:
+            reader.fail(f"{where}source", f"{source!r} is not one of "
+                                          f"{', '.join(FINALIST_SOURCES)}")
         for key, high, optional in (("bucket_cap_mb", MAX_BUCKET_CAP_MB, False),
                                     ("predicted_ms", MAX_PREDICTED_MS, False),
                                     ("fidelity", 1.0, True), ("steps_factor", MAX_STEPS_FACTOR, True),
@@ -532,9 +573,44 @@ def _check_finalists(reader: _Reader, finalists) -> None:
             if not (optional and value is None) and not _number(value, 0.0, high):
                 reader.fail(f"{where}{key}", f"must be a number from 0 to {high:g}"
                                              f"{' or null' if optional else ''}, got {value!r}")
-        chosen += bool(reader.field(finalist, "chosen", bool, where))
-    if chosen != 1:
-        reader.fail("finalists", f"exactly one must be chosen, {chosen} are")
+        value, predicted = finalist.get("value"), finalist["predicted_ms"]
+        factor = finalist.get("steps_factor")
+        expected = predicted * (1.0 if factor is None else factor)
+        if value is not None and abs(value - expected) > 1e-3 * (1 + expected):
+            reader.fail(f"{where}value", f"{value!r} is not predicted_ms x steps_factor "
+                                         f"({expected:.4f})")
+        if reader.field(finalist, "chosen", bool, where):
+            chosen.append(name)
+    if len(chosen) != 1:
+        reader.fail("finalists", f"exactly one must be chosen, {len(chosen)} are")
+    return chosen[0]
+
+
+def _check_verification(reader: _Reader, verification: dict | None, chosen: str) -> None:
+    """``verification``: the finalists' training (bytecomp.search.verify): its steps
+    (0: nothing was trained), batches, seconds, fp32 DDP's improvement, and the chosen
+    finalist, which must be the one the finalists mark chosen."""
+    if verification is None:
+        return
+    where = "verification."
+    steps = reader.field(verification, "steps", int, where)
+    if not 0 <= steps <= MAX_VERIFY_STEPS:
+        reader.fail(f"{where}steps", f"must be an integer from 0 to {MAX_VERIFY_STEPS:,}, "
+                                     f"got {steps}")
+    batches = reader.field(verification, "batches", str, where)
+    if batches not in VERIFY_BATCHES:
+        reader.fail(f"{where}batches", f"{batches!r} is not one of {', '.join(VERIFY_BATCHES)}")
+    for key, high in (("seconds", MAX_VERIFY_SECONDS), ("fp32_improvement", math.inf),
+                      ("fp32_last_quarter", math.inf)):
+        value = verification.get(key, 0.0)
+        if not (_number(value, 0.0, high) and math.isfinite(value)):
+            reader.fail(f"{where}{key}", f"must be a finite number from 0 to {high:g}, got "
+                                         f"{value!r}" if high < math.inf else
+                        f"must be a finite number, at least 0, got {value!r}")
+    named = reader.field(verification, "chosen", str, where)
+    if named != chosen:
+        reader.fail(f"{where}chosen", f"{named!r}, but the finalist marked chosen is {chosen!r}")
+    reader.field(verification, "reason", str, where)
 
 
 def _check_per_tensor(reader: _Reader, entries: list[PlanEntry], where: str) -> None:
@@ -574,9 +650,12 @@ def _adaptive(reader: _Reader, data) -> Adaptive:
     if family not in families:
         reader.fail("adaptive.family", f"{family!r} is not one of {', '.join(families)}")
     values = {key: data.get(key, default) for key, default in ADAPTIVE_DEFAULTS.items()}
-    for key in ("window", "explore_every", "agree_every"):
-        if isinstance(values[key], bool) or not isinstance(values[key], int) or values[key] < 1:
-            reader.fail(f"adaptive.{key}", f"must be a positive integer, got {values[key]!r}")
+    for key, most in (("window", MAX_WINDOW), ("explore_every", MAX_EXPLORE_EVERY),
+                      ("agree_every", MAX_WINDOW)):
+        if isinstance(values[key], bool) or not isinstance(values[key], int) or \
+                not 1 <= values[key] <= most:
+            reader.fail(f"adaptive.{key}", f"must be an integer from 1 to {most:,} (steps), "
+                                           f"got {values[key]!r}")
     for key, low, high in (("threshold", 0.0, 1.0), ("tolerance", 0.0, 1.0)):
         value = values[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \

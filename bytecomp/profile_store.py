@@ -22,6 +22,7 @@ from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import (
     check_input_directory,
+    control_character,
     directory_atomic,
     dump_yaml,
     read_text_file,
@@ -266,6 +267,70 @@ def _check_probe_meta(path: Path, entry) -> None:
         _fail(path, "field 'probe.informative' must be true or false")
 
 
+MAX_RETRIES = 100  # the quality section's retries (bytecomp.profile.quality.RETRIES)
+
+
+def _check_quality(path: Path, entry) -> None:
+    """Optional: the sweeps' fit quality (bytecomp.profile.quality): the thresholds, the
+    retries, the fits measured again and those that stayed poor (names checked against
+    the tables by :func:`_check_quality_fits`)."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict):
+        _fail(path, "field 'quality' must be a mapping")
+    r2 = entry.get("min_r2", 0.0)
+    if not _number(r2) or not 0 <= r2 <= 1:
+        _fail(path, f"field 'quality.min_r2' must be a number from 0 to 1, got {r2!r}")
+    worst = entry.get("max_worst_relative_error", 0.0)
+    if not _number(worst) or not 0 <= worst <= MAX_INTEGER:
+        _fail(path, f"field 'quality.max_worst_relative_error' must be a non-negative "
+                    f"number, got {worst!r}")
+    retries = entry.get("retries", 0)
+    if isinstance(retries, bool) or not isinstance(retries, int) or \
+            not 0 <= retries <= MAX_RETRIES:
+        _fail(path, f"field 'quality.retries' must be an integer from 0 to {MAX_RETRIES}, "
+                    f"got {retries!r}")
+    remeasured = entry.get("remeasured", [])
+    if not isinstance(remeasured, list) or not all(isinstance(n, str) for n in remeasured):
+        _fail(path, "field 'quality.remeasured' must be a list of fit names")
+    poor = entry.get("poor", [])
+    if not isinstance(poor, list):
+        _fail(path, "field 'quality.poor' must be a list")
+    for index, fit in enumerate(poor):
+        where = f"quality.poor[{index}]"
+        if not isinstance(fit, dict) or not isinstance(fit.get("fit"), str):
+            _fail(path, f"field '{where}' must be a mapping with fit (a name), r2 and "
+                        f"worst_relative_error")
+        r2 = fit.get("r2")
+        if not _number(r2) or not -MAX_INTEGER <= r2 <= 1:  # R^2 of a bad fit: below 0
+            _fail(path, f"field '{where}.r2' must be a number at most 1, got {r2!r}")
+        worst = fit.get("worst_relative_error")
+        if not _number(worst) or not 0 <= worst <= MAX_INTEGER:
+            _fail(path, f"field '{where}.worst_relative_error' must be a non-negative number, "
+                        f"got {worst!r}")
+
+
+def _check_quality_fits(path: Path, entry, collectives: pd.DataFrame,
+                        compressors: pd.DataFrame) -> None:
+    """Every fit the quality section names is a sweep of collectives.csv
+    (``collective allreduce/world/float32``) or compressors.csv (``compressor
+    topk:ratio=0.01/cpu``)."""
+    if not isinstance(entry, dict):
+        return
+    series = [("collective", collectives[["collective", "group", "dtype"]]),
+              ("compressor", compressors[["spec", "device"]])]
+    fits = {f"{kind} " + "/".join(map(str, key)) for kind, table in series
+            for key in table.drop_duplicates().itertuples(index=False)}
+    named = [(f"quality.remeasured[{i}]", name) for i, name in
+             enumerate(entry.get("remeasured", []))]
+    named += [(f"quality.poor[{i}].fit", fit["fit"]) for i, fit in
+              enumerate(entry.get("poor", []))]
+    for where, name in named:
+        if name not in fits:
+            _fail(path, f"field '{where}' names {name[:200]!r}, which is no sweep of "
+                        f"collectives.csv or compressors.csv")
+
+
 def _check_times(path: Path, times: dict) -> None:
     """Every phase: a mapping of statistics in ms (median_ms at least); the phases the
     planner and simulator use must be there."""
@@ -340,6 +405,7 @@ def _load_meta(path: Path) -> dict:
     _check_interference(path, meta.get("interference"))
     _check_executor(path, meta.get("executor"))
     _check_probe_meta(path, meta.get("probe"))
+    _check_quality(path, meta.get("quality"))
     _check_times(path, meta["times"])
     _check_phases(path, meta["times"])
     return meta
@@ -402,6 +468,8 @@ def _check_tensors(path: Path, tensors: pd.DataFrame, meta: dict) -> None:
         _fail(path, "has no rows")
     _row_fail(path, tensors, tensors["name"].str.strip() == "", "name", "is empty")
     _row_fail(path, tensors, tensors["name"].duplicated(), "name", "appears twice")
+    _row_fail(path, tensors, tensors["name"].map(control_character).notna(), "name",
+              "holds a control character (a name is printed: no escape sequences)")
     _row_fail(path, tensors, tensors["numel"] < 1, "numel", "must be at least 1")
     shapes = tensors["shape"].astype(str)
     _row_fail(path, tensors, ~shapes.str.fullmatch(SHAPE), "shape",
@@ -481,6 +549,8 @@ def load_profile(directory) -> Profile:
     _check_collectives(directory / "collectives.csv", collectives, meta)
     compressors = _load_table(directory, "compressors")
     _check_sweep(directory / "compressors.csv", compressors)
+    _check_quality_fits(directory / "profile.yaml", meta.get("quality"), collectives,
+                        compressors)
     copies = _load_table(directory, "copies", required=False)
     _row_fail(directory / "copies.csv", copies, ~copies["direction"].isin(COPY_DIRECTIONS),
               "direction", f"is not one of {', '.join(COPY_DIRECTIONS)}")

@@ -139,7 +139,11 @@ def parse_optimizer(text: str) -> OptimizerSpec:
         raise BytecompError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
     values: dict[str, float | bool] = {}
     clip = None
-    for item in filter(None, (part.strip() for part in rest.split(","))):
+    items = [part.strip() for part in rest.split(",")] if rest.strip() else []
+    if "" in items:
+        raise BytecompError(f"optimizer {name}: {text.strip()!r} has an empty parameter "
+                            f"(parameters are key=value, one comma between two)")
+    for item in items:
         key, equals, raw = (s.strip() for s in item.partition("="))
         if key != "clip" and key not in table:
             raise BytecompError(f"optimizer {name}: unknown parameter {key!r}; valid: "

@@ -479,8 +479,9 @@ def _edit(data, change):
     ("no ef", "levels[1].tensors[0].compressor: topk:ratio=0.1,ef=false has no error feedback"),
     ("other tensors", "levels[2].tensors: must name the same tensors as levels[0]"),
     ("threshold", "adaptive.threshold: must be a number from 0 to 1, got 1.5"),
-    ("window", "adaptive.window: must be a positive integer, got 0"),
-    ("agree_every", "adaptive.agree_every: must be a positive integer, got 'often'"),
+    ("window", "adaptive.window: must be an integer from 1 to 100,000 (steps), got 0"),
+    ("agree_every", "adaptive.agree_every: must be an integer from 1 to 100,000 (steps), got "
+                    "'often'"),
     ("unknown", "adaptive.speed: unknown setting"),
     ("timing", "adaptive.timing: 'guessed' is not one of measured, predicted"),
     ("adaptive without levels", "adaptive: an adaptive plan needs its levels"),
@@ -666,7 +667,7 @@ def test_plan_takes_the_agreement_interval_and_refuses_a_bad_one(tmp_path, cli):
     assert load_plan(plan).adaptive.agree_every == 3
     failed = cli("plan", "--no-verify", folder, "--adaptive", "topk", "--agree-every", 0, "--out",
                  tmp_path / "other.yaml")
-    assert failed.returncode == 2 and "--agree-every must be at least 1" in failed.stderr
+    assert failed.returncode == 2 and "--agree-every must be from 1 to" in failed.stderr
     assert len(failed.stderr.strip().splitlines()) == 1 and not (tmp_path / "other.yaml").exists()
 
 

@@ -375,7 +375,7 @@ def unplanned_tensor(rank, world):
 def test_unplanned_tensors_need_the_fp32_fallback():
     for errors, _ in run_ranks(unplanned_tensor, 2):
         assert "is not in the plan; prefixes tried: model none, plan none (pass " \
-               "fallback='fp32'" in errors[0]
+               'fallback="fp32"' in errors[0]
         assert "saved with another plan" in errors[1]
 
 

@@ -103,7 +103,11 @@ def from_spec(spec: str | Compressor) -> Compressor:
         raise SpecError(f"unknown compressor {name!r}; choose from: {', '.join(COMPRESSORS)}")
     allowed = parameters_of(cls)
     values = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
+    items = [part.strip() for part in rest.split(",")] if rest.strip() else []
+    if "" in items:
+        raise SpecError(f"{name}: {spec.strip()!r} has an empty parameter (parameters are "
+                        f"key=value, one comma between two)")
+    for item in items:
         key, equals, text = (s.strip() for s in item.partition("="))
         if key not in allowed:
             valid = ", ".join(allowed)

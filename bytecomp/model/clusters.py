@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bytecomp.errors import BytecompError
-from bytecomp.files import load_yaml, read_text_file
+from bytecomp.files import control_character, load_yaml, read_text_file
 from bytecomp.plan import MAX_RANKS
 
 MAX_CPU_CORES = 1 << 16  # a node's cores
@@ -179,5 +179,9 @@ def load_cluster(name_or_path: str) -> Cluster:
     name = data.get("name", Path(name_or_path).stem)
     if not isinstance(name, str) or not 0 < len(name) <= 200:
         raise BytecompError(f"{path}: name must be a string of 1 to 200 characters")
+    control = control_character(name)
+    if control:
+        raise BytecompError(f"{path}: name holds the control character {control} (a name is "
+                            f"printed: no escape sequences)")
     return Cluster(name, data["nodes"], data["ranks_per_node"], parsed.get("intra"),
                    parsed.get("inter"), cores)

@@ -290,7 +290,11 @@ def _builtin_args(name: str, text: str) -> dict:
 
     allowed = inspect.signature(BUILTINS[name]).parameters
     args = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    items = [part.strip() for part in text.split(",")] if text.strip() else []
+    if "" in items:
+        raise BytecompError(f"model {name}: {text.strip()!r} has an empty argument (arguments "
+                            f"are key=value, one comma between two)")
+    for item in items:
         key, _, value = (s.strip() for s in item.partition("="))
         if key not in allowed:
             raise BytecompError(f"model {name}: unknown argument {key!r}; valid: "
@@ -311,9 +315,12 @@ def _from_factory(spec: str) -> Workload:
     except SystemExit as error:
         raise BytecompError(f"importing model factory module {module_name!r} called "
                             f"sys.exit({error.code!r})") from None
-    except Exception as error:
+    except (KeyboardInterrupt, GeneratorExit):  # ^C still interrupts
+        raise
+    except BaseException as error:  # noqa: BLE001  # a user's BaseException too: one line
         raise BytecompError(f"cannot import model factory module {module_name!r}: "
-                            f"{type(error).__name__}: {error}") from None
+                            f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]) \
+            from None
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise BytecompError(f"{module_name!r} has no callable {attribute!r}")
@@ -322,8 +329,11 @@ def _from_factory(spec: str) -> Workload:
     except SystemExit as error:  # exit code 0 would end bytecomp "successfully", with nothing
         raise BytecompError(f"model factory {spec} called sys.exit({error.code!r}) instead of "
                             f"returning (model, make_batch)") from None
-    except Exception as error:
-        raise BytecompError(f"model factory {spec} failed: {type(error).__name__}: {error}") from None
+    except (KeyboardInterrupt, GeneratorExit):  # ^C still interrupts
+        raise
+    except BaseException as error:  # noqa: BLE001  # a user's BaseException too: one line
+        raise BytecompError(f"model factory {spec} failed: {type(error).__name__}: "
+                            f"{' '.join(str(error).split())}"[:500]) from None
     if isinstance(made, tuple) and len(made) in (2, 3):
         made = Recipe(made[0], made[1], made[2] if len(made) == 3 else None)
     if not isinstance(made, Recipe) or not isinstance(made.model, nn.Module) or \

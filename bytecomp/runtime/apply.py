@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
-from bytecomp.plan import Plan, load_plan
+from bytecomp.plan import MAX_HOST_WORKERS, Plan, load_plan
 from bytecomp.runtime.checks import agree, check_bucket_cap, local_problem, match_parameters
 from bytecomp.runtime.executor import Executor, device_of
 from bytecomp.runtime.groups import build_groups
@@ -51,11 +51,86 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     >>> ...train...
     >>> torch.save({"model": ddp.state_dict(), "bytecomp": executor.state_dict()}, path)
     """
+    check_settings("apply_plan", fallback, host_workers, native, measure_gain)
     ddp = ddp_of(ddp_model)
-    runner = _prepare(ddp.module, load(plan), fallback, host_workers, native, measure_gain,
-                      ddp)
+    check_unhooked(ddp, "apply_plan")
+    plan = load(plan)
+    runner = _prepare(ddp.module, plan, fallback, host_workers, native, measure_gain, ddp)
     runner.register(ddp)
+    claim(ddp, f"bytecomp.apply_plan({plan_label(plan)})")
     return runner
+
+
+def check_settings(caller: str, fallback, host_workers, native, measure_gain=False) -> None:
+    """``apply_plan``'s (and ``comm_hook``'s) settings, by type and range, in one line."""
+    if fallback not in (None, "fp32"):
+        raise BytecompError(f"bytecomp.{caller}: fallback must be None or 'fp32', got "
+                            f"{fallback!r}"[:300])
+    if host_workers is not None and (isinstance(host_workers, bool) or
+                                     not isinstance(host_workers, int) or
+                                     not 1 <= host_workers <= MAX_HOST_WORKERS):
+        raise BytecompError(f"bytecomp.{caller}: host_workers must be None (the plan's) or an "
+                            f"integer from 1 to {MAX_HOST_WORKERS:,} (threads per rank), got "
+                            f"{type(host_workers).__name__} {host_workers!r}"[:300])
+    for name, value in (("native", native), ("measure_gain", measure_gain)):
+        if not isinstance(value, bool):
+            raise BytecompError(f"bytecomp.{caller}: {name} must be True or False, got "
+                                f"{type(value).__name__} {value!r}"[:300])
+
+
+# -- one registration per DDP model ---------------------------------------------------------
+# DDP takes one communication hook per model (a second registration is torch's RuntimeError
+# deep inside the reducer). What runs a plan marks the DDP object with what registered it and
+# shadows its register_comm_hook, so a second plan, or another hook, is refused in one line
+# naming the first registration.
+REGISTERED = "_bytecomp_registered_by"
+
+
+def plan_label(plan: Plan) -> str:
+    return str(plan.path) if plan.path is not None else "a Plan object"
+
+
+def registered_by(ddp) -> str | None:
+    """What registered a communication hook on ``ddp`` (bytecomp's ``apply_plan`` or
+    ``comm_hook``, or any other hook by its name), or None."""
+    mark = ddp.__dict__.get(REGISTERED)
+    if mark is not None:
+        return mark
+    hooks = getattr(ddp, "_comm_hooks", None) or []
+    if hooks:
+        hook, state = hooks[0]
+        plan = getattr(state, "plan", None)
+        if isinstance(plan, Plan) and getattr(hook, "__name__", "") == "plan_hook":
+            return f"bytecomp.comm_hook({plan_label(plan)})"
+        return f"register_comm_hook(state, {getattr(hook, '__qualname__', repr(hook))})"
+    try:  # a built-in hook (register_builtin_comm_hook) is only in DDP's logging data
+        name = ddp._get_ddp_logging_data().get("comm_hook")
+    except (AttributeError, RuntimeError):
+        name = None
+    return f"a built-in hook ({name})" if name else None
+
+
+def check_unhooked(ddp, caller: str) -> None:
+    """One line where ``ddp`` already has a communication hook (DDP takes one)."""
+    first = registered_by(ddp)
+    if first is not None:
+        raise BytecompError(f"bytecomp.{caller}: this DistributedDataParallel model already "
+                            f"has a communication hook, registered by {first}; DDP takes one "
+                            f"per model (to run another plan, wrap the module in a new "
+                            f"DistributedDataParallel)")
+
+
+def claim(ddp, what: str) -> None:
+    """Mark ``ddp`` as running a plan registered by ``what``, and refuse any later
+    registration on it in one line. (No reference to the runner: DDP's reducer holds it.)"""
+    def refuse(*args, **kwargs):
+        raise BytecompError(f"this DistributedDataParallel model already runs a plan, "
+                            f"registered by {what}; DDP takes one communication hook per "
+                            f"model (leave out one of the two registrations)")
+
+    ddp.__dict__[REGISTERED] = what
+    ddp.__dict__["register_comm_hook"] = refuse
+    ddp.__dict__["_register_builtin_comm_hook"] = refuse
 
 
 def load(plan: Plan | str | Path) -> Plan:
@@ -112,8 +187,7 @@ def _prepare(model, plan: Plan, fallback: str | None, host_workers: int | None, 
              measure_gain: bool, ddp=None) -> Executor | NativeRun:
     """Check ``plan`` against ``model`` (the module DDP wraps) and the job on every rank,
     and build what runs it (not yet registered)."""
-    if fallback not in (None, "fp32"):
-        raise BytecompError(f"fallback must be None or 'fp32', got {fallback!r}")
+    check_settings("apply_plan", fallback, host_workers, native, measure_gain)
     if not dist.is_initialized():
         raise BytecompError("bytecomp needs torch.distributed initialized "
                             "(dist.init_process_group)")

@@ -55,10 +55,12 @@ def local_problem(plan: Plan, model, params: dict, fallback: str | None,
         return f"the plan is for {plan.world_size} ranks but this job has {world}"
     for entry in plan.entries:
         if entry.name not in params:
-            return f"{mismatch} (a plan for another model?)"
+            return (f"{mismatch} (a plan for another model? fallback=\"fp32\" allreduces the "
+                    f"parameters a plan lacks in fp32, but every tensor it names must be in "
+                    f"the model)")
     if fallback is None:
         if mismatch is not None:
-            return f"{mismatch} (pass fallback='fp32' to allreduce unplanned tensors in fp32)"
+            return f"{mismatch} (pass fallback=\"fp32\" to allreduce unplanned tensors in fp32)"
         if fingerprint(model) != plan.model_fingerprint:
             return "the plan was made for another model (its fingerprint differs: " \
                    "parameter names, shapes or dtypes changed)"

@@ -15,11 +15,20 @@ import gc
 from pathlib import Path
 from typing import Literal
 
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
 from bytecomp.plan import Plan
-from bytecomp.runtime.apply import PYTHON_REDUCER, _prepare, load
+from bytecomp.runtime.apply import (
+    PYTHON_REDUCER,
+    _prepare,
+    check_settings,
+    check_unhooked,
+    claim,
+    load,
+    plan_label,
+)
 from bytecomp.runtime.executor import Executor
 from bytecomp.runtime.native import NativeRun
 from bytecomp.runtime.peers import is_transport_error
@@ -43,9 +52,17 @@ def comm_hook(plan: Plan | str | Path, model=None, fallback: str | None = None,
     :class:`~bytecomp.errors.BytecompError`. ``fallback``, ``host_workers`` and
     ``native``: as for ``apply_plan``. The plan file is read now.
     """
+    check_settings("comm_hook", fallback, host_workers, native)
+    if model is not None:
+        if not isinstance(model, torch.nn.Module):
+            raise BytecompError(f"bytecomp.comm_hook: model must be the module DDP trains (the "
+                                f"LightningModule, the bare model or the DDP object) or None, "
+                                f"got {type(model).__name__} {model!r}"[:300])
+        ddp = model if isinstance(model, DistributedDataParallel) else \
+            getattr(model, "_orig_mod", None)  # torch.compile(ddp)
+        if isinstance(ddp, DistributedDataParallel):
+            check_unhooked(ddp, "comm_hook")
     plan = load(plan)
-    if fallback not in (None, "fp32"):
-        raise BytecompError(f"fallback must be None or 'fp32', got {fallback!r}")
     state = PlanHook(plan, model, fallback, host_workers, native)
     return state, plan_hook
 
@@ -57,6 +74,20 @@ def plan_hook(state: PlanHook, bucket):  # no annotations: DDP rejects postponed
         raise BytecompError(PYTHON_REDUCER)
     runner = state.runner if state.runner is not None else state.start(bucket)
     return runner.hook(runner, bucket)  # type: ignore[arg-type]  # its own class's hook
+
+
+def ddp_holding(parameter) -> DistributedDataParallel | None:
+    """The DDP object whose module holds ``parameter``, found once, at the first bucket,
+    among the objects the garbage collector tracks (a bucket names its parameters, not its
+    DDP, and DDP keeps no registry of its objects). By their type alone: ``isinstance``
+    would ask each object for its ``__class__``, which a dead weak proxy (torch.compile
+    leaves some) answers with ReferenceError and a deprecated torch alias with a
+    FutureWarning."""
+    for candidate in gc.get_objects():
+        if issubclass(type(candidate), DistributedDataParallel) and \
+                any(p is parameter for p in candidate.module.parameters()):
+            return candidate
+    return None
 
 
 class PlanHook:
@@ -90,6 +121,8 @@ class PlanHook:
             raise
         self._model = None  # no reference to the model: DDP's reducer holds this state
         self.runner = runner
+        if ddp is not None:  # any later registration on it is refused, naming this one
+            claim(ddp, f"bytecomp.comm_hook({plan_label(self.plan)})")
         return runner
 
     def _module(self, bucket):
@@ -98,15 +131,15 @@ class PlanHook:
         model = self._model
         ddp = None
         if model is None:
-            found = [obj for obj in gc.get_objects() if isinstance(obj, DistributedDataParallel)
-                     and any(p is first for p in obj.module.parameters())]
-            if not found:
+            ddp = ddp_holding(first)
+            if ddp is None:
                 raise BytecompError("bytecomp.comm_hook: no DistributedDataParallel object "
                                     "holds the bucket's parameters; pass the model: "
                                     "comm_hook(plan, model)")
-            ddp = found[0]
         elif isinstance(model, DistributedDataParallel):
             ddp = model
+        elif isinstance(getattr(model, "_orig_mod", None), DistributedDataParallel):
+            ddp = model._orig_mod  # torch.compile(ddp)
         if ddp is not None:
             model = ddp.module
         if not any(p is first for p in model.parameters()):

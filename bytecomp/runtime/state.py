@@ -214,6 +214,11 @@ def _malformed(saved: dict, world: int, layouts: dict[str, GroupLayout] | None) 
         where = next((place for place, item in leaves if not _finite(item)), None)
         if where:
             return f"{where} holds NaN or infinite values"
+        where = next((place for place, item in leaves if not _bounded(item)), None)
+        if where:
+            return (f"{where} has a norm beyond {MAX_STATE_NORM:.3g} (its square overflows "
+                    f"float32, in which the executor measures gains: no residual of a run "
+                    f"that had not diverged)")
         if layouts is None:
             continue
         for key, state in groups.items():
@@ -290,6 +295,23 @@ def _leaves(value, where: str):
             yield from _leaves(item, f"{where}[{index}]")
     else:
         yield where, value
+
+
+# The largest norm a floating tensor (a residual, Signum's momentum, a low-rank factor) or
+# number of a saved state may have: its square is float32's largest. The executor measures
+# gains from squared norms in float32 (bytecomp.compress.feedback) and the low-rank
+# compressors multiply the residual's matrices, so beyond it the next step's gain is NaN;
+# a residual is gradient not yet sent, of the gradients' magnitude, nowhere near it.
+MAX_STATE_NORM = math.sqrt(torch.finfo(torch.float32).max)  # about 1.84e19
+
+
+def _bounded(item) -> bool:
+    """False for a floating tensor whose norm, or a float whose magnitude, is above
+    :data:`MAX_STATE_NORM` (taken in float64: no overflow of its own)."""
+    if isinstance(item, torch.Tensor):
+        return not item.is_floating_point() or item.numel() == 0 or \
+            float(torch.linalg.vector_norm(item.double())) <= MAX_STATE_NORM
+    return not isinstance(item, float) or abs(item) <= MAX_STATE_NORM
 
 
 def _finite(item) -> bool:

@@ -738,10 +738,189 @@ def _round_two_cases() -> list[Case]:
     return cases
 
 
+# -- round three, class 5: plan and profile fields still unchecked ----------------------------
+
+ESCAPE = "\x1b[2J\x1b[31mcluster\x1b[0m\a"  # clears the screen, rings the bell
+
+
+def _verified(data: dict) -> None:
+    """The shipped plan as a verified one: its finalists (fp32 DDP, and the plan, chosen)
+    and the record of their training."""
+    fp32, planned = data["predicted_ms"]["baselines"]["fp32 DDP"], data["predicted_ms"]["plan"]
+    cap = data["bucket_cap_mb"]
+    data["finalists"] = [
+        {"name": "fp32 DDP", "source": "baseline", "bucket_cap_mb": cap, "predicted_ms": fp32,
+         "fidelity": 1.0, "steps_factor": 1.0, "value": fp32, "chosen": False},
+        {"name": "bytecomp plan", "source": "search", "bucket_cap_mb": cap,
+         "predicted_ms": planned, "fidelity": 0.99, "steps_factor": 1.02,
+         "value": round(planned * 1.02, 4), "chosen": True}]
+    data["verification"] = {"steps": 60, "batches": "validation", "seconds": 12.5,
+                            "fp32_improvement": 0.5, "fp32_last_quarter": 0.01,
+                            "chosen": "bytecomp plan", "reason": "the least predicted time x "
+                                                                "measured steps"}
+
+
+def _trial(data: dict) -> None:
+    """The verified plan with its runtime trial: fp32 DDP as level 0, the plan as level 1
+    (where it starts)."""
+    _verified(data)
+    entries = data.pop("tensors")
+    fp32 = [{**e, "action": "none", "compressor": None, "place": "device",
+             "collective": "allreduce"} for e in entries]
+    data["adaptive"] = {"family": "finalists", "threshold": 0.75, "window": 10,
+                        "explore_every": 10 ** 9, "start": 1, "trial": [0, 1],
+                        "trial_steps": 20, "trial_warmup": 10}
+    data["levels"] = [
+        {"setting": "fp32 DDP", "predicted_ms": 92.7, "fidelity": 1.0, "gain": 1.0,
+         "steps_factor": 1.0, "tensors": fp32},
+        {"setting": "bytecomp plan", "predicted_ms": 68.7, "fidelity": 0.99, "gain": 0.99,
+         "steps_factor": 1.02, "tensors": entries}]
+
+
+def verified_edit(edit: Callable[[dict], None], trial: bool = False) -> Callable[[Path], None]:
+    def both(data: dict) -> None:
+        (_trial if trial else _verified)(data)
+        edit(data)
+    return _yaml_edit("plan.yaml", both)
+
+
+def _set_in(dotted: str, value) -> Callable[[dict], None]:
+    def edit(data: dict) -> None:
+        parent, key = _walk(data, dotted)
+        parent[key] = value
+    return edit
+
+
+QUALITY = {"min_r2": 0.9, "max_worst_relative_error": 0.25, "retries": 2,
+           "remeasured": ["collective alltoall/world/float32", "compressor fp16/cpu"],
+           "poor": [{"fit": "collective alltoall/world/float32", "r2": 0.97,
+                     "worst_relative_error": 0.38}]}
+
+
+def quality_edit(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    """profile.yaml with a quality section (the shipped cnn profile predates it), edited."""
+    def both(data: dict) -> None:
+        import copy
+
+        data["quality"] = copy.deepcopy(QUALITY)
+        edit(data)
+    return _yaml_edit("profile/profile.yaml", both)
+
+
+def _fields_cases() -> list[Case]:
+    nothing = lambda data: None  # noqa: E731
+    cases = [
+        Case("verified:valid", verified_edit(nothing), SIMULATE_CMD, "any"),
+        Case("verified:valid-trial", verified_edit(nothing, trial=True), SIMULATE_CMD, "any"),
+        Case("verified:verification-without-finalists", verified_edit(
+            lambda d: d.pop("finalists")), SIMULATE_CMD),
+        Case("verified:verification=list", verified_edit(_set_in("verification", [1])),
+             SIMULATE_CMD),
+        Case("verified:verification.drop-chosen", verified_edit(
+            lambda d: d["verification"].pop("chosen")), SIMULATE_CMD),
+        Case("verified:verification.chosen=another-finalist", verified_edit(
+            _set_in("verification.chosen", "fp32 DDP")), SIMULATE_CMD),
+        Case("verified:verification.chosen=no-finalist", verified_edit(
+            _set_in("verification.chosen", "the best plan")), SIMULATE_CMD),
+        Case("verified:verification.batches=random", verified_edit(
+            _set_in("verification.batches", "random")), SIMULATE_CMD),
+        Case("verified:finalists.0.source=magic", verified_edit(
+            _set_in("finalists.0.source", "magic")), SIMULATE_CMD),
+        Case("verified:finalists.1.value-not-time-x-steps", verified_edit(
+            _set_in("finalists.1.value", 1.0)), SIMULATE_CMD),
+        Case("verified:finalists.1.value=1e9", verified_edit(
+            _set_in("finalists.1.value", 1e9)), SIMULATE_CMD),
+        Case("verified:finalists-two-of-one-name", verified_edit(
+            _set_in("finalists.0.name", "bytecomp plan")), SIMULATE_CMD),
+        Case("verified:finalists.0.name-with-escapes", verified_edit(
+            _set_in("finalists.0.name", ESCAPE)), SIMULATE_CMD),
+        Case("verified:trial-two-levels-claim-one-finalist", verified_edit(
+            _set_in("levels.0.setting", "bytecomp plan"), trial=True), SIMULATE_CMD),
+        Case("verified:trial-starts-away-from-the-chosen", verified_edit(
+            _set_in("adaptive.start", 0), trial=True), SIMULATE_CMD),
+        Case("plan.yaml:tensors.0.name-with-escapes", yaml_set(
+            "plan.yaml", "tensors.0.name", ESCAPE), SIMULATE_CMD),
+    ]
+    for key, values in (("steps", {"negative": -1, "huge-int": 10 ** 9, "string": "many",
+                                   "float": 60.5, "bool": True}),
+                        ("seconds", {"negative": -1, "huge": 1e30, "string": "long",
+                                     "nan": math.nan, "inf": math.inf}),
+                        ("fp32_improvement", {"negative": -0.5, "inf": math.inf,
+                                              "string": "lots"})):
+        for name, value in values.items():
+            cases.append(Case(f"verified:verification.{key}={name}", verified_edit(
+                _set_in(f"verification.{key}", value)), SIMULATE_CMD))
+    for key in ("window", "agree_every", "explore_every"):
+        for name, value in (("huge-int", 10 ** 30), ("above-the-range", 10 ** 9 + 1)):
+            cases.append(Case(f"ladder:adaptive.{key}={name}", ladder_edit(
+                _set_in(f"adaptive.{key}", value)), SIMULATE_CMD))
+    cases += [
+        Case("profile.yaml:quality-valid", quality_edit(nothing), PLAN_CMD, "any"),
+        Case("profile.yaml:quality=list", quality_edit(_set_in("quality", [1])), PLAN_CMD),
+        *[Case(f"profile.yaml:quality.{key}={name}", quality_edit(_set_in(f"quality.{key}",
+                                                                          value)), PLAN_CMD)
+          for key, name, value in (("min_r2", "above-one", 2), ("min_r2", "string", "high"),
+                                   ("max_worst_relative_error", "negative", -1),
+                                   ("retries", "negative", -1), ("retries", "huge-int", 10 ** 30),
+                                   ("retries", "float", 2.5), ("remeasured", "string", "all"),
+                                   ("remeasured", "numbers", [1, 2]),
+                                   ("remeasured", "unknown-fit", ["collective gossip/world/x"]),
+                                   ("poor", "mapping", {"a": 1}),
+                                   ("poor.0.fit", "unknown", "compressor zip/cpu"),
+                                   ("poor.0.fit", "number", 5),
+                                   ("poor.0.r2", "above-one", 1.5),
+                                   ("poor.0.r2", "string", "bad"),
+                                   ("poor.0.worst_relative_error", "negative", -0.1),
+                                   ("poor.0.worst_relative_error", "huge-int", 10 ** 30))],
+        Case("profile.yaml:quality.poor.0-drop-fit", quality_edit(
+            lambda d: d["quality"]["poor"][0].pop("fit")), PLAN_CMD),
+        Case("tensors.csv:name-with-escapes", csv_cell("profile/tensors.csv", "name", ESCAPE),
+             PLAN_CMD),
+        Case("cluster.yaml:name-with-escapes", yaml_set("cluster.yaml", "name", ESCAPE),
+             CLUSTER_CMD),
+        Case("cluster.yaml:name-with-a-bidi-override", yaml_set("cluster.yaml", "name",
+                                                                "gbe1\u202egnp.exe"), CLUSTER_CMD),
+        Case("spec:compressor-empty-items", lambda root: None,
+             [*PLAN_CMD[:-len(FAST_PLAN)], "--no-verify", "--compressor", "topk:ratio=0.01,,,"]),
+        Case("spec:compressor-leading-comma", lambda root: None,
+             ["compressors", "topk:,ratio=0.01"]),
+        Case("spec:optimizer-empty-items", lambda root: None,
+             ["profile", "--optimizer", "sgd:lr=0.1,,", "--out", "{out}.d"]),
+        Case("spec:model-empty-items", lambda root: None,
+             ["profile", "--model", "mlp:inputs=8,,", "--out", "{out}.d"]),
+        Case("plan.yaml:tensors.0.compressor-empty-items", yaml_set(
+            "plan.yaml", "tensors.0.compressor", "int8,,"), SIMULATE_CMD),
+        Case("compressors.csv:spec-empty-items", csv_cell(
+            "profile/compressors.csv", "spec", "fp16,,"), PLAN_CMD),
+        *[Case(f"compressors:numel={name}", lambda root: None, ["compressors", "--numel", value])
+          for name, value in (("10**30", str(10 ** 30)), ("2**50+1", str(2 ** 50 + 1)),
+                              ("1e30", "1e30"))],
+    ]
+    return cases
+
+
+# -- round three, class 6: options without effect, factories ----------------------------------
+
+def _misuse_cases() -> list[Case]:
+    nothing = lambda root: None  # noqa: E731
+    plan = ["plan", "{profile}", "--out", "{out}"]
+    return [
+        Case("plan:static-with-adaptive", nothing, [*plan, "--adaptive", "topk", "--static"]),
+        Case("plan:nproc-with-no-verify", nothing, [*plan, "--no-verify", "--nproc", "2"]),
+        Case("plan:static-with-no-verify", nothing, [*plan, "--no-verify", "--static"]),
+        Case("plan:nproc-with-adaptive", nothing, [*plan, "--adaptive", "topk", "--nproc", "2"]),
+        Case("plan:verify-steps-with-adaptive", nothing,
+             [*plan, "--adaptive", "topk", "--verify-steps", "60"]),
+        Case("model:factory-raises-a-base-exception", nothing,
+             ["profile", "--model", "factories:raises_base_exception", "--out", "{out}.d"]),
+    ]
+
+
 def all_cases() -> list[Case]:
     """The whole corpus, ids unique."""
     cases = (_profile_yaml_cases() + _table_cases() + _plan_cases() + _ladder_cases()
-             + _cluster_cases() + _output_cases() + _round_two_cases())
+             + _cluster_cases() + _output_cases() + _round_two_cases() + _fields_cases()
+             + _misuse_cases())
     ids = [case.id for case in cases]
     assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
     return cases

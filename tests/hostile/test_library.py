@@ -17,6 +17,8 @@ import bytecomp
 from bytecomp.errors import BytecompError
 from bytecomp.launch import MAX_RANKS_PER_CORE, check_nproc
 
+from ranks import run_ranks
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 
@@ -126,3 +128,184 @@ def test_nproc_is_bounded_by_the_cores_and_warned_above_one_per_core(monkeypatch
         with pytest.raises(BytecompError, match=f"--nproc must be from 1 to "
                                                 f"{2 * MAX_RANKS_PER_CORE}"):
             check_nproc(bad)
+
+
+# -- library misuse: settings, and one registration per DDP model --------------------------
+
+def _small_plan(world: int = 1, spec: str = "topk:ratio=0.5"):
+    from bytecomp.plan import Option, plan_for_model
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    option = Option(spec, "device", "allgather") if spec != "none" else Option()
+    return model, plan_for_model(model, lambda n, p: option, world)
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"host_workers": -1}, r"host_workers must be None \(the plan's\) or an integer from 1 to"),
+    ({"host_workers": 0}, "host_workers must be None"),
+    ({"host_workers": 10 ** 6}, "host_workers must be None"),
+    ({"host_workers": "2"}, "host_workers must be None .* got str '2'"),
+    ({"host_workers": True}, "host_workers must be None"),
+    ({"host_workers": 2.0}, "host_workers must be None"),
+    ({"native": "no"}, "native must be True or False, got str 'no'"),
+    ({"native": 0}, "native must be True or False"),
+    ({"fallback": "fp16"}, "fallback must be None or 'fp32'"),
+], ids=["workers-negative", "workers-zero", "workers-a-million", "workers-string",
+        "workers-bool", "workers-float", "native-string", "native-int", "fallback-fp16"])
+def test_apply_plan_and_comm_hook_check_their_settings_at_the_call(settings, message):
+    model, plan = _small_plan()
+    for call in (lambda: bytecomp.apply_plan(nn.Linear(2, 2), plan, **settings),
+                 lambda: bytecomp.comm_hook(plan, **settings)):
+        with pytest.raises(BytecompError, match=message) as caught:
+            call()
+        assert "\n" not in str(caught.value)
+    with pytest.raises(BytecompError, match="measure_gain must be True or False"):
+        bytecomp.apply_plan(nn.Linear(2, 2), plan, measure_gain="yes")
+
+
+@pytest.mark.parametrize("model", [5, "model", [nn.Linear(2, 2)]], ids=["int", "str", "list"])
+def test_comm_hook_refuses_a_model_that_is_no_module_at_the_call(model):
+    _, plan = _small_plan()
+    with pytest.raises(BytecompError, match="comm_hook: model must be the module DDP trains"):
+        bytecomp.comm_hook(plan, model=model)
+
+
+def _registrations(rank: int, world: int) -> dict:
+    """Every way of registering a second hook on one DDP model, and what it said."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    found: dict[str, str] = {}
+
+    def attempt(case: str, call) -> None:
+        try:
+            call()
+            found[case] = "accepted"
+        except BytecompError as error:
+            found[case] = str(error)
+        except Exception as error:  # noqa: BLE001  # what it must not be: torch's error
+            found[case] = f"{type(error).__name__}: {error}"
+
+    model, plan = _small_plan(world)
+    ddp = DistributedDataParallel(model)
+    bytecomp.apply_plan(ddp, plan).close()
+    attempt("apply_plan twice", lambda: bytecomp.apply_plan(ddp, plan))
+    attempt("apply_plan then register comm_hook",
+            lambda: ddp.register_comm_hook(*bytecomp.comm_hook(plan)))
+    attempt("apply_plan then comm_hook(plan, ddp)", lambda: bytecomp.comm_hook(plan, ddp))
+    model, fp32 = _small_plan(world, "none")  # fp32: DDP's own allreduce, no hook registered
+    ddp = DistributedDataParallel(model)
+    bytecomp.apply_plan(ddp, fp32)
+    attempt("an fp32 plan twice", lambda: bytecomp.apply_plan(ddp, fp32))
+    attempt("an fp32 plan then fp16_compress_hook",
+            lambda: ddp.register_comm_hook(None, default_hooks.fp16_compress_hook))
+    model, plan = _small_plan(world)
+    ddp = DistributedDataParallel(model)
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    attempt("fp16_compress_hook then apply_plan", lambda: bytecomp.apply_plan(ddp, plan))
+    model, plan = _small_plan(world)
+    ddp = DistributedDataParallel(model)
+    state, hook = bytecomp.comm_hook(plan)
+    ddp.register_comm_hook(state, hook)
+    attempt("comm_hook then apply_plan", lambda: bytecomp.apply_plan(ddp, plan))
+    with state:
+        ddp(torch.randn(4, 8)).sum().backward()
+    attempt("comm_hook, a step, then register again",
+            lambda: ddp.register_comm_hook(*bytecomp.comm_hook(plan)))
+    state.close()
+    return found
+
+
+@pytest.mark.multirank
+def test_a_second_registration_on_one_ddp_model_names_the_first():
+    expected = {
+        "apply_plan twice": "bytecomp.apply_plan(a Plan object)",
+        "apply_plan then register comm_hook": "bytecomp.apply_plan(a Plan object)",
+        "apply_plan then comm_hook(plan, ddp)": "bytecomp.apply_plan(a Plan object)",
+        "an fp32 plan twice": "bytecomp.apply_plan(a Plan object)",
+        "an fp32 plan then fp16_compress_hook": "bytecomp.apply_plan(a Plan object)",
+        "fp16_compress_hook then apply_plan": "register_comm_hook(state, fp16_compress_hook)",
+        "comm_hook then apply_plan": "bytecomp.comm_hook(a Plan object)",
+        "comm_hook, a step, then register again": "bytecomp.comm_hook(a Plan object)",
+    }
+    for found in run_ranks(_registrations, 2):
+        assert set(found) == set(expected)
+        for case, first in expected.items():
+            assert f"registered by {first}" in found[case] and "\n" not in found[case], \
+                (case, found[case])
+
+
+def _unplanned(rank: int, world: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    found = {}
+    model, plan = _small_plan(world)
+    extra = nn.Sequential(*model, nn.Linear(2, 2))  # a parameter the plan does not know
+    try:
+        bytecomp.apply_plan(DistributedDataParallel(extra), plan)
+    except BytecompError as error:
+        found["extra"] = str(error)
+    moved = nn.Sequential(model[0], model[1], nn.Identity(), model[2])  # and '2.*' are gone
+    try:
+        bytecomp.apply_plan(DistributedDataParallel(moved), plan)
+    except BytecompError as error:
+        found["moved"] = str(error)
+    return found
+
+
+@pytest.mark.multirank
+def test_a_parameter_the_plan_does_not_know_names_the_fp32_fallback():
+    for found in run_ranks(_unplanned, 2):
+        assert "'3.weight' is not in the plan" in found["extra"]
+        assert 'pass fallback="fp32"' in found["extra"]
+        assert "'3.weight' is not in the plan" in found["moved"]
+        assert 'a plan for another model? fallback="fp32"' in found["moved"]
+
+
+def _heap_with_weak_proxies(rank: int, world: int) -> tuple[int, list[str]]:
+    """comm_hook without a model, with a dead weak proxy and a deprecated torch alias in
+    the heap (what torch.compile leaves), finds the DDP object quietly."""
+    import gc
+    import warnings
+    import weakref
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    class Gone:
+        pass
+
+    thing = Gone()
+    dead = [weakref.proxy(thing)]  # a list: the proxy is in gc.get_objects()'s reach
+    del thing
+    assert any(type(o) is weakref.ProxyType for o in gc.get_objects()) and dead
+    assert dist.reduce_op is not None  # the deprecated alias (a FutureWarning on __class__)
+    model, plan = _small_plan(world)
+    ddp = DistributedDataParallel(model)
+    state, hook = bytecomp.comm_hook(plan)
+    ddp.register_comm_hook(state, hook)
+    with warnings.catch_warnings(record=True) as caught, state:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            ddp(torch.randn(4, 8)).sum().backward()
+    state.close()
+    return state.step, [str(w.message) for w in caught]
+
+
+@pytest.mark.multirank
+def test_comm_hook_finds_its_ddp_with_dead_weak_proxies_in_the_heap_and_no_warning():
+    for steps, warned in run_ranks(_heap_with_weak_proxies, 2):
+        assert steps == 2 and warned == [], warned
+
+
+def test_a_factory_raising_a_base_exception_is_one_line_and_ctrl_c_still_interrupts(monkeypatch):
+    from bytecomp.profile.workloads import load_workload
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "fixtures"))
+    with pytest.raises(BytecompError) as caught:
+        load_workload("factories:raises_base_exception")
+    assert str(caught.value) == ("model factory factories:raises_base_exception failed: Boom: "
+                                 "a BaseException subclass over two lines")
+    with pytest.raises(KeyboardInterrupt):
+        load_workload("factories:interrupts")

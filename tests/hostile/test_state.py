@@ -1,8 +1,8 @@
 """The hostile corpus of executor states: a real saved state (a static plan, and an
 adaptive one, started at its compressed level, whose level 0 keeps no tensors), mutated at every tensor and
-counter it holds (NaN, inf, the wrong shape, dtype or type), must be refused by
-``executor.load_state_dict`` in one line, the same on every rank; the state as saved
-loads. Two gloo ranks."""
+counter it holds (NaN, inf, a norm beyond float32's square root, the wrong shape, dtype
+or type), must be refused by ``executor.load_state_dict`` in one line, the same on every
+rank; the state as saved loads. Two gloo ranks."""
 
 from __future__ import annotations
 
@@ -63,7 +63,9 @@ def _mutations(value) -> dict:
              "shape": value.reshape(-1)[:-1] if value.numel() > 1 else value.new_zeros(3)}
     if value.is_floating_point():
         found.update(nan=value.clone().fill_(float("nan")), inf=value.clone().fill_(float("inf")),
-                     float64=value.double())
+                     float64=value.double(),  # finite, but no residual of a real run:
+                     huge=value.clone().fill_(1e38),
+                     beyond=value.clone().fill_(2e19 / max(1, value.numel()) ** 0.5))
     return found
 
 
