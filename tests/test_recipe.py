@@ -259,5 +259,5 @@ def test_a_probe_that_learns_nothing_is_no_evidence_and_plan_says_so(cli, monkey
     meta = yaml.safe_load((out / "profile.yaml").read_text())
     assert meta["probe"]["informative"] is False and meta["probe"]["steps"] == 0
     assert load_profile(out).steps_factors == {}
-    plan = cli("plan", out, "--out", tmp_path / "plan.yaml")
+    plan = cli("plan", out, "--out", tmp_path / "plan.yaml", "--model", "factories:tiny")
     assert "warning: raw gains only: in the convergence probe" in plan.stderr

@@ -14,6 +14,7 @@ import torch
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, remove_stale_temporaries
 from bytecomp.launch import backend_for, run_job
+from bytecomp.profile.door import check_recipe
 from bytecomp.profile.runner import ProfileConfig, pick_device, run_rank
 from bytecomp.profile.workloads import BUILTINS, load_workload
 from bytecomp.profile_store import Profile, load_profile, save_profile
@@ -26,7 +27,9 @@ def _remove_partial_output(out: Path) -> None:
 def run_profile(config: ProfileConfig, nproc: int | None = None) -> Path:
     """Profile ``config.model`` on ``nproc`` spawned local ranks, or on the ranks of
     the torchrun job this process belongs to. Returns the profile directory."""
-    workload = load_workload(config.model)  # an unknown model or a broken factory fails here
+    # an unknown model, a broken factory or a recipe that cannot train fails here
+    workload = load_workload(config.model, optimizer=config.optimizer)
+    check_recipe(workload, config.batch_size or workload.batch_size)
     out = check_new_directory(config.out, config.force,
                               inputs=[workload.source] if workload.source else [])
     if config.device == "cuda" and not torch.cuda.is_available():

@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bytecomp.files import write_text_atomic
 from bytecomp.plan import load_plan
 from bytecomp.profile.convergence import ConvergenceConfig, steps_to, train_curves
-from bytecomp.profile.probe import MAX_FACTOR, Trainee, improvement
+from bytecomp.profile.probe import MAX_FACTOR, Trainee, check_reference, improvement
 from bytecomp.profile.runner import pick_device
 from bytecomp.profile.workloads import load_workload
 
@@ -97,6 +97,7 @@ def results(curves: dict[str, list[tuple[int, float]]], step_ms: dict[str, list[
     second half), against :data:`REFERENCE`; and how much the reference's loss fell in
     all and over the last quarter."""
     reference = curves[REFERENCE]
+    check_reference(reference, "the finalists' training")
     last_quarter = [(s, loss) for s, loss in reference if s >= 0.75 * steps]
     finalists: dict[str, dict] = {}
     out = {"steps": steps, "batches": batches, "fp32_improvement": improvement(reference),
@@ -109,9 +110,10 @@ def results(curves: dict[str, list[tuple[int, float]]], step_ms: dict[str, list[
         finalists[name] = {
             "curve": [[s, loss] for s, loss in curve],
             "step_ms": statistics.median(finite) if finite else None,
-            "steps_factor": matched_factor(curve, reference, steps / 2),
-            "steps_factor_half": matched_factor(half, reference_half, steps / 4)
-            if len(half) > 1 else None}
+            "steps_factor": 1.0 if name == REFERENCE else matched_factor(curve, reference,
+                                                                         steps / 2),
+            "steps_factor_half": 1.0 if name == REFERENCE else
+            matched_factor(half, reference_half, steps / 4) if len(half) > 1 else None}
     return out
 
 

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from bytecomp.errors import BytecompError
 from bytecomp.profile.convergence import ConvergenceConfig, steps_to, train_curves
 
 COLUMNS = ["spec", "steps_factor", "steps", "gain"]
@@ -68,6 +69,16 @@ def improvement(curve: list[tuple[int, float]]) -> float:
     first = curve[0][1]
     best = min((loss for _, loss in curve if math.isfinite(loss)), default=first)
     return max(0.0, (first - best) / abs(first)) if first and math.isfinite(first) else 0.0
+
+
+def check_reference(curve: list[tuple[int, float]], where: str) -> None:
+    """fp32 DDP's validation curve is what every factor is read against: one that is not
+    finite everywhere measures nothing, so it is an error, not a factor of 10."""
+    bad = [step for step, loss in curve if not math.isfinite(loss)]
+    if bad:
+        raise BytecompError(f"in {where}, fp32 DDP's validation loss is not finite (at step "
+                            f"{bad[0]}): the recipe diverges or its validation batches are "
+                            f"broken, so no steps factor can be read")
 
 
 @dataclass
@@ -134,6 +145,7 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
         if each.executor is not None:
             each.executor.close()
     reference = training.curves["fp32"]
+    check_reference(reference, "the convergence probe")
     gains = probe_gains(training.gains, specs, steps / 2)
     fell = improvement(reference)
     rows = [{"spec": spec, "steps": steps,

@@ -242,6 +242,10 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                                         fidelity_specs, training.warmup,
                                         config.fidelity_iterations,
                                         reporter.phase("gradient fidelity", steps))
+        if fidelity and not any(row["gain"] > 0 for row in fidelity):
+            raise BytecompError(f"every compressor's measured gain is 0 on every tensor of "
+                                f"{config.model}: its gradients are zero or not finite, so "
+                                f"there is nothing to plan (check the loss and the batches)")
         probe = None
         workload.model.load_state_dict(initial)
         if config.probe_steps and fidelity_specs:

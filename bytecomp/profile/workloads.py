@@ -392,7 +392,9 @@ def data_source(workload: Workload) -> str:
 
 
 def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """The elements of the parameters that train (what DDP exchanges and a plan plans;
+    frozen ones are neither)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def safe_name(spec: str) -> str:
@@ -401,7 +403,9 @@ def safe_name(spec: str) -> str:
 
 
 def describe(model: nn.Module) -> str:
-    return f"{parameter_count(model) / 1e6:.2f}M parameters in " \
-           f"{len(list(model.parameters()))} tensors"
+    trained = [p for p in model.parameters() if p.requires_grad]
+    frozen = len(list(model.parameters())) - len(trained)
+    return f"{parameter_count(model) / 1e6:.2f}M parameters in {len(trained)} tensors" + \
+        (f", {frozen} frozen (not planned)" if frozen else "")
 
 
