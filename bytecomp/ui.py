@@ -9,7 +9,14 @@ from collections.abc import Callable, Iterable, Iterator
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 console = Console()
@@ -74,43 +81,66 @@ def fit(table: Table, console: Console, options: ConsoleOptions, keep: set[int])
         column.width = column_width
 
 
-def _ignore(steps: int = 1) -> None:
+def _ignore(steps: int = 1, total: int | None = None) -> None:
     """``advance`` when no progress is shown."""
 
 
 class Reporter:
-    """Progress bars, one per phase; silent where ``enabled`` is false (ranks > 0)."""
+    """What a long command is doing, on stderr, from rank 0 only (``enabled``): a
+    progress bar with the time elapsed and left per phase on a terminal; piped (a CI log)
+    or beside a JSON document, one line per phase and no bar. Results go to stdout
+    (:meth:`print`), except beside a JSON document (``to_stderr``), which holds them."""
 
     def __init__(self, enabled: bool = True, to_stderr: bool = False) -> None:
         self.enabled = enabled
-        # to_stderr: progress on stderr and nothing else shown (stdout holds a JSON document)
+        # to_stderr: stdout holds a JSON document, so results are not printed
         self.to_stderr = to_stderr
         self._progress: Progress | None = None
+        self._lines = False  # piped: a line per phase instead of bars
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Reporter]:
         if not self.enabled:
             yield self
             return
+        if not errors.is_terminal:
+            self._lines = True
+            yield self
+            self._lines = False
+            return
         self._progress = Progress(TextColumn("{task.description:<28}"), BarColumn(),
                                   MofNCompleteColumn(), TimeElapsedColumn(),
-                                  console=errors if self.to_stderr else console,
-                                  transient=False)
+                                  TextColumn("left"), TimeRemainingColumn(),
+                                  console=errors, transient=False)
         with self._progress:
             yield self
         self._progress = None
 
-    def phase(self, description: str, total: int) -> Callable[[int], None]:
-        """Start a phase of ``total`` steps; return ``advance(steps=1)``."""
+    def phase(self, description: str, total: int) -> Callable[..., None]:
+        """Start a phase of ``total`` steps; return ``advance(steps=1, total=None)``
+        (``total``: the phase's new length, where it is known only once started)."""
+        if self._lines:
+            errors.print(f"{escape(description)}: {total:,} steps", highlight=False,
+                         soft_wrap=True)
+            return _ignore
         if self._progress is None:
             return _ignore
         progress = self._progress
         task = progress.add_task(description, total=max(total, 1))
 
-        def advance(steps: int = 1) -> None:
+        def advance(steps: int = 1, total: int | None = None) -> None:
+            if total is not None:
+                progress.update(task, total=max(total, 1))
             progress.advance(task, steps)
 
         return advance
+
+    def line(self, text: str) -> None:
+        """A stage's opening line (what it does, about how long, how to skip it), on
+        stderr, above any bar."""
+        if self.enabled:
+            (self._progress.console if self._progress else errors).print(
+                escape(text), highlight=False, soft_wrap=True)
 
     def print(self, *objects) -> None:
         """Results, on stdout (nothing where ``to_stderr``: a JSON document holds them)."""

@@ -8,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -154,7 +155,13 @@ def test_bytecomp_plan_trains_the_finalists_and_records_them(cli, monkeypatch, t
                "--verify-steps", "60", "--model", "factories:with_recipe")
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
-    assert "finalists, each trained 60 steps" in text
+    assert "finalists, trained 60 steps" in text
+    assert "training 4 finalists x 60 steps on 2 ranks (--no-verify skips; --verify-steps " \
+           "sets the count)" in " ".join(done.stderr.split())
+    curves = pd.read_csv(tmp_path / "plan.curves.csv")  # the evidence, beside the plan
+    table = pd.read_csv(tmp_path / "plan.finalists.csv")
+    assert set(curves.finalist) <= set(table.finalist) and curves.step.max() == 60
+    assert table.chosen.sum() == 1 and (tmp_path / "plan.curves.png").stat().st_size > 0
     assert "evidence: the finalists trained 60 steps on the profiled ranks (losses on " \
            "validation" in text
     plan = load_plan(tmp_path / "plan.yaml")

@@ -38,9 +38,36 @@ from bytecomp.profile.training import to_device
 DIVERGED = float("inf")
 
 
+@dataclass(frozen=True)
+class Budget:
+    """Wall-clock time a training run may take, on every rank alike.
+
+    ``started`` is when the budget began (``time.time()`` of the process that set it: the
+    parent that spawned the ranks, so their start-up counts too), ``seconds`` how long it
+    lasts. The run times its first :data:`TIMED_STEPS` steps and its first evaluation,
+    then fixes its length (:func:`budgeted_length`): the steps and evaluations that fit
+    in what is left, at most ``most`` steps and ``evaluations`` evaluations. It also
+    stops at the first step after which an evaluation would end past the budget (a
+    machine that got busier), and evaluates there. Every rank decides from the slowest
+    rank's times and stops with the others, so all train the same steps.
+    """
+
+    seconds: float
+    started: float
+    most: int
+    least: int = 10  # the fewest steps it plans (the clock may still stop it sooner)
+    evaluations: int = 10
+
+    def left(self) -> float:
+        return self.seconds - (time.time() - self.started)
+
+
+TIMED_STEPS = 2  # steps a budgeted run times before it fixes its length
+
+
 @dataclass
 class ConvergenceConfig:
-    train_steps: int
+    train_steps: int  # with a budget: the most it may run (the budget fixes the count)
     eval_every: int
     to_loss: float | None = None
     lr: float | None = None  # Adam at this rate; None: the workload's recipe
@@ -48,6 +75,7 @@ class ConvergenceConfig:
     target_fraction: float = 0.6
     validation_batches: int = 8
     shuffle: bool = True  # each step in its own order (step_order); False: as given
+    budget: Budget | None = None  # train for a time, not a count
 
 
 def step_order(count: int, seed: int, step: int) -> list[int]:
@@ -78,12 +106,44 @@ def _batch(workload, batch_size: int, device, seed: int, step: int):
 
 @torch.no_grad()
 def validation_loss(ddp, workload, batches) -> float:
+    """The mean loss over ``batches``, each rank computing its share of them (rank r the
+    batches r, r + world, ...) and the sums added up: the same number on every rank, in
+    a world-th of the time (every rank must call it)."""
     module = ddp.module
     was_training = module.training
     module.eval()
-    total = sum(float(workload.loss(module(*inputs), target)) for inputs, target in batches)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = [float(workload.loss(module(*inputs), target))
+            for inputs, target in batches[rank::world]]
     module.train(was_training)
-    return total / len(batches)
+    sums = torch.zeros(world, dtype=torch.float64)
+    sums[rank] = math.fsum(mine)  # each rank's own slot: the total adds them in rank order
+    dist.all_reduce(sums)
+    return math.fsum(sums.tolist()) / len(batches)
+
+
+def _affordable_batches(strategies, workload, batches, budget: Budget) -> list:
+    """The first of ``batches`` a budgeted run evaluates on: as many as keep one
+    evaluation of every strategy within :data:`EVALUATION_SHARE` of the budget's tenth,
+    at least :data:`MIN_VALIDATION_BATCHES` (timed on one batch, the slowest rank's)."""
+    if len(batches) <= MIN_VALIDATION_BATCHES:
+        return batches
+    module = strategies[0].ddp.module
+    was_training = module.training
+    module.eval()
+    started = time.perf_counter()
+    inputs, target = batches[0]
+    with torch.no_grad():
+        float(workload.loss(module(*inputs), target))
+    module.train(was_training)
+    (one,) = _agreed_max([time.perf_counter() - started])
+    per_batch = one * len(strategies) / dist.get_world_size()
+    affordable = int(EVALUATION_SHARE * budget.seconds / budget.evaluations / max(per_batch, 1e-6))
+    return batches[:max(MIN_VALIDATION_BATCHES, min(len(batches), affordable))]
+
+
+MIN_VALIDATION_BATCHES = 2
+EVALUATION_SHARE = 0.25  # of a budgeted run's time, at most, in its evaluations (if it can)
 
 
 @dataclass
@@ -97,6 +157,10 @@ class Training:
     levels: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
     # a static plan applied with measure_gain: this rank's gain after every step
     gains: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    steps: int = 0  # steps trained
+    planned: int = 0  # steps it set out to train (a budgeted run: what the budget afforded)
+    stopped_by_budget: bool = False  # a budgeted run that ended early, at its budget
+    seconds: float = 0.0  # wall-clock time of the run on this rank
 
     def typical_ms(self, name: str) -> list[float]:
         """Each step's time taken as the median of the strategy's steps at the same
@@ -119,13 +183,49 @@ def _clock(device) -> float:
     return time.perf_counter()
 
 
+def _agreed_max(values: list[float]) -> list[float]:
+    """``values`` as the slowest rank has them (every rank gets the same)."""
+    table = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    return table.tolist()
+
+
+def budgeted_length(budget: Budget, done: int, step_s: float, eval_s: float) -> tuple[int, int]:
+    """The steps a budgeted run trains in all and how many evaluations it makes, ``done``
+    steps trained at ``step_s`` seconds a step (every strategy's), an evaluation taking
+    ``eval_s`` seconds, in the time ``budget`` has left. Evaluations take at most a third
+    of that time, from :data:`MIN_EVALUATIONS` to ``budget.evaluations`` of them; the
+    steps take the rest, from ``budget.least`` to ``budget.most``."""
+    left = max(0.0, budget.left())
+    evaluations = int(min(budget.evaluations, max(MIN_EVALUATIONS,
+                                                  left / 3 / max(eval_s, 1e-6))))
+    affordable = (left - evaluations * eval_s) / max(step_s, 1e-6)
+    steps = int(max(budget.least, min(budget.most, done + max(0.0, affordable))))
+    return steps, evaluations
+
+
+MIN_EVALUATIONS = 4  # fewer points cannot place a loss between two of them
+
+
 def train_curves(strategies, workload, batch_size: int, device, config: ConvergenceConfig,
                  validation, progress=None) -> Training:
     """Each strategy's (step, validation loss) at step 0 and every ``eval_every`` steps,
     its step times and its levels; a strategy whose loss stops being finite is stopped
-    and its curve ends in ``inf``."""
+    and its curve ends in ``inf``. With ``config.budget``, the run's length comes from
+    the clock (:class:`Budget`): ``progress`` is then also told the new total
+    (``progress(0, total=n)``) once the length is fixed."""
+    began = time.time()
+    budget = config.budget
     batches = [to_device(b, device) for b in validation]
+    if budget is not None:
+        batches = _affordable_batches(strategies, workload, batches, budget)
+    evaluated = time.time()
     curves = [[(0, validation_loss(s.ddp, workload, batches))] for s in strategies]
+    eval_s = time.time() - evaluated
+    planned, eval_every = config.train_steps, config.eval_every
+    if budget is not None:  # until timed: a count for the timed steps, no evaluation
+        planned, eval_every = min(config.train_steps, TIMED_STEPS), config.train_steps + 1
+    steps_began, stopped_by_budget = time.time(), False
     times = torch.full((len(strategies), config.train_steps), math.nan, dtype=torch.float64)
     levels: dict[str, list[tuple[int, int, float]]] = {
         s.name: [] for s in strategies if s.executor is not None and s.executor.controller}
@@ -133,9 +233,12 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
         s.name: [] for s in strategies if s.executor is not None and
         s.executor.measures_gain and not s.executor.controller}
     alive = [True] * len(strategies)
-    for step in range(1, config.train_steps + 1):
+    step = 0
+    while step < planned:
+        step += 1
         inputs, target = _batch(workload, batch_size, device, config.seed, step)
-        finite = torch.ones(len(strategies))
+        # one per strategy (its loss is finite), and last: this rank is within the budget
+        finite = torch.ones(len(strategies) + 1)
         order = step_order(len(strategies), config.seed, step) if config.shuffle \
             else range(len(strategies))
         for index in order:
@@ -160,14 +263,25 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
                 gain = control.gain[control.level]
                 levels[strategy.name].append((step, control.level,
                                               math.nan if gain is None else gain))
+        if budget is not None and step > TIMED_STEPS and budget.left() < eval_s:
+            finite[-1] = 0.0  # the next evaluation would end past the budget: stop here
         # every rank must agree on stopping (the executors' collectives must pair up): one
-        # small allreduce per step for all strategies
+        # small allreduce per step for all strategies and the budget
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         for index in range(len(strategies)):
             if alive[index] and finite[index] < 1:
                 alive[index] = False
                 curves[index].append((step, DIVERGED))
-        if step % config.eval_every == 0 or step == config.train_steps:
+        if budget is not None and step == TIMED_STEPS:
+            step_s, eval_s = _agreed_max([(time.time() - steps_began) / step, eval_s])
+            planned, evaluations = budgeted_length(budget, step, step_s, eval_s)
+            planned = min(max(planned, step), config.train_steps)
+            eval_every = max(1, planned // evaluations)
+            if progress:
+                progress(0, total=planned)
+        elif budget is not None and finite[-1] < 1 and step < planned:
+            stopped_by_budget = True
+        if step % eval_every == 0 or step == planned or stopped_by_budget:
             for index, strategy in enumerate(strategies):
                 if alive[index]:
                     value = validation_loss(strategy.ddp, workload, batches)
@@ -176,9 +290,14 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
                     curves[index].append((step, value))
         if progress:
             progress()
+        if stopped_by_budget:
+            break
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # NaN where stopped, on every rank alike
+    times = times[:, :step]
     return Training({s.name: curve for s, curve in zip(strategies, curves)},
-                    {s.name: row for s, row in zip(strategies, times.tolist())}, levels, gains)
+                    {s.name: row for s, row in zip(strategies, times.tolist())}, levels, gains,
+                    steps=step, planned=planned, stopped_by_budget=stopped_by_budget,
+                    seconds=time.time() - began)
 
 
 def time_at(step_ms: list[float], steps: float) -> float:

@@ -31,10 +31,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.files import write_text_atomic
 from bytecomp.plan import load_plan
-from bytecomp.profile.convergence import ConvergenceConfig, steps_to, train_curves
+from bytecomp.profile.convergence import Budget, ConvergenceConfig, steps_to, train_curves
 from bytecomp.profile.probe import MAX_FACTOR, Trainee, check_reference, improvement
 from bytecomp.profile.runner import pick_device
 from bytecomp.profile.workloads import load_workload
+from bytecomp.ui import Reporter
 
 EVALUATIONS = 10
 REFERENCE = "fp32 DDP"  # the finalist every factor is measured against
@@ -52,9 +53,11 @@ class FinalistsJob:
     device: str
     plans: list[str]
     names: list[str]
-    steps: int
+    steps: int  # with a budget: the most it trains
     out: str
     eval_every: int = field(default=0)
+    budget_s: float | None = None  # train for this long (wall clock), not ``steps``
+    started: float = 0.0  # when the budget began (time.time() of the process that set it)
 
     def __post_init__(self) -> None:
         if not self.eval_every:
@@ -81,13 +84,21 @@ def train_finalists(job: FinalistsJob, nodes: int, ranks_per_node: int) -> None:
                                       bucket_cap_mb=plan.bucket_cap_mb)
         trainees.append(Trainee(name, ddp, workload.make_optimizer(model.parameters()),
                                 apply_plan(ddp, plan)))
-    config = ConvergenceConfig(job.steps, min(job.eval_every, job.steps))
-    training = train_curves(trainees, workload, job.batch_size, device, config, evidence)
+    budget = Budget(job.budget_s, job.started, job.steps, evaluations=EVALUATIONS) \
+        if job.budget_s is not None else None
+    config = ConvergenceConfig(job.steps, min(job.eval_every, job.steps), budget=budget)
+    reporter = Reporter(enabled=rank == 0)
+    with reporter.session():
+        progress = reporter.phase(f"{len(trainees)} finalists", job.steps)
+        training = train_curves(trainees, workload, job.batch_size, device, config, evidence,
+                                progress)
     for trainee in trainees:
         trainee.executor.close()
     if rank == 0:
-        write_text_atomic(job.out, json.dumps(results(training.curves, training.step_ms,
-                                                      job.steps, batches)))
+        out = results(training.curves, training.step_ms, training.steps, batches)
+        out.update(planned=training.planned, stopped_by_budget=training.stopped_by_budget,
+                   training_seconds=round(training.seconds, 3))
+        write_text_atomic(job.out, json.dumps(out))
 
 
 def results(curves: dict[str, list[tuple[int, float]]], step_ms: dict[str, list[float]],

@@ -57,6 +57,10 @@ class ProbeResult:
     rows: list[dict]
     batches: str  # "validation" or "held-out training batches"
     improvement: float
+    steps: int = 0  # trained
+    planned: int = 0  # what its budget afforded (or the count it was given)
+    stopped_by_budget: bool = False
+    seconds: float = 0.0
 
     @property
     def informative(self) -> bool:
@@ -114,9 +118,11 @@ def steps_factor(curve: list[tuple[int, float]], reference: list[tuple[int, floa
 
 def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: float,
               specs: list[str], steps: int, eval_every: int, world: int, nodes: int,
-              progress=None) -> ProbeResult:
+              progress=None, budget=None) -> ProbeResult:
     """Train fp32 DDP and each of ``specs`` on every tensor (every rank) with the
-    workload's recipe; one row per spec, none when fp32 did not learn."""
+    workload's recipe; one row per spec, none when fp32 did not learn. With ``budget``
+    (a :class:`bytecomp.profile.convergence.Budget`), ``steps`` is the most it trains
+    and the clock decides."""
     import copy
 
     from bytecomp.comm.schemes import native_scheme
@@ -139,8 +145,9 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
         plan = plan_for_model(workload.model, lambda n, p, option=option: option, world, nodes,
                               bucket_cap_mb)
         trainees.append(trainee(spec, plan))
-    config = ConvergenceConfig(steps, min(eval_every, steps))
+    config = ConvergenceConfig(steps, min(eval_every, steps), budget=budget)
     training = train_curves(trainees, workload, batch_size, device, config, evidence, progress)
+    steps = training.steps
     for each in trainees:
         if each.executor is not None:
             each.executor.close()
@@ -152,7 +159,8 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
              "steps_factor": round(steps_factor(training.curves[spec], reference, steps / 2), 4),
              "gain": round(gain, 6)}
             for spec, gain in zip(specs, gains)] if fell >= MIN_IMPROVEMENT else []
-    return ProbeResult(rows, batches, round(fell, 6))
+    return ProbeResult(rows, batches, round(fell, 6), steps, training.planned,
+                       training.stopped_by_budget, training.seconds)
 
 
 def probe_gains(gains: dict[str, list[tuple[int, float]]], specs: list[str],

@@ -14,11 +14,12 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bytecomp.comm.schemes import native_scheme, scheme_of
-from bytecomp.compress import from_spec
+from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.plan import NO_COMPRESSION, Plan, PlanEntry
 from bytecomp.search.finalists import Choice, Finalist, choose, shortlist
@@ -33,15 +34,19 @@ TRIAL_STEPS = 20
 TRIAL_WARMUP = 10
 TRIAL_MARGIN = 0.05
 NEVER = 10**9  # a verified plan's controller never climbs: it only steps back
-MIN_STEPS = 50  # fewer cannot read a factor: ten evaluations of five steps
+MIN_STEPS = 50  # fewer cannot read a factor firmly: ten evaluations of five steps
 DEFAULT_STEPS = 200  # at most, by default (docs/planning.md: what it costs and shows)
-DEFAULT_BUDGET_S = 180.0  # the finalists' training time a plan spends by default
+DEFAULT_BUDGET_S = 180.0  # wall-clock seconds of finalist training a plan spends by default
+SETTLED_FALL = 0.05  # fp32's loss falling less than this over the last quarter: flat
 REFERENCE = "fp32 DDP"
 
 
 @dataclass
 class Verification:
-    """The finalists with their measured factors, the choice, and the run's facts."""
+    """The finalists with their measured factors, the choice, and the run's facts: the
+    steps trained (and planned: what the budget afforded), its wall-clock seconds, how
+    much fp32 DDP's loss fell in all and over the last quarter, and the curves and
+    median step times measured on the profiled ranks."""
 
     finalists: list[Finalist]
     choice: Choice
@@ -51,6 +56,32 @@ class Verification:
     fp32_improvement: float
     fp32_last_quarter: float
     notes: list[str] = field(default_factory=list)
+    budget_s: float | None = None  # the wall-clock budget (None: a forced step count)
+    planned: int = 0
+    stopped_by_budget: bool = False
+    curves: dict[str, list] = field(default_factory=dict)  # name: [[step, loss], ...]
+    step_ms: dict[str, float | None] = field(default_factory=dict)
+    # where each finalist's factor came from: "trained", "probe" or "fp32" (by definition)
+    factor_from: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def settled(self) -> bool:
+        """Whether fp32 DDP's loss had flattened (it fell by at most
+        :data:`SETTLED_FALL` over the last quarter) in at least :data:`MIN_STEPS` steps:
+        otherwise the factors may move with a longer run."""
+        return self.steps >= MIN_STEPS and self.fp32_last_quarter <= SETTLED_FALL
+
+    def bought(self) -> str:
+        """What the training bought and how sure it is, in one line."""
+        how = (f"--verify-budget {self.budget_s:g} s" if self.budget_s is not None
+               else "--verify-steps")
+        cut = f", stopped at the budget ({self.planned} planned)" if self.stopped_by_budget \
+            else ""
+        verdict = "factors settled" if self.settled else (
+            "factors uncertain (a longer --verify-budget would firm them up)")
+        return (f"the finalists trained {self.steps} steps in {self.seconds:.0f} s ({how}"
+                f"{cut}); fp32 DDP's loss fell {100 * self.fp32_last_quarter:.1f}% over the "
+                f"last quarter: {verdict}")
 
     def to_meta(self) -> dict:
         return {"steps": self.steps, "batches": self.batches, "seconds": round(self.seconds, 1),
@@ -117,24 +148,45 @@ def _check_runnable(planner: Planner, nproc: int | None,
     return spec, world
 
 
-def steps_within(planner: Planner, finalists: int, budget_s: float, most: int) -> int:
-    """Steps that train ``finalists`` plans in about ``budget_s`` on the profiled ranks
-    (a step each costs about the profile's iteration), from :data:`MIN_STEPS` to
-    ``most``."""
-    step_s = float(planner.profile.meta["times"]["iteration"]["median_ms"]) / 1000
-    affordable = int(budget_s / max(1e-6, step_s * max(1, finalists)))
-    return max(MIN_STEPS, min(most, affordable))
+def probe_factor(planner: Planner, finalist: Finalist) -> float | None:
+    """The steps factor the profile's convergence probe measured for exactly this
+    finalist, where it trained it already: one compressor on every tensor, each with the
+    compressor's own scheme, at the profile's bucket cap, from the same weights on the
+    same batches with the same recipe. None where the probe did not (or has no factors)."""
+    factors = {canonical(spec): factor for spec, factor in planner.profile.steps_factors.items()}
+    options = {planner.problem.options[o] for o in finalist.assignment}
+    if not factors or len(options) != 1 or finalist.cap_mb != planner.profile.bucket_cap_mb:
+        return None
+    option = next(iter(options))
+    if not option.compressed or option.scheme != native_scheme(from_spec(option.spec)):
+        return None
+    return factors.get(canonical(option.spec))
+
+
+def _say(announce: Callable[[str], None] | None, text: str) -> None:
+    if announce is not None:
+        announce(text)
 
 
 def verify(planner: Planner, result: PlanResult, options: SearchOptions | None = None,
            steps: int | None = None, nproc: int | None = None, timeout_s: float = 300.0,
-           budget_s: float = DEFAULT_BUDGET_S, model: str | None = None) -> Verification:
-    """Shortlist, train and choose (see the module docstring). ``steps`` per finalist
-    (default: what ``budget_s`` seconds of training afford, at most
-    :data:`DEFAULT_STEPS`). ``model``: the spec the user named (``--model``), which
-    a factory profile needs (:mod:`bytecomp.model_spec`)."""
+           budget_s: float = DEFAULT_BUDGET_S, model: str | None = None,
+           announce: Callable[[str], None] | None = None) -> Verification:
+    """Shortlist, train and choose (see the module docstring). Training takes at most
+    ``budget_s`` seconds on the clock, counted from this call (the ranks' start-up
+    included): the ranks time their first steps and fit the rest in what is left
+    (:class:`bytecomp.profile.convergence.Budget`), at most :data:`DEFAULT_STEPS`;
+    ``steps`` forces a count instead. A finalist the profile's convergence probe already
+    trained (:func:`probe_factor`) takes the probe's factor and is not trained again.
+    ``model``: the spec the user named (``--model``), which a factory profile needs
+    (:mod:`bytecomp.model_spec`). ``announce``: told, in one line, what is about to
+    be trained, for how long, and how to skip or shorten it."""
+    started = time.time()
     if steps is not None and not 1 <= steps <= MAX_STEPS:
         raise BytecompError(f"--verify-steps must be from 1 to {MAX_STEPS:,}, got {steps}")
+    if not 0 < budget_s < math.inf:
+        raise BytecompError(f"--verify-budget must be a positive number of seconds, got "
+                            f"{budget_s:g}")
     if not planner.profile.meta.get("synthetic"):  # refused up front, whatever is trained
         _allowed(planner, model)
     from bytecomp.launch import backend_for, run_job
@@ -142,18 +194,29 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
 
     finalists = shortlist(planner, result, options)
     problem = planner.problem
+    notes, factor_from = [], {}
     for finalist in finalists:  # fp32 at any cap or scheme: fp32 DDP's steps, no training
         if not any(problem.options[o].compressed for o in finalist.assignment):
-            finalist.steps_factor = 1.0
+            finalist.steps_factor, factor_from[finalist.name] = 1.0, "fp32"
+        elif (factor := probe_factor(planner, finalist)) is not None:
+            finalist.steps_factor, factor_from[finalist.name] = factor, "probe"
+            notes.append(f"{finalist.name}: the profile's convergence probe trained it "
+                         f"already (steps factor {factor:.2f}); not trained again")
     if all(f.steps_factor is not None for f in finalists):
-        return Verification(finalists, choose(finalists), 0, "none", 0.0, 0.0, 0.0,
-                            ["no compressed plan is predicted faster than fp32 DDP: nothing "
-                             "to train"])
+        return Verification(finalists, choose(finalists), 0, "none", 0.0, 0.0, 0.0, notes + [
+            "no compressed plan predicted faster than fp32 DDP is left to train"],
+            factor_from=factor_from)
     spec, world = _check_runnable(planner, nproc, model)
     trained = [f for f in finalists if f.steps_factor is None or f.name == REFERENCE]
-    steps = steps or steps_within(planner, len(trained), budget_s, DEFAULT_STEPS)
     profile = planner.profile
-    started = time.perf_counter()
+    ranks = world or profile.world_size
+    if steps is not None:
+        _say(announce, f"training {len(trained)} finalists x {steps} steps on {ranks} ranks "
+                       f"(--no-verify skips; --verify-steps sets the count)")
+    else:
+        _say(announce, f"training {len(trained)} finalists on {ranks} ranks for at most "
+                       f"{_duration(budget_s)} (--no-verify skips; --verify-budget sets the "
+                       f"time)")
     with tempfile.TemporaryDirectory(prefix="bytecomp-finalists-") as folder:
         paths = []
         for index, finalist in enumerate(trained):
@@ -162,23 +225,33 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
                         _entries_for(planner, finalist), {}, {"algorithm": "finalist"})
             paths.append(str(plan.save(Path(folder) / f"finalist-{index}.yaml")))
         job = FinalistsJob(spec, profile.recipe_optimizer(), int(profile.meta["batch_size"]),
-                           profile.device_type, paths, [f.name for f in trained], steps,
-                           str(Path(folder) / "results.json"))
+                           profile.device_type, paths, [f.name for f in trained],
+                           steps or DEFAULT_STEPS, str(Path(folder) / "results.json"),
+                           budget_s=None if steps is not None else budget_s, started=started)
         run_job(train_finalists, (job,), world, backend_for(profile.device_type), timeout_s)
         measured = load_results(job.out)
     for finalist in trained:
         factor = measured["finalists"][finalist.name]["steps_factor"]
         finalist.steps_factor = float(factor) if factor is not None else math.inf
-    verification = Verification(finalists, choose(finalists), steps, measured["batches"],
-                                time.perf_counter() - started,
-                                float(measured["fp32_improvement"]),
-                                float(measured["fp32_last_quarter"]))
-    if verification.fp32_last_quarter > 0.05:
-        verification.notes.append(
-            f"fp32 DDP's loss still fell {100 * verification.fp32_last_quarter:.0f}% over "
-            f"the last quarter of the {steps} steps: no plateau yet, and the factors may "
-            f"move with more (--verify-steps)")
+        factor_from[finalist.name] = "fp32" if finalist.name == REFERENCE else "trained"
+    done = int(measured["steps"])
+    verification = Verification(finalists, choose(finalists), done, measured["batches"],
+                                time.time() - started, float(measured["fp32_improvement"]),
+                                float(measured["fp32_last_quarter"]), notes,
+                                budget_s=None if steps is not None else budget_s,
+                                planned=int(measured.get("planned", done)),
+                                stopped_by_budget=bool(measured.get("stopped_by_budget")),
+                                curves={name: f["curve"] for name, f in
+                                        measured["finalists"].items()},
+                                step_ms={name: f["step_ms"] for name, f in
+                                         measured["finalists"].items()},
+                                factor_from=factor_from)
+    verification.notes.append(verification.bought())
     return verification
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def trial_candidates(planner: Planner, verification: Verification) -> list[Finalist]:
