@@ -197,3 +197,39 @@ def test_the_drift_correction_scales_every_compute_time_of_the_profile():
     assert scaled.time_ms("backward_compute") == pytest.approx(
         1.5 * profile.time_ms("backward_compute"))
     assert scaled.collectives.equals(profile.collectives)
+
+
+# -- the link bench runs on against the predictions' cluster ------------------------------
+
+def test_a_link_within_twice_the_prediction_is_no_mismatch():
+    from bytecomp.bench.runner import link_mismatch
+
+    for measured in (5.0, 10.0, 19.9):
+        assert link_mismatch(measured, 10.0, 1 << 20, "gbe1") is None
+    slower = link_mismatch(25.0, 10.0, 1 << 20, "gbe1")
+    faster = link_mismatch(10.0, 87.0, 4 << 20, "slow")
+    assert "does not match gbe1" in slower and "2.5x slower than the 10 ms predicted" in slower
+    assert "8.7x faster than the 87 ms predicted" in faster and "4 MiB" in faster
+    assert "\n" not in slower + faster
+
+
+def _link_warnings(rank, world):
+    from bytecomp.bench.runner import link_warning
+    from bytecomp.model.clusters import Cluster, Link
+    from bytecomp.profile_store import load_profile
+
+    profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "cnn")
+    slow = Cluster("a 1 Mbit/s cluster", 1, 2, intra=Link(latency_us=1000.0,
+                                                          bandwidth_gbps=0.001))
+    instant = Cluster("an instant cluster", 1, 2, intra=Link(latency_us=0.0,
+                                                            bandwidth_gbps=100_000.0))
+    return [link_warning(profile, cluster, torch.device("cpu")) for cluster in (slow, instant)]
+
+
+@pytest.mark.multirank
+def test_bench_warns_where_the_link_is_not_the_predictions_cluster():
+    """On loopback gloo ranks: a cluster of 1 Mbit/s links predicts far slower than this
+    link, one of no latency and 100 Tbit/s far faster; each is one line, on every rank."""
+    for slow, instant in run_ranks(_link_warnings, 2):
+        assert "does not match a 1 Mbit/s cluster" in slow and "faster than the" in slow
+        assert "does not match an instant cluster" in instant and "slower than the" in instant

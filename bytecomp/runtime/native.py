@@ -16,6 +16,8 @@ threads, the same statistics and checkpoints.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -121,6 +123,12 @@ class NativeRun(ReportsPeerFailures):
                 start_powerSGD_iter=POWERSGD_START_ITER, min_compression_rate=2,
                 use_error_feedback=True, warm_start=True, random_seed=0)
             self._sent = _powersgd_sent_bytes(params, rank)
+            # the hook's memory is laid out by the bucket's order of parameters, which a
+            # new DDP object changes twice (its first buckets, then the rebuilt ones): kept
+            # by name, so that a resumed run continues bit for bit (_align)
+            self._name_of = {id(param): name for name, param in params.items()}
+            self._shapes = {name: tuple(param.shape) for name, param in params.items()}
+            self._layouts: dict[int, list[str]] = {}
         else:
             assert hook is not None
             self._sent = sent_bytes(hook, self._fp32_bytes)
@@ -128,9 +136,10 @@ class NativeRun(ReportsPeerFailures):
     def register(self, ddp) -> None:
         """Register PyTorch's hook on ``ddp`` (none for fp32: DDP's own allreduce), and
         count steps at each forward pass."""
-        if self.powersgd_state is not None:
-            ddp.register_comm_hook(self.powersgd_state, powersgd.powerSGD_hook)
-        elif self.bucket_hook is not None and self.bucket_hook != ALLREDUCE_HOOK:
+        if self.powersgd_state is not None:  # through hook(): it keeps the memory aligned
+            ddp.register_comm_hook(self, NativeRun.hook)  # and counts the steps
+            return
+        if self.bucket_hook is not None and self.bucket_hook != ALLREDUCE_HOOK:
             ddp.register_comm_hook(None, BUCKET_HOOKS[self.bucket_hook])
         ddp.register_forward_pre_hook(self._count_step)
 
@@ -139,12 +148,32 @@ class NativeRun(ReportsPeerFailures):
         """PyTorch's hook as a hook over this run (:func:`bytecomp.comm_hook`'s way): the
         bucket through it, a step counted at the last bucket."""
         if self.powersgd_state is not None:
+            self._align(bucket)
             future = powersgd.powerSGD_hook(self.powersgd_state, bucket)
         else:
             future = BUCKET_HOOKS[self.bucket_hook](None, bucket)  # type: ignore[index,arg-type]
         if bucket.is_last():
             self.stats.add(steps=1, fp32_bytes=self._fp32_bytes, sent_bytes=self._sent)
         return future
+
+    def _align(self, bucket) -> None:
+        """Where this bucket's parameters come in another order than last time (a new
+        DDP object's first buckets, then its rebuilt ones), move the PowerSGD hook's
+        residual and factors of the bucket to the new order, tensor by tensor."""
+        assert self.powersgd_state is not None
+        index = bucket.index()
+        layout = [self._name_of[id(param)] for param in bucket.parameters()]
+        before = self._layouts.get(index)
+        self._layouts[index] = layout
+        if before is None or before == layout:
+            return
+        state = self.powersgd_state
+        rank = state.matrix_approximation_rank
+        for memory, kind in ((state.error_dict, "error"), (state.p_memory_dict, "p"),
+                             (state.q_memory_dict, "q")):
+            if index in memory:
+                memory[index] = _relaid(memory[index], _spans(before, self._shapes, rank, kind),
+                                        _spans(layout, self._shapes, rank, kind))
 
     def _count_step(self, *_) -> None:
         if torch.is_grad_enabled():
@@ -176,7 +205,8 @@ class NativeRun(ReportsPeerFailures):
         call it on every rank."""
         if self.powersgd_state is None:
             return self.states.state_dict()
-        self.states.by_group[POWERSGD_KEY] = _powersgd_state_of(self.powersgd_state)
+        self.states.by_group[POWERSGD_KEY] = {**_powersgd_state_of(self.powersgd_state),
+                                              "layouts": dict(self._layouts)}
         try:
             return self.states.state_dict()
         finally:
@@ -193,6 +223,13 @@ class NativeRun(ReportsPeerFailures):
                                 f"apply the plan the same way (apply_plan's native=) to load it")
         if self.powersgd_state is not None and hook_state is not None:
             _restore_powersgd_state(self.powersgd_state, hook_state)
+            layouts = hook_state.get("layouts", {})
+            if not isinstance(layouts, dict) or any(
+                    not isinstance(names, list) or sorted(names) != sorted(self._shapes)
+                    for names in layouts.values()):
+                raise BytecompError("this executor state is corrupted: PyTorch's powerSGD_hook "
+                                    "state's layouts are not this model's parameters")
+            self._layouts = {int(index): list(names) for index, names in layouts.items()}
 
     def close(self) -> None:
         """Stop the heartbeats (PyTorch's hook runs on DDP's own groups)."""
@@ -216,6 +253,42 @@ def _powersgd_sent_bytes(params: dict[str, torch.nn.Parameter], rank: int) -> in
         else:
             sent += param.numel() * param.element_size()
     return sent
+
+
+def _spans(layout: list[str], shapes: dict[str, tuple], rank: int,
+           kind: str) -> dict[str, tuple[int, int]]:
+    """Where each parameter of a bucket laid out as ``layout`` sits in the PowerSGD hook's
+    memory of ``kind``: ``error`` (the bucket's flat buffer, in its order), ``p`` or ``q``
+    (the factors of the matrices it compresses, grouped by shape in order of first
+    appearance, then in the bucket's order): ``name -> (offset, length)``."""
+    if kind == "error":
+        spans, offset = {}, 0
+        for name in layout:
+            length = math.prod(shapes[name])
+            spans[name], offset = (offset, length), offset + length
+        return spans
+    by_shape: dict[tuple[int, int], list[str]] = {}
+    for name in layout:
+        shape = shapes[name]
+        if powersgd_compresses(shape, rank):
+            rows = shape[0]
+            by_shape.setdefault((rows, math.prod(shape) // rows), []).append(name)
+    spans, offset = {}, 0
+    for (rows, cols), names in by_shape.items():
+        length = (rows if kind == "p" else cols) * min(rows, cols, rank)
+        for name in names:
+            spans[name], offset = (offset, length), offset + length
+    return spans
+
+
+def _relaid(memory: torch.Tensor, before: dict[str, tuple[int, int]],
+            after: dict[str, tuple[int, int]]) -> torch.Tensor:
+    """``memory`` laid out by ``before`` moved to the layout ``after``."""
+    moved = torch.empty_like(memory)
+    for name, (offset, length) in after.items():
+        start = before[name][0]
+        moved[offset:offset + length] = memory[start:start + length]
+    return moved
 
 
 def _powersgd_state_of(state: powersgd.PowerSGDState) -> dict:

@@ -15,6 +15,8 @@ shows the refusal).
 
 from __future__ import annotations
 
+import gc
+
 import torch
 import torch.distributed as dist
 from common import batch, model, options, parser, report
@@ -59,6 +61,10 @@ def main() -> None:
             losses.append(loss.item())
     if dist.get_rank() == 0:
         report(order, losses, executor)
+    # DDP's reducer sits in reference cycles: left to interpreter exit, it is freed after
+    # its process group and gloo may abort the process (docs/executor.md, "Shutting down")
+    del ddp, train, optimizer, executor
+    gc.collect()
     dist.destroy_process_group()
 
 

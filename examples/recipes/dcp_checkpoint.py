@@ -13,6 +13,7 @@ as one byte stream, which DCP saves once and hands back on load.
 
 from __future__ import annotations
 
+import gc
 import io
 
 import torch
@@ -69,6 +70,10 @@ def main() -> None:
                 save(args.checkpoint, ddp, optimizer, executor, step + 1)
     if dist.get_rank() == 0:
         report("dcp-resumed" if args.resume else "dcp", losses, executor)
+    # DDP's reducer sits in reference cycles: left to interpreter exit, it is freed after
+    # its process group and gloo may abort the process (docs/executor.md, "Shutting down")
+    del ddp, optimizer, executor
+    gc.collect()
     dist.destroy_process_group()
 
 

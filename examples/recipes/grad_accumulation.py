@@ -11,6 +11,7 @@ exchange, so its bytes per step are per optimizer step.
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,10 @@ def main() -> None:
             losses.append(total)
     if dist.get_rank() == 0:
         report("accumulation", losses, executor)
+    # DDP's reducer sits in reference cycles: left to interpreter exit, it is freed after
+    # its process group and gloo may abort the process (docs/executor.md, "Shutting down")
+    del ddp, optimizer, executor
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -9,6 +9,22 @@ refactoring, so that one can show it changed no result to the bit.
 results depend on the CPU's vector unit as well as on the code: the record keeps
 the CPU capability it was made on (``torch.backends.cpu.get_cpu_capability()``), and
 the test is skipped with that reason on a machine of another.
+
+Not every bit is bytecomp's to keep, though: a matrix product's summation order is
+the BLAS library's choice, made per CPU model (its blocking and kernels; 16-bit
+products use AVX512-FP16 or AMX where a CPU has them), not the vector capability's.
+The model's own forward and backward passes are such products, so on a CPU whose
+products round otherwise every case's parameters differ in their last bits (on an
+AMD EPYC of the same AVX512, every case of a record made elsewhere did, fp32 DDP's
+included). The record therefore also keeps :func:`products`, a digest of
+the model's gradients on a fixed batch: where this machine's equals it, every case
+is compared to the bit (the digests) but those whose exchange multiplies matrices
+(:func:`library_order`: PowerSGD, ACP-SGD, PyTorch's PowerSGD hook), which are
+compared within :data:`TOLERANCE` (their parameters' and state's :func:`_values`);
+where it differs, every case is. What the code decides is checked to the bit on any
+machine by ``tests/test_golden.py``: every rank holds the same parameters, and the
+runs that must match do (a plan run natively and through bytecomp's hook, a resumed
+run and the uninterrupted one).
 """
 
 from __future__ import annotations
@@ -16,6 +32,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
+import random
 import sys
 from pathlib import Path
 
@@ -35,6 +53,84 @@ def _digest(tensors) -> str:
                       if tensor.numel() else b"")
         digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
     return digest.hexdigest()
+
+
+# A case compared within a tolerance (see the module docstring) is so relative to the norm
+# of what is compared: each of PROJECTIONS projections on fixed random sign vectors, and the
+# norm itself. Measured on 2 x 1 with the model's products computed in float64 before
+# rounding (another summation order, an ulp or so per product): parameters moved by at most
+# 3.4e-6 of their norm after 12 steps, the states (residuals, momentum) by 1.4e-5; with the
+# low-rank products so computed, 1.1e-7 and 7.7e-6. A wrong residual, scale or factor moves
+# them by 1e-3 or more.
+TOLERANCE = 1e-4
+PROJECTIONS = 8
+# A low-rank compressor's factors are not unique where the gradient's singular values are
+# close (a rotation inside their span gives the same product): the last bits turn them by
+# O(1) (PyTorch's PowerSGD hook's, measured: 2.2 of their norm). Their product is compared
+# through the parameters and the residual; the factors themselves are left out of _values.
+FACTORS = ("p", "q")
+LIBRARY_ORDER = ("powersgd", "acpsgd")
+
+
+# Runs that must give the same parameters to the bit on any machine, by world size: a
+# resumed run and the uninterrupted one; on 2 ranks also a plan run natively and through
+# bytecomp's hook (DDP's 25 MB bucket and the hook's small groups are other collectives,
+# whose sums over more than two ranks go in another order) and PyTorch's PowerSGD hook
+# resumed (its first step after the resume has the other bucket order: docs/executor.md).
+SAME = {2: [("fp32 native", "fp32 through the hook"), ("fp16 native", "fp16 through the hook"),
+            ("powersgd hook", "powersgd hook resumed"),
+            ("adaptive topk", "adaptive topk resumed")],
+        4: [("adaptive topk", "adaptive topk resumed")]}
+
+
+def library_order(case: str) -> bool:
+    """Whether the case's exchange multiplies matrices: PowerSGD, ACP-SGD, PyTorch's
+    PowerSGD hook (see the module docstring)."""
+    return any(word in case for word in LIBRARY_ORDER)
+
+
+_SIGNS: dict[int, list[list[float]]] = {}
+
+
+def _values(numbers: list[float]) -> list[float]:
+    """The norm of ``numbers`` and their projections on PROJECTIONS fixed random sign
+    vectors, each an exactly rounded sum (math.fsum) of exact terms: the same on any
+    machine for the same numbers."""
+    signs = _SIGNS.get(len(numbers))
+    if signs is None:
+        signs = _SIGNS[len(numbers)] = [random.Random(k).choices((-1.0, 1.0), k=len(numbers))
+                                        for k in range(PROJECTIONS)]
+    return [math.sqrt(math.fsum(x * x for x in numbers)),
+            *(math.fsum(x * s for x, s in zip(numbers, row)) for row in signs)]
+
+
+def _flat(tensors) -> list[float]:
+    import torch
+
+    return [x for t in tensors if t.is_floating_point()
+            for x in t.detach().reshape(-1).to(torch.float64).tolist()]
+
+
+def _state_tensors(state) -> list:
+    """Every tensor of an executor's state_dict but low-rank factors (FACTORS), in
+    _state_digest's order."""
+    import torch
+
+    found = []
+
+    def walk(value) -> None:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                if key not in FACTORS:
+                    walk(value[key])
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(state)
+    return found
 
 
 def _state_digest(state) -> str:
@@ -105,8 +201,11 @@ def _train(rank, world, plan_of, adaptive=None, native=True, fallback=None, resu
         reported = state["controller"].pop("reported_ms", None)
         assert reported in (None, 10.0), reported
     summary = executor.stats.summary()
-    result = {"parameters": _digest(list(workload.model.parameters())),
-              "state": _state_digest(state), "steps": summary["steps"],
+    parameters = list(workload.model.parameters())
+    result = {"parameters": _digest(parameters),
+              "values": _values(_flat(parameters)),
+              "state": _state_digest(state),
+              "state_values": _values(_flat(_state_tensors(state))), "steps": summary["steps"],
               "bytes_vs_fp32": round(summary["bytes_vs_fp32"], 9),
               "switches": [s.to_list()[:3] for s in executor.switches]}
     executor.close()
@@ -187,6 +286,20 @@ def _special(world, nodes):
     return cases
 
 
+def products(rank, world) -> str:
+    """A digest of the model's gradients (one forward and backward pass on a fixed batch,
+    no exchange): whether this machine's matrix products round as the recording one's."""
+    import torch
+
+    from bytecomp.profile.workloads import load_workload
+
+    torch.manual_seed(0)
+    workload = load_workload(SMALL)
+    inputs, target = _batch(0, 0)
+    workload.loss(workload.model(inputs), target).backward()
+    return _digest([p.grad for p in workload.model.parameters()])
+
+
 def run_cases(rank, world, nodes):
     results = {}
     for name, plan_of in _every_compressor(world, nodes).items():
@@ -205,7 +318,8 @@ def record() -> dict:
     from ranks import run_ranks
 
     out = {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
-           "torch": torch.__version__.split("+")[0], "runs": {}}
+           "torch": torch.__version__.split("+")[0], "runs": {},
+           "products": run_ranks(products, 2)[0]}
     for world, nodes in SHAPES:
         per_rank = run_ranks(run_cases, world, nodes, timeout=1200)
         out["runs"][f"{world}x{nodes}"] = per_rank[0]
