@@ -167,9 +167,9 @@ def _compressor_json(compressor, numel: int) -> dict:
 
 @app.command()
 def profile(
-    model: str = typer.Option("mlp", help="Built-in workload (mlp, cnn, transformer[:layers=4,"
+    model: str = typer.Option(None, help="Built-in workload (mlp, cnn, transformer[:layers=4,"
                               "width=256,seq_len=128], lstm, resnet18, resnet50, vgg16) or "
-                              "pkg.module:factory."),
+                              "pkg.module:factory [default: mlp]."),
     nproc: int = typer.Option(None, help="Local ranks to spawn (default 1; leave out under "
                               "torchrun, which sets the ranks)."),
     out: str = typer.Option(None, help="Profile directory (default profiles/<model>)."),
@@ -201,6 +201,15 @@ def profile(
                                   "sgd|adam|adamw[:lr=...,momentum=...,weight_decay=...,"
                                   "clip=...] (default: the workload recipe's; the built-ins: "
                                   "adam:lr=0.001)."),
+    calibration: str = typer.Option(None, help="Reuse the cluster's tables of this calibration "
+                                    "(--calibrate-only) or profile directory: collective, "
+                                    "compressor, aggregation and copy sweeps, the executor's "
+                                    "fixed costs. Refused in one line unless its world, "
+                                    "backend, device and link match this job's."),
+    calibrate_only: bool = typer.Option(False, "--calibrate-only", help="Measure the cluster's "
+                                        "tables alone, no model: a calibration directory "
+                                        "(--out, default profiles/calibration) for "
+                                        "--calibration."),
 ):
     """Measure a real DDP job: compute, ready times, buckets, collectives, compressors,
     and each compressor's gradient fidelity on every tensor."""
@@ -210,13 +219,21 @@ def profile(
     _check_nproc(nproc)
     if device not in ("auto", "cpu", "cuda"):
         raise BytecompError(f"--device must be auto, cpu or cuda, got {device!r}")
-    config = ProfileConfig(model=model, out=out or f"profiles/{safe_name(model)}",
+    if calibrate_only and calibration is not None:
+        raise BytecompError("--calibration and --calibrate-only do not go together: a "
+                            "calibration measures the tables that --calibration reuses")
+    _refuse_unused(calibrate_only, "with --calibrate-only (no model is profiled)",
+                   {"--model": model, "--batch-size": batch_size, "--optimizer": optimizer})
+    model = model or "mlp"
+    default_out = "profiles/calibration" if calibrate_only else f"profiles/{safe_name(model)}"
+    config = ProfileConfig(model=model, out=out or default_out,
                            batch_size=batch_size, bucket_cap_mb=bucket_cap_mb,
                            iterations=iterations, warmup=warmup, specs=compressor or [],
                            quick=quick, force=force, device=device, timeout_s=timeout,
                            max_mb=max_mb, machine=machine,
                            fidelity_iterations=fidelity_iterations, ladders=ladder or [],
-                           probe_steps=probe_steps, optimizer=optimizer)
+                           probe_steps=probe_steps, optimizer=optimizer,
+                           calibration=calibration, calibrate_only=calibrate_only)
     run_profile(config, nproc)
 
 

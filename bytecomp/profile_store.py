@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,11 @@ EXECUTOR_PATHS = ("direct", "fifo", "host")  # bytecomp.model.overheads.PATHS
 MAX_STEPS_FACTOR = 10.0  # bytecomp.profile.probe.MAX_FACTOR
 # what the convergence probe measured its losses on (bytecomp.profile.workloads)
 PROBE_BATCHES = ("validation", "held-out training batches")
+# the tables a calibration holds (bytecomp.profile.calibration), and where a profile's came from
+CLUSTER_TABLES = ("collectives", "compressors", "aggregation", "copies", "executor")
+TABLE_SOURCES = ("measured", "calibration")
+CALIBRATION_KINDS = ("calibration", "profile")  # a --calibrate-only directory, or a profile
+MAX_LINK_TOLERANCE = 1000.0
 
 TABLES = {
     "tensors": {"name": str, "shape": str, "numel": int, "dtype": str, "bytes": int,
@@ -245,6 +251,111 @@ def _check_executor(path: Path, entry) -> None:
             if not isinstance(costs, dict) or not _milliseconds(costs.get(key)):
                 _fail(path, f"field 'executor.paths.{name}.{key}' must be a non-negative "
                             f"number of ms")
+    check_executor_measured(path, entry.get("measured"))
+
+
+def _signed_ms(value) -> bool:
+    return _number(value) and math.isfinite(value) and abs(value) < MAX_MS
+
+
+def check_executor_measured(path: Path, entry, where: str = "executor.measured") -> None:
+    """Optional: what the executor's fixed costs were derived from
+    (:class:`bytecomp.profile.overheads.ExecutorMeasurement`): per path the backward's
+    ms per added group (``added_ms``, ``hook_added_ms``, on a CPU job ``busy_added_ms``)
+    and ``bucket_ms`` per added bucket; differences of medians, so they may be below 0."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict):
+        _fail(path, f"field '{where}' must be a mapping with added_ms, hook_added_ms and "
+                    f"bucket_ms")
+    if not _signed_ms(entry.get("bucket_ms")):
+        _fail(path, f"field '{where}.bucket_ms' must be a number of ms")
+    for key in ("added_ms", "hook_added_ms", "busy_added_ms"):
+        if key == "busy_added_ms" and entry.get(key) is None:
+            continue
+        paths = entry.get(key)
+        if not isinstance(paths, dict) or set(paths) != set(EXECUTOR_PATHS):
+            _fail(path, f"field '{where}.{key}' must map each of {', '.join(EXECUTOR_PATHS)} "
+                        f"to a number of ms")
+        for name in EXECUTOR_PATHS:
+            if not _signed_ms(paths[name]):
+                _fail(path, f"field '{where}.{key}.{name}' must be a number of ms")
+
+
+def _iso_time(value) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_calibration(path: Path, entry, meta: dict) -> None:
+    """Optional (profiles before calibrations have none: every table measured): where
+    each cluster table came from, and with one from a calibration directory, which,
+    when it was made and measured, and the link check that allowed it."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict) or not isinstance(entry.get("tables"), dict):
+        _fail(path, "field 'calibration' must be a mapping with 'tables'")
+    for name, source in entry["tables"].items():
+        if name not in CLUSTER_TABLES:
+            _fail(path, f"field 'calibration.tables' names {str(name)[:100]!r}, which is not "
+                        f"one of {', '.join(CLUSTER_TABLES)}")
+        if source not in TABLE_SOURCES:
+            _fail(path, f"field 'calibration.tables.{name}' must be one of "
+                        f"{', '.join(TABLE_SOURCES)}")
+    if "calibration" not in entry["tables"].values():
+        for key in ("directory", "kind", "created", "measured", "link"):
+            if key in entry:
+                _fail(path, f"field 'calibration.{key}' is set, but no table came from a "
+                            f"calibration (calibration.tables)")
+        return
+    directory = entry.get("directory")
+    if not isinstance(directory, str) or not directory.strip() or len(directory) > 4096 \
+            or control_character(directory):
+        _fail(path, "field 'calibration.directory' must be the calibration's path (printable "
+                    "text)")
+    if entry.get("kind") not in CALIBRATION_KINDS:
+        _fail(path, f"field 'calibration.kind' must be one of {', '.join(CALIBRATION_KINDS)}")
+    for key in ("created", "measured"):
+        if not _iso_time(entry.get(key)):
+            _fail(path, f"field 'calibration.{key}' must be a time (ISO 8601)")
+    link = entry.get("link")
+    if not isinstance(link, dict) or not isinstance(link.get("checks"), list) or \
+            not link["checks"]:
+        _fail(path, "field 'calibration.link' must be a mapping with tolerance and checks "
+                    "(a list of the allreduces timed)")
+    tolerance = link.get("tolerance")
+    if not _number(tolerance) or not 1 < tolerance <= MAX_LINK_TOLERANCE:
+        _fail(path, f"field 'calibration.link.tolerance' must be a number above 1 and at "
+                    f"most {MAX_LINK_TOLERANCE:g}, got {tolerance!r}")
+    groups = {"world"} | ({"inter"} if meta["nodes"] > 1 else set()) | \
+        ({"intra"} if meta["nodes"] > 1 and meta["ranks_per_node"] > 1 else set())
+    for index, check in enumerate(link["checks"]):
+        where = f"calibration.link.checks[{index}]"
+        if not isinstance(check, dict) or check.get("group") not in groups:
+            _fail(path, f"field '{where}' must be a mapping whose group is one of this job's "
+                        f"({', '.join(sorted(groups))})")
+        for key, least in (("bytes", 1), ("samples", 1)):
+            value = check.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or \
+                    not least <= value <= MAX_INTEGER:
+                _fail(path, f"field '{where}.{key}' must be a positive integer, got {value!r}")
+        for key in ("calibration_ms", "measured_ms"):
+            if not _milliseconds(check.get(key)) or check[key] <= 0:
+                _fail(path, f"field '{where}.{key}' must be a positive number of ms below "
+                            f"{MAX_MS:g}")
+        ratio = check.get("ratio")
+        expected = check["measured_ms"] / check["calibration_ms"]
+        if not _number(ratio) or not math.isclose(ratio, expected, rel_tol=1e-3):
+            _fail(path, f"field '{where}.ratio' must be measured_ms / calibration_ms "
+                        f"({expected:.4g}), got {ratio!r}")
+        if not 1 / tolerance <= ratio <= tolerance:
+            _fail(path, f"field '{where}.ratio' ({ratio:g}) is beyond the tolerance "
+                        f"({tolerance:g}x either way): such a calibration is refused")
 
 
 def _check_probe_meta(path: Path, entry) -> None:
@@ -406,6 +517,7 @@ def _load_meta(path: Path) -> dict:
     _check_executor(path, meta.get("executor"))
     _check_probe_meta(path, meta.get("probe"))
     _check_quality(path, meta.get("quality"))
+    _check_calibration(path, meta.get("calibration"), meta)
     _check_times(path, meta["times"])
     _check_phases(path, meta["times"])
     return meta
@@ -542,6 +654,9 @@ def load_profile(directory) -> Profile:
     every number finite and in range, and the tables consistent with each other and
     with profile.yaml."""
     directory = check_input_directory(directory, "profile directory")
+    if not (directory / "profile.yaml").exists() and (directory / "calibration.yaml").exists():
+        raise BytecompError(f"{directory} is a calibration (bytecomp profile --calibrate-only), "
+                            f"not a profile: profile a model with --calibration {directory}")
     meta = _load_meta(directory / "profile.yaml")
     tensors = _load_table(directory, "tensors")
     _check_tensors(directory / "tensors.csv", tensors, meta)

@@ -14,6 +14,7 @@ import torch
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, remove_stale_temporaries
 from bytecomp.launch import backend_for, run_job
+from bytecomp.profile.calibration import check_before_ranks, run_calibration_rank
 from bytecomp.profile.door import check_recipe
 from bytecomp.profile.runner import ProfileConfig, pick_device, run_rank
 from bytecomp.profile.workloads import BUILTINS, load_workload
@@ -26,15 +27,23 @@ def _remove_partial_output(out: Path) -> None:
 
 def run_profile(config: ProfileConfig, nproc: int | None = None) -> Path:
     """Profile ``config.model`` on ``nproc`` spawned local ranks, or on the ranks of
-    the torchrun job this process belongs to. Returns the profile directory."""
+    the torchrun job this process belongs to (``config.calibrate_only``: the cluster's
+    tables alone, a calibration directory). Returns the directory written."""
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise BytecompError("--device cuda but no CUDA device is available")
+    backend = backend_for(pick_device(config.device, 0).type)
+    if config.calibrate_only:
+        out = check_new_directory(config.out, config.force)
+        run_job(run_calibration_rank, (config,), nproc, backend, config.timeout_s,
+                on_stop=lambda: _remove_partial_output(out))
+        return out
+    # a calibration that is not one, or made on another job, fails here
+    inputs = check_before_ranks(config, nproc) if config.calibration else []
     # an unknown model, a broken factory or a recipe that cannot train fails here
     workload = load_workload(config.model, optimizer=config.optimizer)
     check_recipe(workload, config.batch_size or workload.batch_size)
     out = check_new_directory(config.out, config.force,
-                              inputs=[workload.source] if workload.source else [])
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise BytecompError("--device cuda but no CUDA device is available")
-    backend = backend_for(pick_device(config.device, 0).type)
+                              inputs=inputs + ([workload.source] if workload.source else []))
     run_job(run_rank, (config,), nproc, backend, config.timeout_s,
             on_stop=lambda: _remove_partial_output(out))
     return out

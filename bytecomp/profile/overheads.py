@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -173,17 +174,70 @@ def model_charges(collectives: list[dict], device, nodes: int, ranks_per_node: i
     return charges, compute, counts
 
 
+@dataclass(frozen=True)
+class ExecutorMeasurement:
+    """What :func:`measure_executor` timed, per added group (ms), before what the model
+    charges is taken off: ``added_ms`` (the idle backward), ``hook_added_ms`` (its
+    part inside the hook), ``busy_added_ms`` (the computing backward; CPU jobs only,
+    else empty) per path, and ``bucket_ms`` per added bucket. None of it depends on the
+    profiled model, so a calibration keeps it (profile.yaml's ``executor.measured``) and
+    :meth:`costs` turns it into fixed costs with a profile's own charges and
+    ``busy_collective_ms``."""
+
+    added_ms: dict[str, float]
+    hook_added_ms: dict[str, float]
+    busy_added_ms: dict[str, float]
+    bucket_ms: float
+
+    def costs(self, charges: dict[str, float], compute_charges: dict[str, float],
+              collectives: dict[str, int] | None = None,
+              busy_collective_ms: float = 0.0) -> ExecutorCosts:
+        """The fixed costs, given what the model charges per group on each path, the
+        part of it that computes on the rank and its collectives (:func:`model_charges`),
+        each of which waits ``busy_collective_ms`` longer while the rank computes (the
+        profile's measurement), not counted again as a fixed cost."""
+        hook_ms, tail_ms = {}, {}
+        for path in PATHS:
+            fixed = max(0.0, self.added_ms[path] - charges[path])
+            hook_ms[path] = min(fixed, max(0.0, self.hook_added_ms[path]))
+            if path in self.busy_added_ms:  # what a group still costs the busy backward
+                waits = (collectives or {}).get(path, 0) * busy_collective_ms
+                exposed = self.busy_added_ms[path] - compute_charges[path] - waits
+                hook_ms[path] = max(hook_ms[path], exposed)
+            tail_ms[path] = max(0.0, fixed - hook_ms[path])
+        return ExecutorCosts(max(0.0, self.bucket_ms), hook_ms, tail_ms)
+
+    def to_meta(self) -> dict:
+        meta: dict = {"added_ms": dict(self.added_ms), "hook_added_ms": dict(self.hook_added_ms),
+                      "bucket_ms": self.bucket_ms}
+        if self.busy_added_ms:
+            meta["busy_added_ms"] = dict(self.busy_added_ms)
+        return meta
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> ExecutorMeasurement:
+        """From profile.yaml's ``executor.measured`` (validated by the profile store)."""
+        return cls({p: float(meta["added_ms"][p]) for p in PATHS},
+                   {p: float(meta["hook_added_ms"][p]) for p in PATHS},
+                   {p: float(v) for p, v in (meta.get("busy_added_ms") or {}).items()},
+                   float(meta["bucket_ms"]))
+
+
 def measure_executor_costs(device, nodes: int, charges: dict[str, float],
                            compute_charges: dict[str, float], warmup: int, iterations: int,
                            progress=None, busy_dim: int = BUSY_DIM,
                            collectives: dict[str, int] | None = None,
                            busy_collective_ms: float = 0.0) -> ExecutorCosts:
-    """The executor's fixed costs on this job (collective: call on every rank), given
-    what the model charges per group on each path, the part of it that computes on
-    the rank and its collectives (:func:`model_charges`); on the CPU the busy
-    backward multiplies ``busy_dim`` x ``busy_dim`` matrices, and each collective of
-    a group exchanged while it computes is charged ``busy_collective_ms`` more (the
-    profile's measurement), not counted again as a fixed cost. The configurations
+    """The executor's fixed costs on this job (collective: call on every rank):
+    :func:`measure_executor`, then :meth:`ExecutorMeasurement.costs`."""
+    measured = measure_executor(device, nodes, warmup, iterations, progress, busy_dim)
+    return measured.costs(charges, compute_charges, collectives, busy_collective_ms)
+
+
+def measure_executor(device, nodes: int, warmup: int, iterations: int, progress=None,
+                     busy_dim: int = BUSY_DIM) -> ExecutorMeasurement:
+    """Time the executor on this job (collective: call on every rank); on the CPU the
+    busy backward multiplies ``busy_dim`` x ``busy_dim`` matrices. The configurations
     run interleaved, round after round, so that drift hits all alike."""
     runs: dict[tuple, _ThroughExecutor] = {}
     for path in PATHS:
@@ -209,20 +263,17 @@ def measure_executor_costs(device, nodes: int, charges: dict[str, float],
         for run in runs.values():
             run.executor.close()
     added = GROUPS - FEW
-    hook_ms, tail_ms = {}, {}
+    added_ms, hook_added_ms, busy_added_ms = {}, {}, {}
     for path in PATHS:
         few, few_hook = runs[(path, FEW)].medians()
         many, many_hook = runs[(path, GROUPS)].medians()
-        fixed = max(0.0, (many - few) / added - charges[path])
-        hook_ms[path] = min(fixed, max(0.0, (many_hook - few_hook) / added))
-        if busy:  # what a group still costs the backward with compute to hide behind
+        added_ms[path] = (many - few) / added
+        hook_added_ms[path] = (many_hook - few_hook) / added
+        if busy:
             few, _ = runs[("busy", path, FEW)].medians()
             many, _ = runs[("busy", path, GROUPS)].medians()
-            waits = (collectives or {}).get(path, 0) * busy_collective_ms
-            exposed = (many - few) / added - compute_charges[path] - waits
-            hook_ms[path] = max(hook_ms[path], exposed)
-        tail_ms[path] = max(0.0, fixed - hook_ms[path])
+            busy_added_ms[path] = (many - few) / added
     one_bucket, _ = runs[("direct", GROUPS)].medians()
     many_buckets, _ = runs[("buckets", GROUPS)].medians()
-    bucket_ms = max(0.0, (many_buckets - one_bucket) / (GROUPS - 1))
-    return ExecutorCosts(bucket_ms, hook_ms, tail_ms)
+    return ExecutorMeasurement(added_ms, hook_added_ms, busy_added_ms,
+                               (many_buckets - one_bucket) / (GROUPS - 1))

@@ -17,38 +17,22 @@ from rich.table import Table
 
 import bytecomp
 from bytecomp.comm.topology import Topology
-from bytecomp.compress import default_specs, from_spec, kernels, ladder_specs
+from bytecomp.compress import default_specs, from_spec, ladder_specs
 from bytecomp.errors import BytecompError
 from bytecomp.plan import fingerprint
+from bytecomp.profile.calibration import (
+    check_link,
+    load_calibration,
+    measure_cluster,
+    measure_executor_here,
+    reuse_cluster,
+)
 from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profile.fidelity import measure_fidelity
-from bytecomp.profile.overheads import (
-    BUSY_DIM,
-    QUICK_BUSY_DIM,
-    measure_executor_costs,
-    model_charges,
-)
+from bytecomp.profile.overheads import model_charges
 from bytecomp.profile.probe import COLUMNS as PROBE_COLUMNS
 from bytecomp.profile.probe import ProbeResult, run_probe
-from bytecomp.profile.quality import (
-    COLLECTIVE_KEY,
-    COMPRESSOR_KEY,
-    RETRIES,
-    collective_quality,
-    compressor_quality,
-    quality_meta,
-    remeasure,
-)
-from bytecomp.profile.sweeps import (
-    SweepSettings,
-    aggregation_steps,
-    collective_steps,
-    compressor_steps,
-    sweep_aggregation,
-    sweep_collectives,
-    sweep_compressors,
-    sweep_copies,
-)
+from bytecomp.profile.sweeps import SweepSettings
 from bytecomp.profile.training import TrainingSettings, measure_training
 from bytecomp.profile.workloads import data_source, describe, load_workload, parameter_count
 from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile, save_profile
@@ -81,11 +65,15 @@ class ProfileConfig:
     probe_steps: int = 100  # convergence probe: steps of each compressor on every tensor (0: none)
     ladders: list[str] = field(default_factory=list)  # families whose ladders are timed too
     optimizer: str | None = None  # a spec replacing the workload recipe's (--optimizer)
+    calibration: str | None = None  # reuse this calibration's cluster tables (--calibration)
+    calibrate_only: bool = False  # measure the cluster tables alone (--calibrate-only)
+    named_specs: bool = field(init=False, default=False)  # --compressor or --ladder given
 
     def __post_init__(self) -> None:
         self._validate()
         if self.optimizer is not None:
             self.optimizer = parse_optimizer(self.optimizer).spec  # one line, before any rank
+        self.named_specs = bool(self.specs or self.ladders)
         specs = [from_spec(s).spec for s in self.specs] or default_specs()
         specs += [spec for family in self.ladders for spec in ladder_specs(family)]
         self.specs = list(dict.fromkeys(specs))
@@ -161,15 +149,6 @@ def _summary(profile: Profile, path: Path) -> Table:
     return table
 
 
-def _sweep_some_compressors(keys: set[tuple], devices: list[torch.device],
-                            sweep: SweepSettings) -> list[dict]:
-    """The compressor sweeps of ``keys`` ((spec, device type) pairs) again."""
-    specs = sorted({spec for spec, _ in keys})
-    chosen = [device for device in devices if any(d == device.type for _, d in keys)]
-    return [row for row in sweep_compressors(specs, chosen, sweep)
-            if (row["spec"], row["device"]) in keys]
-
-
 def _probe_meta(config: ProfileConfig, probe: ProbeResult | None, workload) -> dict:
     """profile.yaml's ``probe``: its steps (0: none ran, or it told nothing), what it
     measured on, and how much fp32's loss fell."""
@@ -196,43 +175,36 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
     sweep = config.sweep_settings()
     devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])
     reporter = Reporter(enabled=rank == 0)
+    calibration = load_calibration(config.calibration) if config.calibration else None
     reporter.print(f"profiling {config.model} ({describe(workload.model)}) on "
                    f"{topology.size} ranks ({nodes} x {ranks_per_node}), {device.type}, "
                    f"batch {batch_size} per rank")
     with reporter.session():
+        link = None
+        if calibration is not None:  # before anything is measured: a refusal comes at once
+            reporter.line(f"cluster tables from {calibration.describe()}; checking the link")
+            link = check_link(calibration, topology, device)
         steps = 2 * (training.warmup + training.iterations)
         several = nodes > 1 and ranks_per_node > 1
         times, tensors, interference = measure_training(
             workload, device, training, reporter.phase("training iterations", steps),
             topology.intra if several else None)
-        collectives = remeasure(
-            sweep_collectives(topology, device, sweep,
-                              reporter.phase("collective sweeps",
-                                             collective_steps(topology, sweep))),
-            collective_quality,
-            lambda keys: sweep_collectives(topology, device, sweep, only=keys),
-            COLLECTIVE_KEY, "bytes", ("time_ms",))
-        compressors = remeasure(
-            sweep_compressors(config.specs, devices, sweep,
-                              reporter.phase("compressor sweeps",
-                                             compressor_steps(config.specs, devices, sweep))),
-            compressor_quality,
-            lambda keys: _sweep_some_compressors(keys, devices, sweep),
-            COMPRESSOR_KEY, "numel", ("encode_ms", "decode_ms", "advance_ms"))
-        for fit in collectives.poor + compressors.poor:
-            reporter.warn(f"a poor fit after {RETRIES} more sweeps: {fit.describe()}")
-        aggregation = sweep_aggregation(
-            config.specs, devices, sweep,
-            reporter.phase("aggregation sweeps", aggregation_steps(config.specs, devices, sweep)))
-        copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
+        if calibration is not None:
+            cluster = reuse_cluster(calibration, config.specs)
+        else:
+            cluster = measure_cluster(config.specs, topology, device, devices, sweep,
+                                      training.warmup, training.iterations, config.quick,
+                                      reporter)
+        if cluster.executor is None:  # a calibration from before the executor's record
+            cluster.executor = measure_executor_here(device, nodes, training.warmup,
+                                                     training.iterations, config.quick,
+                                                     reporter)
+        collectives, compressors = cluster.collectives, cluster.compressors
+        aggregation, copies = cluster.aggregation, cluster.copies
         charges, compute_charges, counts = model_charges(collectives.rows, device, nodes,
                                                          ranks_per_node)
-        rounds = training.iterations if config.quick else 2 * training.iterations
-        executor = measure_executor_costs(
-            device, nodes, charges, compute_charges, training.warmup, rounds,
-            reporter.phase("executor fixed costs", training.warmup + rounds),
-            QUICK_BUSY_DIM if config.quick else BUSY_DIM, counts,
-            float(interference.get("busy_collective_ms", 0.0)))
+        executor = cluster.executor.costs(charges, compute_charges, counts,
+                                          float(interference.get("busy_collective_ms", 0.0)))
         fidelity_specs = [s for s in config.specs if from_spec(s).compresses]
         fidelity = []
         workload.model.load_state_dict(initial)
@@ -260,7 +232,7 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "bytecomp_version": bytecomp.__version__,
         "torch_version": str(torch.__version__),
         # what the compressors with kernels ran when timed: "triton <version>" or "torch"
-        "compress_kernels": kernels.describe(device),
+        "compress_kernels": cluster.compress_kernels,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_description(config, device),
         "model": {"name": workload.name, "spec": config.model,
@@ -284,12 +256,12 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "times": times,
         "interference": interference,
         "executor": {**executor.to_meta(),
-                     "charged_ms": charges, "charged_compute_ms": compute_charges},
+                     "charged_ms": charges, "charged_compute_ms": compute_charges,
+                     "measured": cluster.executor.to_meta()},
         "compressor_specs": config.specs,
-        "quality": quality_meta(collectives, compressors),
-        "sweep": {"min_bytes": sweep.min_bytes, "max_bytes": sweep.max_bytes,
-                  "size_factor": sweep.size_factor, "repeats": sweep.repeats,
-                  "numels": list(sweep.numels)},
+        "quality": cluster.quality,
+        "sweep": cluster.sweep,
+        "calibration": cluster.record(calibration, link),
     }
     profile = Profile(meta, tensors, pd.DataFrame(collectives.rows),
                       pd.DataFrame(compressors.rows),

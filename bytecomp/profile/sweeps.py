@@ -188,6 +188,20 @@ def sweep_collectives(topology: Topology, device: torch.device, settings: SweepS
     return rows
 
 
+def time_allreduce(group_name: str, group, ranks: int, nbytes: int, device: torch.device,
+                   samples: int, warm: bool = True) -> list[float]:
+    """``samples`` times (ms) of an fp32 allreduce of ``nbytes`` over ``group``, after an
+    untimed one (connections, first touch; not with ``warm=False``), each as the sweep
+    takes a sample: from a barrier to the end on the rank that arrived last (the least
+    over the ranks, so the same on every rank). Collective: call on every rank."""
+    clock = Clock(device)
+    case = _CollectiveCase(group_name, group, ranks, "allreduce", "float32", nbytes)
+    if warm:
+        _time_collective(case, clock, device)
+    times = [_time_collective(case, clock, device) for _ in range(samples)]
+    return _reduce([times], dist.ReduceOp.MIN, device)[0]
+
+
 def collective_steps(topology: Topology, settings: SweepSettings) -> int:
     """Progress steps of :func:`sweep_collectives`: one per series, then one per round."""
     return len(groups_to_sweep(topology)) * len(COLLECTIVES) * len(DTYPES) + settings.repeats

@@ -1,0 +1,582 @@
+"""A cluster's calibration: the measurements that belong to the cluster and its devices,
+not to the model, made once and reused (``bytecomp profile --calibration DIR``).
+
+They are the collective sweeps, the compressor and aggregation sweeps, the copy sweep
+(with the fit check of the first two, ``quality``) and what the executor's fixed costs
+are derived from (:class:`~bytecomp.profile.overheads.ExecutorMeasurement`: a tiny model
+of its own, no part of the user's). ``bytecomp profile --calibrate-only`` measures
+only them and writes a calibration directory: ``calibration.yaml`` and
+``collectives.csv``, ``compressors.csv``, ``aggregation.csv``, ``copies.csv``, in the
+profile's formats. A profile directory serves as a calibration too.
+
+A calibration is reused only on a job like the one that made it: the same world size,
+nodes and ranks per node, backend, device type and name, compressor path (torch or
+triton kernels) and, on a CPU job, threads per rank, checked before any rank starts;
+and the same link, checked by the ranks before they measure anything: an fp32
+allreduce of each group the job has is timed now at one size of the calibration's
+sweep (:func:`check_link`), and its least time must be within :data:`LINK_TOLERANCE`
+times the calibration's p10, either way. Anything else is one line naming what differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+import bytecomp
+from bytecomp.compress import canonical, from_spec, kernels
+from bytecomp.errors import BytecompError
+from bytecomp.files import (
+    check_input_directory,
+    control_character,
+    directory_atomic,
+    dump_yaml,
+    read_yaml_file,
+)
+from bytecomp.profile.overheads import (
+    BUSY_DIM,
+    QUICK_BUSY_DIM,
+    ExecutorMeasurement,
+    measure_executor,
+)
+from bytecomp.profile.quality import (
+    COLLECTIVE_KEY,
+    COMPRESSOR_KEY,
+    RETRIES,
+    Checked,
+    collective_quality,
+    compressor_quality,
+    quality_meta,
+    remeasure,
+)
+from bytecomp.profile.sweeps import (
+    SweepSettings,
+    aggregation_steps,
+    collective_steps,
+    compressor_steps,
+    groups_to_sweep,
+    sweep_aggregation,
+    sweep_collectives,
+    sweep_compressors,
+    sweep_copies,
+    time_allreduce,
+)
+from bytecomp.profile_store import (
+    BACKENDS,
+    COPY_DIRECTIONS,
+    FORMAT_VERSION,
+    MAX_COUNT,
+    TABLES,
+    _check_collectives,
+    _check_finite,
+    _check_quality,
+    _check_quality_fits,
+    _check_sweep,
+    _fail,
+    _iso_time,
+    _load_table,
+    _row_fail,
+    check_executor_measured,
+    load_profile,
+    profile_files,
+)
+
+CALIBRATION_FILE = "calibration.yaml"
+CALIBRATION_TABLES = ("collectives", "compressors", "aggregation", "copies")
+# the link check: an fp32 allreduce of each group at the largest size of the calibration's
+# sweep up to LINK_MAX_BYTES whose median there took at most LINK_MAX_MS (a size where
+# bandwidth, not a thread wake-up, sets the time; the smallest size where none did).
+# The least of 3 to LINK_SAMPLES samples now (as many as fit in LINK_BUDGET_S, judged by
+# the first) is compared with the calibration's p10: noise on a shared machine only adds
+# time (a median of a millisecond moves by 3x there), so both are the quiet link's time.
+LINK_MAX_BYTES = 16 << 20
+LINK_MAX_MS = 100.0
+LINK_SAMPLES = 9  # at most, after one untimed call
+LINK_LEAST_SAMPLES = 3
+LINK_BUDGET_S = 0.5
+# how much slower or faster than the calibration's the allreduce may be: links of
+# another class (100 Mbit/s, 1 Gbit/s, loopback) differ by 8x or more
+LINK_TOLERANCE = 3.0
+HOW_TO_CALIBRATE = "calibrate this cluster with bytecomp profile --calibrate-only --out DIR"
+
+
+@dataclass
+class Calibration:
+    """A calibration directory (``kind`` ``calibration``) or a profile used as one
+    (``kind`` ``profile``): its metadata and its cluster tables, validated."""
+
+    path: Path
+    kind: str
+    meta: dict
+    collectives: pd.DataFrame
+    compressors: pd.DataFrame
+    aggregation: pd.DataFrame
+    copies: pd.DataFrame
+
+    @property
+    def specs(self) -> list[str]:
+        """The compressor specs it timed (compressors.csv), in canonical form."""
+        return list(dict.fromkeys(canonical(spec) for spec in self.compressors["spec"]))
+
+    @property
+    def measured(self) -> str:
+        """When its tables were measured: its creation time, or, for a profile that took
+        them from a calibration itself, that calibration's."""
+        record = self.meta.get("calibration") or {}
+        if "calibration" in (record.get("tables") or {}).values():
+            return str(record["measured"])
+        return str(self.meta["created"])
+
+    def executor(self) -> ExecutorMeasurement | None:
+        """What the executor's fixed costs derive from; None where it predates the record."""
+        measured = (self.meta.get("executor") or {}).get("measured")
+        return ExecutorMeasurement.from_meta(measured) if measured else None
+
+    def describe(self) -> str:
+        what = "calibration" if self.kind == "calibration" else \
+            f"profile of {self.meta['model'].get('spec', self.meta['model'].get('name'))}"
+        return f"{self.path} ({what}, {self.meta['created']})"
+
+
+def calibration_files(directory) -> list[Path]:
+    """The files :func:`load_calibration` may read: inputs no output may overwrite."""
+    directory = Path(directory)
+    return [directory / CALIBRATION_FILE] + [directory / f"{name}.csv"
+                                             for name in CALIBRATION_TABLES] \
+        + profile_files(directory)
+
+
+def _load_calibration_meta(path: Path) -> dict:
+    """calibration.yaml: the job it was made on, the sweeps' settings and quality."""
+    meta = read_yaml_file(path, "calibration file")
+    if not isinstance(meta, dict):
+        _fail(path, "must be a YAML mapping")
+    required: dict[str, type] = {"format_version": int, "kind": str, "created": str,
+                                 "device": dict, "backend": str, "world_size": int,
+                                 "nodes": int, "ranks_per_node": int,
+                                 "compressor_specs": list}
+    for key, kind in required.items():
+        if key not in meta:
+            _fail(path, f"missing field '{key}'")
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            _fail(path, f"field '{key}' has the wrong type ({type(meta[key]).__name__})")
+    _check_finite(path, meta)
+    if meta["format_version"] != FORMAT_VERSION:
+        _fail(path, f"format_version {meta['format_version']} is not supported "
+                    f"(this bytecomp reads {FORMAT_VERSION})")
+    if meta["kind"] != "calibration":
+        _fail(path, f"field 'kind' must be calibration, got {meta['kind'][:100]!r}")
+    if not _iso_time(meta["created"]):
+        _fail(path, "field 'created' must be a time (ISO 8601)")
+    for key in ("world_size", "nodes", "ranks_per_node"):
+        if not 1 <= meta[key] <= MAX_COUNT:
+            _fail(path, f"field '{key}' must be between 1 and {MAX_COUNT:,}")
+    if meta["nodes"] * meta["ranks_per_node"] != meta["world_size"]:
+        _fail(path, "nodes x ranks_per_node must equal world_size")
+    if meta["backend"] not in BACKENDS:
+        _fail(path, f"field 'backend' must be one of {', '.join(BACKENDS)}, got "
+                    f"{meta['backend'][:100]!r}")
+    device = meta["device"]
+    if device.get("type") not in ("cpu", "cuda"):
+        _fail(path, "field 'device.type' must be cpu or cuda")
+    name = device.get("name")
+    if not isinstance(name, str) or len(name) > 1000 or control_character(name):
+        _fail(path, "field 'device.name' must be the device's name (printable text)")
+    for index, spec in enumerate(meta["compressor_specs"]):
+        if not isinstance(spec, str):
+            _fail(path, f"field 'compressor_specs[{index}]' must be a compressor spec")
+        try:
+            from_spec(spec)
+        except BytecompError as error:
+            _fail(path, f"field 'compressor_specs[{index}]': {error}")
+    machine = meta.get("machine", {})
+    threads = machine.get("threads_per_rank", 1) if isinstance(machine, dict) else None
+    if isinstance(threads, bool) or not isinstance(threads, int) or \
+            not 1 <= threads <= MAX_COUNT:
+        _fail(path, "field 'machine' must be a mapping whose threads_per_rank is a positive "
+                    "integer")
+    for key in ("compress_kernels",):
+        if not isinstance(meta.get(key, ""), str):
+            _fail(path, f"field '{key}' must be text")
+    _check_quality(path, meta.get("quality"))
+    executor = meta.get("executor")
+    if executor is not None and not isinstance(executor, dict):
+        _fail(path, "field 'executor' must be a mapping with 'measured'")
+    check_executor_measured(path, (executor or {}).get("measured"))
+    return meta
+
+
+def load_calibration(directory) -> Calibration:
+    """Read and validate a calibration directory (``calibration.yaml``) or a profile
+    directory (``profile.yaml``, :func:`~bytecomp.profile_store.load_profile`), and check
+    that it holds an fp32 allreduce sweep of each group, which the link check times."""
+    directory = check_input_directory(directory, "calibration directory")
+    has_calibration = (directory / CALIBRATION_FILE).exists()
+    has_profile = (directory / "profile.yaml").exists()
+    if has_calibration and has_profile:
+        raise BytecompError(f"calibration directory {directory} holds both calibration.yaml "
+                            f"and profile.yaml: it is neither a calibration nor a profile")
+    if not has_calibration and not has_profile:
+        raise BytecompError(f"calibration directory {directory} holds neither calibration.yaml "
+                            f"nor profile.yaml (bytecomp profile --calibrate-only --out DIR "
+                            f"makes a calibration; a profile directory serves too)")
+    if has_profile:
+        profile = load_profile(directory)
+        calibration = Calibration(directory, "profile", profile.meta, profile.collectives,
+                                  profile.compressors, profile.aggregation, profile.copies)
+    else:
+        meta = _load_calibration_meta(directory / CALIBRATION_FILE)
+        collectives = _load_table(directory, "collectives")
+        _check_collectives(directory / "collectives.csv", collectives, meta)
+        compressors = _load_table(directory, "compressors")
+        _check_sweep(directory / "compressors.csv", compressors)
+        if compressors.empty:
+            _fail(directory / "compressors.csv", "has no rows")
+        _check_quality_fits(directory / CALIBRATION_FILE, meta.get("quality"), collectives,
+                            compressors)
+        copies = _load_table(directory, "copies", required=False)
+        _row_fail(directory / "copies.csv", copies, ~copies["direction"].isin(COPY_DIRECTIONS),
+                  "direction", f"is not one of {', '.join(COPY_DIRECTIONS)}")
+        aggregation = _load_table(directory, "aggregation", required=False)
+        _check_sweep(directory / "aggregation.csv", aggregation)
+        calibration = Calibration(directory, "calibration", meta, collectives, compressors,
+                                  aggregation, copies)
+    table = calibration.collectives
+    for group in sorted(set(table["group"])):
+        rows = table[(table["group"] == group) & (table["collective"] == "allreduce")
+                     & (table["dtype"] == "float32")]
+        if rows.empty:
+            _fail(directory / "collectives.csv", f"has no float32 allreduce of the {group} "
+                                                 f"group, which the link check times")
+    return calibration
+
+
+# -- does it fit this job? ---------------------------------------------------------------------
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'s' if count != 1 else ''}"
+
+
+def _shape(world: int, nodes: int, per_node: int) -> str:
+    return f"{_plural(world, 'rank')} ({_plural(nodes, 'node')} x {per_node})"
+
+
+def check_job(calibration: Calibration, nodes: int, ranks_per_node: int, device_type: str,
+              device_name: str, compress_kernels: str, threads_per_rank: int) -> None:
+    """Before any rank starts: the calibration was made on a job of this shape, device
+    and compressor path (and, on a CPU job, as many threads per rank); else one line
+    naming every difference."""
+    meta = calibration.meta
+    differences = []
+    if (meta["nodes"], meta["ranks_per_node"]) != (nodes, ranks_per_node):
+        shape = _shape(meta["world_size"], meta["nodes"], meta["ranks_per_node"])
+        differences.append(f"{shape} there, "
+                           f"{_shape(nodes * ranks_per_node, nodes, ranks_per_node)} here")
+    there = (meta["device"]["type"], meta["device"].get("name", ""))
+    if there != (device_type, device_name):
+        differences.append(f"device {there[0]} {there[1]!r} there, {device_type} "
+                           f"{device_name!r} here")
+    kernels_there = meta.get("compress_kernels", "torch")
+    if kernels_there != compress_kernels:
+        differences.append(f"compressors run {kernels_there} there, {compress_kernels} here")
+    threads = (meta.get("machine") or {}).get("threads_per_rank")
+    if device_type == "cpu" and threads is not None and threads != threads_per_rank:
+        differences.append(f"{_plural(threads, 'thread')} per rank there, "
+                           f"{threads_per_rank} here")
+    if differences:
+        raise BytecompError(f"calibration {calibration.path} does not match this job: "
+                            f"{'; '.join(differences)} ({HOW_TO_CALIBRATE})")
+
+
+def select_specs(calibration: Calibration, specs: list[str], named: bool) -> list[str]:
+    """The profile's compressor specs: the calibration's where none were named, else the
+    named ones, each of which the calibration must have timed."""
+    if not named:
+        return calibration.specs
+    missing = [spec for spec in specs if canonical(spec) not in set(calibration.specs)]
+    if missing:
+        them = "it" if len(missing) == 1 else "them"
+        raise BytecompError(f"calibration {calibration.path} has no timings of "
+                            f"{', '.join(missing)}: leave {them} out, or make the calibration "
+                            f"with {them} (--compressor, --ladder)")
+    return specs
+
+
+def check_backend(calibration: Calibration) -> None:
+    """On the ranks: the process group's backend is the calibration's."""
+    here = dist.get_backend()
+    if here != calibration.meta["backend"]:
+        raise BytecompError(f"calibration {calibration.path} does not match this job: backend "
+                            f"{calibration.meta['backend']} there, {here} here "
+                            f"({HOW_TO_CALIBRATE})")
+
+
+def _link_size(calibration: Calibration, group: str) -> tuple[int, float]:
+    """The size the link check times for ``group`` and the calibration's p10 there."""
+    table = calibration.collectives
+    rows = table[(table["group"] == group) & (table["collective"] == "allreduce")
+                 & (table["dtype"] == "float32")].sort_values("bytes")
+    fitting = rows[(rows["bytes"] <= LINK_MAX_BYTES) & (rows["time_ms"] <= LINK_MAX_MS)]
+    row = fitting.iloc[-1] if not fitting.empty else rows.iloc[0]
+    return int(row["bytes"]), max(float(row["p10_ms"]), 1e-4)
+
+
+def check_link(calibration: Calibration, topology, device: torch.device,
+               tolerance: float = LINK_TOLERANCE) -> dict:
+    """Time an fp32 allreduce of each group of the job at one size of the calibration's
+    sweep (3 to :data:`LINK_SAMPLES` samples after an untimed one, as many as the first
+    says fit in :data:`LINK_BUDGET_S`, each the time of the rank that arrived last, as
+    in the sweep) and compare the least with the calibration's p10;
+    beyond ``tolerance`` times either way, one line (on every rank: every rank sees the
+    same reduced times). Collective: call on every rank. Returns profile.yaml's
+    ``calibration.link``."""
+    check_backend(calibration)
+    checks: list[dict] = []
+    for group_name, group, ranks in groups_to_sweep(topology):
+        # rank 0's reading of the calibration decides, should the nodes' copies differ
+        chosen = torch.tensor(_link_size(calibration, group_name), dtype=torch.float64,
+                              device=device)
+        dist.broadcast(chosen, src=0)
+        nbytes, calibration_ms = int(chosen[0]), float(chosen[1])
+        samples = time_allreduce(group_name, group, ranks, nbytes, device, 1)
+        count = int(min(LINK_SAMPLES, max(LINK_LEAST_SAMPLES,
+                                          LINK_BUDGET_S * 1000 // max(samples[0], 1e-3))))
+        samples += time_allreduce(group_name, group, ranks, nbytes, device, count - 1,
+                                  warm=False)
+        measured_ms = max(round(min(samples), 4), 1e-4)
+        checks.append({"group": group_name, "bytes": nbytes, "samples": count,
+                       "calibration_ms": calibration_ms, "measured_ms": measured_ms,
+                       "ratio": round(measured_ms / calibration_ms, 4)})
+    for check in checks:
+        if not 1 / tolerance <= check["measured_ms"] / check["calibration_ms"] <= tolerance:
+            raise BytecompError(
+                f"calibration {calibration.path} was made on another link: a "
+                f"{_size(check['bytes'])} fp32 allreduce of the {check['group']} group takes "
+                f"at least {check['measured_ms']:.3g} ms here, {check['calibration_ms']:.3g} "
+                f"ms there ({_times(check['ratio'])}; at most {tolerance:g}x either way) "
+                f"({HOW_TO_CALIBRATE})")
+    return {"tolerance": tolerance, "checks": checks}
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.3g}x slower here" if ratio >= 1 else f"{1 / ratio:.3g}x faster here"
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+# -- the cluster's tables, measured or reused ---------------------------------------------------
+
+
+@dataclass
+class ClusterTables:
+    """The measurements a calibration holds, for one profile: the sweeps' rows (with
+    their fit checks), the executor's measurement, the sweeps' settings and quality
+    section, and where each came from (profile.yaml's ``calibration``)."""
+
+    collectives: Checked
+    compressors: Checked
+    aggregation: list[dict]
+    copies: list[dict]
+    executor: ExecutorMeasurement | None
+    sweep: dict
+    quality: dict
+    compress_kernels: str
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def record(self, calibration: Calibration | None, link: dict | None) -> dict:
+        """profile.yaml's ``calibration``: where each table came from, and which
+        calibration, made and measured when, let through by which link check."""
+        record: dict = {"tables": dict(self.sources)}
+        if calibration is not None:
+            record.update(directory=str(calibration.path.resolve()), kind=calibration.kind,
+                          created=str(calibration.meta["created"]),
+                          measured=calibration.measured, link=link)
+        return record
+
+
+def sweep_meta(sweep: SweepSettings) -> dict:
+    return {"min_bytes": sweep.min_bytes, "max_bytes": sweep.max_bytes,
+            "size_factor": sweep.size_factor, "repeats": sweep.repeats,
+            "numels": list(sweep.numels)}
+
+
+def _sweep_some_compressors(keys: set[tuple], devices: list[torch.device],
+                            sweep: SweepSettings) -> list[dict]:
+    """The compressor sweeps of ``keys`` ((spec, device type) pairs) again."""
+    specs = sorted({spec for spec, _ in keys})
+    chosen = [device for device in devices if any(d == device.type for _, d in keys)]
+    return [row for row in sweep_compressors(specs, chosen, sweep)
+            if (row["spec"], row["device"]) in keys]
+
+
+def measure_executor_here(device, nodes: int, warmup: int, iterations: int, quick: bool,
+                          reporter) -> ExecutorMeasurement:
+    rounds = iterations if quick else 2 * iterations
+    return measure_executor(device, nodes, warmup, rounds,
+                            reporter.phase("executor fixed costs", warmup + rounds),
+                            QUICK_BUSY_DIM if quick else BUSY_DIM)
+
+
+def measure_cluster(specs: list[str], topology, device: torch.device,
+                    devices: list[torch.device], sweep: SweepSettings, warmup: int,
+                    iterations: int, quick: bool, reporter) -> ClusterTables:
+    """Measure every cluster table on this job (collective: call on every rank): the
+    collective, compressor, aggregation and copy sweeps, each fit measured again while
+    poor (:mod:`bytecomp.profile.quality`), and the executor (``warmup`` and
+    ``iterations`` rounds, or twice as many rounds without ``quick``)."""
+    collectives = remeasure(
+        sweep_collectives(topology, device, sweep,
+                          reporter.phase("collective sweeps", collective_steps(topology, sweep))),
+        collective_quality,
+        lambda keys: sweep_collectives(topology, device, sweep, only=keys),
+        COLLECTIVE_KEY, "bytes", ("time_ms",))
+    compressors = remeasure(
+        sweep_compressors(specs, devices, sweep,
+                          reporter.phase("compressor sweeps",
+                                         compressor_steps(specs, devices, sweep))),
+        compressor_quality,
+        lambda keys: _sweep_some_compressors(keys, devices, sweep),
+        COMPRESSOR_KEY, "numel", ("encode_ms", "decode_ms", "advance_ms"))
+    for fit in collectives.poor + compressors.poor:
+        reporter.warn(f"a poor fit after {RETRIES} more sweeps: {fit.describe()}")
+    aggregation = sweep_aggregation(
+        specs, devices, sweep,
+        reporter.phase("aggregation sweeps", aggregation_steps(specs, devices, sweep)))
+    copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
+    executor = measure_executor_here(device, topology.nodes, warmup, iterations, quick,
+                                     reporter)
+    return ClusterTables(collectives, compressors, aggregation, copies, executor,
+                         sweep_meta(sweep), quality_meta(collectives, compressors),
+                         kernels.describe(device),
+                         dict.fromkeys(("collectives", "compressors", "aggregation", "copies",
+                                        "executor"), "measured"))
+
+
+def _rows(table: pd.DataFrame, specs: list[str] | None = None) -> list[dict]:
+    if specs is not None:
+        table = table[table["spec"].map(canonical).isin(set(map(canonical, specs)))]
+    return table.to_dict("records")
+
+
+def _kept_quality(quality: dict | None, collectives: list[dict],
+                  compressors: list[dict]) -> dict:
+    """The calibration's quality section, naming only the series the profile keeps."""
+    quality = dict(quality or {})
+    fits = {f"collective {r['collective']}/{r['group']}/{r['dtype']}" for r in collectives} | \
+        {f"compressor {r['spec']}/{r['device']}" for r in compressors}
+    if "remeasured" in quality:
+        quality["remeasured"] = [name for name in quality["remeasured"] if name in fits]
+    if "poor" in quality:
+        quality["poor"] = [fit for fit in quality["poor"] if fit["fit"] in fits]
+    return quality
+
+
+def reuse_cluster(calibration: Calibration, specs: list[str]) -> ClusterTables:
+    """The cluster tables of ``calibration``, its compressor rows those of ``specs``; the
+    executor's measurement where it has one (else None: measure it here)."""
+    collectives = _rows(calibration.collectives)
+    compressors = _rows(calibration.compressors, specs)
+    executor = calibration.executor()
+    sources = dict.fromkeys(("collectives", "compressors", "aggregation", "copies"),
+                            "calibration")
+    sources["executor"] = "calibration" if executor is not None else "measured"
+    meta = calibration.meta
+    return ClusterTables(Checked(collectives), Checked(compressors),
+                         _rows(calibration.aggregation, specs), _rows(calibration.copies),
+                         executor, dict(meta.get("sweep") or {}),
+                         _kept_quality(meta.get("quality"), collectives, compressors),
+                         str(meta.get("compress_kernels", "torch")), sources)
+
+
+# -- bytecomp profile --calibrate-only ----------------------------------------------------------
+
+
+def run_calibration_rank(config, nodes: int, ranks_per_node: int) -> Path | None:
+    """``bytecomp profile --calibrate-only`` on this rank: the cluster tables alone, no
+    model; rank 0 writes the calibration directory and returns its path."""
+    from bytecomp.comm.topology import Topology
+    from bytecomp.profile.runner import device_name, machine_description, pick_device
+    from bytecomp.ui import Reporter
+
+    rank = dist.get_rank()
+    device = pick_device(config.device, rank % ranks_per_node)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    topology = Topology.build(nodes, ranks_per_node)
+    devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])
+    reporter = Reporter(enabled=rank == 0)
+    reporter.print(f"calibrating {topology.size} ranks ({nodes} x {ranks_per_node}), "
+                   f"{device.type}: collective, compressor, aggregation and copy sweeps and "
+                   f"the executor's fixed costs, for {len(config.specs)} compressor specs")
+    with reporter.session():
+        tables = measure_cluster(config.specs, topology, device, devices,
+                                 config.sweep_settings(), config.warmup, config.iterations,
+                                 config.quick, reporter)
+    if rank != 0:
+        return None
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "kind": "calibration",
+        "bytecomp_version": bytecomp.__version__,
+        "torch_version": str(torch.__version__),
+        "compress_kernels": tables.compress_kernels,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description(config, device),
+        "device": {"type": device.type, "name": device_name(device)},
+        "backend": dist.get_backend(),
+        "world_size": topology.size,
+        "nodes": nodes,
+        "ranks_per_node": ranks_per_node,
+        "iterations": config.iterations,
+        "warmup": config.warmup,
+        "quick": config.quick,
+        "compressor_specs": list(config.specs),
+        "executor": {"measured": tables.executor.to_meta()} if tables.executor else {},
+        "quality": tables.quality,
+        "sweep": tables.sweep,
+    }
+    frames = {"collectives": tables.collectives.rows, "compressors": tables.compressors.rows,
+              "aggregation": tables.aggregation, "copies": tables.copies}
+    with directory_atomic(config.out, config.force) as temporary:
+        (temporary / CALIBRATION_FILE).write_text(
+            dump_yaml(meta, sort_keys=False, default_flow_style=False))
+        for name, rows in frames.items():
+            columns = list(TABLES[name]) + (["advance_ms"] if name == "compressors" else [])
+            pd.DataFrame(rows, columns=columns).to_csv(temporary / f"{name}.csv", index=False)
+    reporter.print(f"calibration -> {config.out}: {len(tables.collectives.rows)} collective "
+                   f"rows, {len(tables.compressors.rows)} compressor rows, "
+                   f"{len(tables.aggregation)} aggregation rows, {len(tables.copies)} copy rows")
+    return Path(config.out)
+
+
+def check_before_ranks(config, nproc: int | None) -> list[Path]:
+    """In the parent, before any rank starts: ``config.calibration`` is a valid
+    calibration made on a job like this one (:func:`check_job`); ``config.specs`` become
+    its specs where none were named (:func:`select_specs`). Returns the files it reads,
+    which no output may overwrite."""
+    from bytecomp.launch import in_torchrun, threads_per_rank, torchrun_shape
+    from bytecomp.profile.runner import device_name, pick_device
+
+    calibration = load_calibration(config.calibration)
+    if in_torchrun():
+        shape = torchrun_shape()
+        nodes, per_node, threads = shape.nodes, shape.ranks_per_node, torch.get_num_threads()
+    else:
+        nodes, per_node = 1, 1 if nproc is None else nproc
+        threads = threads_per_rank(per_node)
+    device = pick_device(config.device, 0)
+    check_job(calibration, nodes, per_node, device.type, device_name(device),
+              kernels.describe(device), threads)
+    config.specs = select_specs(calibration, config.specs, config.named_specs)
+    return [path for path in calibration_files(calibration.path) if path.exists()]
