@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from bytecomp.errors import BytecompError
 from bytecomp.lifetime import deferred_stop_signals, pack, rank_boot
+from bytecomp.ui import Stage
 
 REPORT_GRACE_S = 2.0  # after a symptom, how long to wait for the root cause's report
 # What a rank sees when a peer died or stopped: a symptom, not the cause.
@@ -228,17 +229,23 @@ def spawn(fn: Callable, args: tuple, nproc: int, backend: str, timeout_s: float,
     context = multiprocessing.get_context("spawn")
     errors = context.Queue()
     port = free_port()
+    # rank 0 asks for the terminal before it draws (lifetime.take_terminal)
+    terminal = (context.Event(), context.Event())
     # rank_boot ties each rank to this process before it imports anything of the job
     processes = [context.Process(target=rank_boot, daemon=True,
                                  args=(pack(_rank_entry, (fn, args, rank, nproc, port, backend,
-                                                          timeout_s)), os.getpid(), errors))
+                                                          timeout_s)), os.getpid(), errors),
+                                 kwargs={"terminal": terminal if rank == 0 else None})
                  for rank in range(nproc)]
     with _terminate_as_interrupt():
         try:
-            for process in processes:
-                with deferred_stop_signals():  # a rank is started whole, or not at all
-                    process.start()
-            failure = _watch(processes, errors, timeout_s)
+            with Stage(f"starting {nproc} rank{'s' if nproc > 1 else ''} (each imports "
+                       f"torch and builds the job)", after_s=0.5, lines=False) as starting:
+                for process in processes:
+                    with deferred_stop_signals():  # a rank is started whole, or not at all
+                        process.start()
+                failure = _watch(processes, errors, timeout_s,
+                                 lambda: _hand_over(terminal, starting))
         except KeyboardInterrupt:
             _stop(processes)
             on_stop()
@@ -260,12 +267,23 @@ def _exit_text(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _watch(processes, errors, timeout_s: float) -> Report | None:
-    """Wait for every rank; the failure to report, or None when all succeeded."""
+def _hand_over(terminal: tuple, starting: Stage) -> None:
+    """Rank 0 wants the terminal for its progress: clear the spinner, then let it draw."""
+    wanted, given = terminal
+    if wanted.is_set() and not given.is_set():
+        starting.end()
+        given.set()
+
+
+def _watch(processes, errors, timeout_s: float,
+           tick: Callable[[], None] = lambda: None) -> Report | None:
+    """Wait for every rank; the failure to report, or None when all succeeded.
+    ``tick`` runs at every poll (the terminal's hand-over)."""
     reports: list[Report] = []
     first_failure: float | None = None
     finished: float | None = None
     while True:
+        tick()
         with contextlib.suppress(queue.Empty):
             reports.append(errors.get(timeout=0.2))
             while True:

@@ -47,12 +47,33 @@ def deferred_stop_signals():
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def rank_boot(payload: bytes, parent: int, *extra) -> None:
+# The parent's hand-over of the terminal (see take_terminal): two events, set in a rank.
+_terminal: tuple | None = None
+
+
+def take_terminal(timeout_s: float = 2.0) -> None:
+    """In a spawned rank about to draw live progress on the terminal: tell the parent,
+    which shows a spinner while its ranks start, and wait (at most ``timeout_s``) until
+    it has cleared it, so the two displays do not draw over each other. Elsewhere (not
+    a spawned rank, or asked before) nothing happens."""
+    global _terminal
+    if _terminal is None:
+        return
+    wanted, given = _terminal
+    _terminal = None
+    wanted.set()
+    given.wait(timeout_s)
+
+
+def rank_boot(payload: bytes, parent: int, *extra, terminal: tuple | None = None) -> None:
     """A spawned rank's entry: die with ``parent`` first, then unpack ``payload`` (a
     function and its arguments, packed by the parent: :func:`pack`) and call it with the
-    arguments, then ``extra`` (objects multiprocessing must hand over itself, a queue)."""
+    arguments, then ``extra`` (objects multiprocessing must hand over itself, a queue).
+    ``terminal``: the two events of :func:`take_terminal`, on rank 0."""
+    global _terminal
     die_with_parent(parent)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held while it was started
+    _terminal = terminal
     from multiprocessing.reduction import ForkingPickler
 
     # The bytes come from the parent over the spawn pipe, as multiprocessing's own

@@ -4,6 +4,7 @@ that keep their names whole at any width (:class:`Fitted`)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterable, Iterator
 
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -17,6 +18,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.status import Status
 from rich.table import Table
 
 console = Console()
@@ -97,6 +99,10 @@ class Reporter:
         self.to_stderr = to_stderr
         self._progress: Progress | None = None
         self._lines = False  # piped: a line per phase instead of bars
+        if enabled and errors.is_terminal:
+            from bytecomp.lifetime import take_terminal
+
+            take_terminal()  # a spawned rank 0: the parent's spinner clears first
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Reporter]:
@@ -152,3 +158,55 @@ class Reporter:
         if self.enabled:
             errors.print(f"[bold yellow]warning:[/] {escape(text)}", highlight=False,
                          soft_wrap=True)
+
+
+class Stage:
+    """A stage that prints nothing while it works, made visible: ``with Stage("searching
+    ..."):``. On a terminal, a spinner with the text appears once the stage has run
+    ``after_s`` seconds (by default at once: a stage may hold the interpreter, a
+    solver's or an import's C code, so that a timer could not fire until it ends);
+    piped, the text is printed as one line on stderr once it has run ``lines_after_s``
+    seconds (with ``lines``; a stage whose work prints its own lines passes
+    ``lines=False``).
+    :meth:`end` clears it early (before another display takes the terminal)."""
+
+    def __init__(self, text: str, after_s: float = 0.0, lines: bool = True,
+                 enabled: bool = True, lines_after_s: float = 2.0) -> None:
+        self.text, self.lines, self.enabled = text, lines, enabled
+        self.after_s = after_s if errors.is_terminal else lines_after_s
+        self._status: Status | None = None
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        self._ended = False
+
+    def __enter__(self) -> Stage:
+        if self.enabled and self.after_s <= 0 and errors.is_terminal:
+            self._show()  # now: the work may hold the interpreter (an import of torch)
+        elif self.enabled and (errors.is_terminal or self.lines):
+            self._timer = threading.Timer(self.after_s, self._show)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def _show(self) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            if errors.is_terminal:
+                status = errors.status(escape(self.text), spinner="dots")
+                status.start()
+                self._status = status
+            else:
+                errors.print(escape(self.text), highlight=False, soft_wrap=True)
+
+    def end(self) -> None:
+        with self._lock:
+            self._ended = True
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
+
+    def __exit__(self, *exc) -> None:
+        self.end()

@@ -73,23 +73,25 @@ def train_finalists(job: FinalistsJob, nodes: int, ranks_per_node: int) -> None:
         torch.cuda.set_device(device)
     from bytecomp.runtime import apply_plan  # the profiler alone may run the executor
 
-    workload = load_workload(job.model, optimizer=job.optimizer)
-    evidence, batches = workload.evidence_batches(job.batch_size)
-    device_ids = [device.index] if device.type == "cuda" else None
-    trainees = []
-    for name, path in zip(job.names, job.plans):
-        plan = load_plan(path)
-        model = copy.deepcopy(workload.model).to(device)
-        ddp = DistributedDataParallel(model, device_ids=device_ids,
-                                      bucket_cap_mb=plan.bucket_cap_mb)
-        trainees.append(Trainee(name, ddp, workload.make_optimizer(model.parameters()),
-                                apply_plan(ddp, plan)))
-    budget = Budget(job.budget_s, job.started, job.steps, evaluations=EVALUATIONS) \
-        if job.budget_s is not None else None
-    config = ConvergenceConfig(job.steps, min(job.eval_every, job.steps), budget=budget)
     reporter = Reporter(enabled=rank == 0)
     with reporter.session():
-        progress = reporter.phase(f"{len(trainees)} finalists", job.steps)
+        building = reporter.phase("building the finalists", len(job.plans))
+        workload = load_workload(job.model, optimizer=job.optimizer)
+        evidence, batches = workload.evidence_batches(job.batch_size)
+        device_ids = [device.index] if device.type == "cuda" else None
+        trainees = []
+        for name, path in zip(job.names, job.plans):
+            plan = load_plan(path)
+            model = copy.deepcopy(workload.model).to(device)
+            ddp = DistributedDataParallel(model, device_ids=device_ids,
+                                          bucket_cap_mb=plan.bucket_cap_mb)
+            trainees.append(Trainee(name, ddp, workload.make_optimizer(model.parameters()),
+                                    apply_plan(ddp, plan)))
+            building()
+        budget = Budget(job.budget_s, job.started, job.steps, evaluations=EVALUATIONS) \
+            if job.budget_s is not None else None
+        config = ConvergenceConfig(job.steps, min(job.eval_every, job.steps), budget=budget)
+        progress = reporter.phase(f"training {len(trainees)} finalists", job.steps)
         training = train_curves(trainees, workload, job.batch_size, device, config, evidence,
                                 progress)
     for trainee in trainees:

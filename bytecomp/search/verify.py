@@ -25,6 +25,7 @@ from bytecomp.plan import NO_COMPRESSION, Plan, PlanEntry
 from bytecomp.search.finalists import Choice, Finalist, choose, shortlist
 from bytecomp.search.options import SearchOptions
 from bytecomp.search.planner import Planner, PlanResult, plan_entries
+from bytecomp.ui import Stage
 
 MAX_STEPS = 100_000
 # The runtime trial (bytecomp.runtime.trial): at most 2% of a 1,000-step run, after ten
@@ -105,11 +106,17 @@ def _entries_for(planner: Planner, finalist: Finalist) -> list[PlanEntry]:
     return out
 
 
-def _allowed(planner: Planner, model: str | None) -> str:
+def allowed_spec(profile, model: str | None) -> str:
+    """The model spec of ``profile`` the finalists may train: a built-in, or the spec the
+    user named (``model``); else one line (:mod:`bytecomp.model_spec`)."""
     from bytecomp.model_spec import allowed_model
 
-    return allowed_model(planner.profile.meta["model"].get("spec"), model, planner.profile.label,
+    return allowed_model(profile.meta["model"].get("spec"), model, profile.label,
                          "plan with --no-verify (nothing is trained)")
+
+
+def _allowed(planner: Planner, model: str | None) -> str:
+    return allowed_spec(planner.profile, model)
 
 
 def _check_runnable(planner: Planner, nproc: int | None,
@@ -192,7 +199,9 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
     from bytecomp.launch import backend_for, run_job
     from bytecomp.profile.finalists import FinalistsJob, load_results, train_finalists
 
-    finalists = shortlist(planner, result, options)
+    with Stage("choosing the finalists (searching the best plan with each other "
+               "promising compressor)", enabled=announce is not None):
+        finalists = shortlist(planner, result, options)
     problem = planner.problem
     notes, factor_from = [], {}
     for finalist in finalists:  # fp32 at any cap or scheme: fp32 DDP's steps, no training
@@ -206,10 +215,9 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
         return Verification(finalists, choose(finalists), 0, "none", 0.0, 0.0, 0.0, notes + [
             "no compressed plan predicted faster than fp32 DDP is left to train"],
             factor_from=factor_from)
-    spec, world = _check_runnable(planner, nproc, model)
     trained = [f for f in finalists if f.steps_factor is None or f.name == REFERENCE]
     profile = planner.profile
-    ranks = world or profile.world_size
+    ranks = nproc or profile.world_size
     if steps is not None:
         _say(announce, f"training {len(trained)} finalists x {steps} steps on {ranks} ranks "
                        f"(--no-verify skips; --verify-steps sets the count)")
@@ -217,6 +225,9 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
         _say(announce, f"training {len(trained)} finalists on {ranks} ranks for at most "
                        f"{_duration(budget_s)} (--no-verify skips; --verify-budget sets the "
                        f"time)")
+    with Stage(f"building {profile.meta['model'].get('spec')} (loading torch)", after_s=0,
+               lines=False, enabled=announce is not None):
+        spec, world = _check_runnable(planner, nproc, model)
     with tempfile.TemporaryDirectory(prefix="bytecomp-finalists-") as folder:
         paths = []
         for index, finalist in enumerate(trained):
