@@ -216,8 +216,10 @@ def load_calibration(directory) -> Calibration:
     directory (``profile.yaml``, :func:`~bytecomp.profile_store.load_profile`), and check
     that it holds an fp32 allreduce sweep of each group, which the link check times."""
     directory = check_input_directory(directory, "calibration directory")
-    has_calibration = (directory / CALIBRATION_FILE).exists()
-    has_profile = (directory / "profile.yaml").exists()
+    def present(name: str) -> bool:  # a broken link is there, and read reports it
+        return (directory / name).exists() or (directory / name).is_symlink()
+
+    has_calibration, has_profile = present(CALIBRATION_FILE), present("profile.yaml")
     if has_calibration and has_profile:
         raise BytecompError(f"calibration directory {directory} holds both calibration.yaml "
                             f"and profile.yaml: it is neither a calibration nor a profile")

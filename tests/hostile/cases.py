@@ -25,6 +25,7 @@ from bytecomp.profile_store import TABLES
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "profiles" / "cnn"  # 1 node x 2 ranks
 PLANNED = ROOT / "benchmarks" / "results" / "emulated" / "cnn-2x1-1gbit"  # 2 x 1, with a plan
+CALIBRATION = ROOT / "tests" / "fixtures" / "calibration-1x2"  # profile --calibrate-only, 1 x 2
 CLUSTER = ROOT / "bytecomp" / "configs" / "clusters" / "gbe1.yaml"
 FAST_PLAN = ["--no-verify", "--compressor", "fp16", "--algorithm", "greedy", "--budget", "0",
              "--bucket-cap-mb", "25"]
@@ -33,7 +34,8 @@ FAST_PLAN = ["--no-verify", "--compressor", "fp16", "--algorithm", "greedy", "--
 @dataclass
 class Case:
     """``mutate(root)`` changes the copied sources under ``root``; ``args`` may name
-    ``{profile}``, ``{plan_profile}``, ``{plan}``, ``{cluster}`` and ``{out}``."""
+    ``{profile}``, ``{plan_profile}``, ``{plan}``, ``{cluster}``, ``{calibration}`` and
+    ``{out}``."""
 
     id: str
     mutate: Callable[[Path], None]
@@ -51,10 +53,11 @@ def materialize(root: Path) -> dict[str, Path]:
     shutil.copytree(PLANNED / "profile", root / "plan_profile")
     shutil.copy(PLANNED / "plan.yaml", root / "plan.yaml")
     shutil.copy(CLUSTER, root / "cluster.yaml")
+    shutil.copytree(CALIBRATION, root / "calibration")
     (root / "out").mkdir()
     return {"profile": root / "profile", "plan_profile": root / "plan_profile",
             "plan": root / "plan.yaml", "cluster": root / "cluster.yaml",
-            "out": root / "out" / "plan.yaml"}
+            "calibration": root / "calibration", "out": root / "out" / "plan.yaml"}
 
 
 PLAN_CMD = ["plan", "{profile}", "--out", "{out}", *FAST_PLAN]
@@ -916,11 +919,148 @@ def _misuse_cases() -> list[Case]:
     ]
 
 
+# -- cluster calibrations: the directory profile --calibration reads, and the record --------
+
+# a profile's record of a calibration it used (1 node x 2 ranks: the world group alone)
+CALIBRATION_RECORD = {
+    "tables": {"collectives": "calibration", "compressors": "calibration",
+               "aggregation": "calibration", "copies": "calibration", "executor": "calibration"},
+    "directory": "/data/calibrations/ci-1x2", "kind": "calibration",
+    "created": "2026-11-28T05:37:27+00:00", "measured": "2026-11-28T05:37:27+00:00",
+    "link": {"tolerance": 3.0, "checks": [{"group": "world", "bytes": 16777216, "samples": 9,
+                                           "calibration_ms": 11.734, "measured_ms": 8.1047,
+                                           "ratio": 0.6907}]}}
+EXECUTOR_PATHS = ("direct", "fifo", "host")
+EXECUTOR = {"bucket_ms": 0.14, "paths": {p: {"hook_ms": 0.02, "tail_ms": 0.5}
+                                         for p in EXECUTOR_PATHS},
+            "measured": {"added_ms": dict.fromkeys(EXECUTOR_PATHS, 0.9),
+                         "hook_added_ms": dict.fromkeys(EXECUTOR_PATHS, 0.05),
+                         "busy_added_ms": dict.fromkeys(EXECUTOR_PATHS, 0.8),
+                         "bucket_ms": 0.14}}
+CALIBRATE_CMD = ["profile", "--model", "mlp", "--nproc", "2", "--calibration", "{calibration}",
+                 "--out", "{out}.d"]
+
+
+def recorded_edit(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    """profile.yaml with a calibration record and an executor section (the shipped cnn
+    profile predates both), edited."""
+    def both(data: dict) -> None:
+        import copy
+
+        data["calibration"] = copy.deepcopy(CALIBRATION_RECORD)
+        data["executor"] = copy.deepcopy(EXECUTOR)
+        edit(data)
+    return _yaml_edit("profile/profile.yaml", both)
+
+
+def _calibration_cases() -> list[Case]:
+    nothing = lambda data: None  # noqa: E731
+    cal_yaml = "calibration/calibration.yaml"
+    cases = [Case("profile.yaml:calibration-valid", recorded_edit(nothing), PLAN_CMD, "any"),
+             Case("profile.yaml:calibration-all-measured", recorded_edit(_set_in(
+                 "calibration", {"tables": dict.fromkeys(CALIBRATION_RECORD["tables"],
+                                                         "measured")})), PLAN_CMD, "any"),
+             Case("profile.yaml:calibration-measured-with-a-directory", recorded_edit(
+                 lambda d: d["calibration"]["tables"].update(
+                     dict.fromkeys(CALIBRATION_RECORD["tables"], "measured"))), PLAN_CMD),
+             Case("profile.yaml:calibration-drop-tables", recorded_edit(
+                 lambda d: d["calibration"].pop("tables")), PLAN_CMD),
+             Case("profile.yaml:calibration-drop-link", recorded_edit(
+                 lambda d: d["calibration"].pop("link")), PLAN_CMD),
+             Case("profile.yaml:calibration.link.checks.0-ratio-beyond-the-tolerance",
+                  recorded_edit(lambda d: d["calibration"]["link"]["checks"][0].update(
+                      measured_ms=50.0, ratio=4.2611)), PLAN_CMD),
+             Case("profile.yaml:executor-valid", recorded_edit(nothing), PLAN_CMD, "any"),
+             Case("profile.yaml:executor.measured-drop-hook_added_ms", recorded_edit(
+                 lambda d: d["executor"]["measured"].pop("hook_added_ms")), PLAN_CMD)]
+    for key, name, value in (
+            ("calibration", "list", [1]), ("calibration.tables", "list", ["collectives"]),
+            ("calibration.tables.sideways", "unknown-table", "calibration"),
+            ("calibration.tables.collectives", "elsewhere", "elsewhere"),
+            ("calibration.directory", "number", 5), ("calibration.directory", "empty", " "),
+            ("calibration.directory", "escapes", ESCAPE), ("calibration.kind", "magic", "magic"),
+            ("calibration.created", "yesterday", "yesterday"), ("calibration.measured", "int", 12),
+            ("calibration.link", "list", [1]), ("calibration.link.tolerance", "one", 1),
+            ("calibration.link.tolerance", "string", "loose"),
+            ("calibration.link.tolerance", "huge-int", 10 ** 30),
+            ("calibration.link.checks", "empty", []),
+            ("calibration.link.checks.0", "string", "fine"),
+            ("calibration.link.checks.0.group", "inter", "inter"),
+            ("calibration.link.checks.0.bytes", "negative", -1),
+            ("calibration.link.checks.0.bytes", "float", 1.5),
+            ("calibration.link.checks.0.samples", "zero", 0),
+            ("calibration.link.checks.0.measured_ms", "zero", 0),
+            ("calibration.link.checks.0.measured_ms", "huge", 1e30),
+            ("calibration.link.checks.0.calibration_ms", "string", "fast"),
+            ("calibration.link.checks.0.ratio", "not-measured-over-calibration", 2.0),
+            ("executor.measured", "list", [1]),
+            ("executor.measured.added_ms.direct", "string", "slow"),
+            ("executor.measured.bucket_ms", "huge", 1e30),
+            ("executor.measured.busy_added_ms", "one-path", {"direct": 1.0}),
+            ("executor.measured.added_ms.fifo", "bool", True)):
+        cases.append(Case(f"profile.yaml:{key}={name}", recorded_edit(_set_in(key, value)),
+                          PLAN_CMD))
+    for key in ("format_version", "kind", "created", "device", "backend", "world_size",
+                "nodes", "ranks_per_node", "compressor_specs"):
+        cases.append(Case(f"calibration.yaml:drop-{key}", yaml_drop(cal_yaml, key),
+                          CALIBRATE_CMD))
+    for name, value in BAD_NUMBERS.items():
+        cases.append(Case(f"calibration.yaml:world_size={name}",
+                          yaml_set(cal_yaml, "world_size", value), CALIBRATE_CMD))
+    for key, name, value in (
+            ("format_version", "2", 2), ("kind", "profile", "profile"),
+            ("created", "yesterday", "yesterday"), ("world_size", "3", 3),
+            ("backend", "mpi", "mpi"), ("device.type", "tpu", "tpu"),
+            ("device.name", "escapes", ESCAPE), ("compressor_specs", "string", "fp16"),
+            ("compressor_specs.0", "unknown", "zip:level=9"), ("machine", "list", [1]),
+            ("machine.threads_per_rank", "zero", 0), ("quality.min_r2", "above-one", 2),
+            ("quality.remeasured", "unknown-fit", ["collective gossip/world/x"]),
+            ("executor", "list", [1]), ("executor.measured.added_ms.direct", "string", "slow"),
+            ("executor.measured.bucket_ms", "huge", 1e30)):
+        cases.append(Case(f"calibration.yaml:{key}={name}", yaml_set(cal_yaml, key, value),
+                          CALIBRATE_CMD))
+    tables = "calibration/{}.csv".format
+    cases += [
+        Case("calibration:missing-collectives.csv",
+             lambda root: (root / tables("collectives")).unlink(), CALIBRATE_CMD),
+        Case("calibration:missing-calibration.yaml",
+             lambda root: (root / cal_yaml).unlink(), CALIBRATE_CMD),
+        Case("calibration:also-a-profile.yaml",
+             lambda root: shutil.copy(root / cal_yaml, root / "calibration" / "profile.yaml"),
+             CALIBRATE_CMD),
+        Case("calibration:no-float32-allreduce", csv_edit(tables("collectives"), lambda rows: [
+            r for r in rows if r[0] != "allreduce" or r[2] != "float32"]), CALIBRATE_CMD),
+        Case("collectives.csv:calibration-time_ms=nan",
+             csv_cell(tables("collectives"), "time_ms", "nan"), CALIBRATE_CMD),
+        Case("collectives.csv:calibration-group=inter",
+             csv_cell(tables("collectives"), "group", "inter"), CALIBRATE_CMD),
+        Case("compressors.csv:calibration-spec=unknown",
+             csv_cell(tables("compressors"), "spec", "zip:level=9"), CALIBRATE_CMD),
+        Case("compressors.csv:calibration-no-rows",
+             csv_edit(tables("compressors"), lambda rows: rows[:1]), CALIBRATE_CMD),
+        Case("copies.csv:calibration-direction=sideways",
+             csv_cell(tables("copies"), "direction", "sideways"), CALIBRATE_CMD),
+        Case("aggregation.csv:calibration-each_ms=negative",
+             csv_cell(tables("aggregation"), "each_ms", "-1"), CALIBRATE_CMD),
+        *[Case(f"collectives.csv:calibration-special-{kind}", special(tables("collectives"),
+                                                                     kind), CALIBRATE_CMD)
+          for kind in ("fifo", "zero", "directory", "huge")],
+        Case("out:profile-onto-its-calibration", lambda root: None,
+             [*CALIBRATE_CMD[:-2], "--out", "{calibration}", "--force"]),
+        Case("calibration:not-a-directory", lambda root: None,
+             [*CALIBRATE_CMD[:-4], "--calibration", "{cluster}", "--out", "{out}.d"]),
+    ]
+    prefixed = [Case(case.id.replace("calibration.yaml:", "calibration.yaml:yaml-", 1),
+                     case.mutate, case.args, case.expect)
+                for case in _yaml_attacks(cal_yaml, CALIBRATE_CMD)]
+    return cases + prefixed
+
+
 def all_cases() -> list[Case]:
     """The whole corpus, ids unique."""
     cases = (_profile_yaml_cases() + _table_cases() + _plan_cases() + _ladder_cases()
              + _cluster_cases() + _output_cases() + _round_two_cases() + _fields_cases()
-             + _misuse_cases())
+             + _misuse_cases() + _calibration_cases())
     ids = [case.id for case in cases]
     assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
     return cases
