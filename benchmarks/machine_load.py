@@ -10,3 +10,10 @@ def load() -> str:
     average = Path("/proc/loadavg").read_text().split()[:3]
     cpu = Path("/proc/stat").read_text().splitlines()[0].split()
     return f"load average {' '.join(average)}, steal {int(cpu[8]) / 100:.1f} s since boot"
+
+
+def snapshot() -> dict:
+    """The one-minute load average and the steal time so far (s), as numbers."""
+    cpu = Path("/proc/stat").read_text().splitlines()[0].split()
+    return {"load1": float(Path("/proc/loadavg").read_text().split()[0]),
+            "steal_s": int(cpu[8]) / 100}

@@ -6,6 +6,7 @@ Errors a user can cause end as one line on stderr and exit code 2. Results go to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -20,6 +21,7 @@ from rich.table import Table
 from bytecomp.buckets import SEARCHED_CAPS_MB, cap_label
 from bytecomp.errors import BytecompError
 from bytecomp.files import atomic_files, check_output_file, check_outputs_spare_inputs
+from bytecomp.ui import Stage
 
 app = typer.Typer(
     help="Gradient-compression strategy optimizer for PyTorch DDP: profile, plan, apply.",
@@ -106,7 +108,6 @@ def compressors(
     """List the compressors: parameters, capabilities and payload size."""
     from bytecomp.comm.schemes import SCHEMES, supported_schemes
     from bytecomp.compress import COMPRESSORS, from_spec, kernels
-
     from bytecomp.profile_store import MAX_INTEGER
 
     as_json = _check_format(output_format)
@@ -189,10 +190,14 @@ def profile(
     fidelity_iterations: int = typer.Option(10, min=0, help="Training steps whose local "
                                             "gradients measure each compressor's gain (0: "
                                             "no fidelity table)."),
-    probe_steps: int = typer.Option(100, min=0, help="Steps of the convergence probe: fp32 and "
-                                    "every compressor on every tensor train this long from the "
-                                    "same weights, for each compressor's measured steps factor "
-                                    "(0: no probe; needs a workload with real data)."),
+    probe_steps: int = typer.Option(None, min=0, help="Steps of the convergence probe: fp32 "
+                                    "and every compressor on every tensor train this long from "
+                                    "the same weights, for each compressor's measured steps "
+                                    "factor (0: no probe; default: what is left of --budget, at "
+                                    "most 100; --quick 20)."),
+    budget: float = typer.Option(240.0, help="Seconds on the clock the whole profile aims to "
+                                 "take: the convergence probe trains for what the measurements "
+                                 "before it leave (--probe-steps forces a count instead)."),
     ladder: list[str] = typer.Option(None, help="Also time every setting of this compressor "
                                      "family's adaptive ladder (repeatable: topk, randomk, dgc, "
                                      "exdyna, powersgd, acpsgd), for plan --adaptive."),
@@ -213,7 +218,8 @@ def profile(
 ):
     """Measure a real DDP job: compute, ready times, buckets, collectives, compressors,
     and each compressor's gradient fidelity on every tensor."""
-    from bytecomp.profile import ProfileConfig, run_profile
+    with Stage("loading torch", after_s=0, lines=False):
+        from bytecomp.profile import ProfileConfig, run_profile
     from bytecomp.profile.workloads import safe_name
 
     _check_nproc(nproc)
@@ -233,7 +239,8 @@ def profile(
                            max_mb=max_mb, machine=machine,
                            fidelity_iterations=fidelity_iterations, ladders=ladder or [],
                            probe_steps=probe_steps, optimizer=optimizer,
-                           calibration=calibration, calibrate_only=calibrate_only)
+                           budget_s=budget, calibration=calibration,
+                           calibrate_only=calibrate_only)
     run_profile(config, nproc)
 
 
@@ -345,12 +352,18 @@ def plan(
                                 "PowerSGD hooks) on the profiled ranks with the profile's "
                                 "recipe, and choose by predicted time x measured steps; "
                                 "--no-verify plans from the predictions alone."),
-    verify_steps: int = typer.Option(None, help="Steps each finalist trains (default: what "
-                                     "--verify-budget affords, from 50 to 200)."),
-    verify_budget: float = typer.Option(None, help="Seconds of finalist training to aim at "
-                                        "when --verify-steps is not given [default: 180]."),
+    verify_steps: int = typer.Option(None, help="Steps each finalist trains, forced "
+                                     "(default: what --verify-budget affords on the clock, "
+                                     "at most 200)."),
+    verify_budget: float = typer.Option(None, help="Seconds on the clock the finalists' "
+                                        "training takes at most, the ranks' start-up "
+                                        "included: the ranks time their first steps and fit "
+                                        "the rest in [default: 180]."),
     nproc: int = typer.Option(None, help="Ranks to spawn for the finalists (default: the "
                               "profile's; leave out under torchrun)."),
+    model: str = typer.Option(None, help="The profile's model spec, where it is a "
+                              "pkg.module:factory: the finalists train it only when you name "
+                              "it here (a profile file never makes bytecomp run code)."),
     static: bool = typer.Option(False, "--static", help="Write the chosen plan alone: no "
                                 "runtime trial of the finalists the prediction cannot "
                                 "separate, no controller."),
@@ -361,6 +374,7 @@ def plan(
     from bytecomp.plan import MAX_BUCKET_CAP_MB
     from bytecomp.profile_store import load_profile
     from bytecomp.search import Planner, to_plan
+    from bytecomp.search.evidence import evidence_paths
     from bytecomp.search.options import (
         ALGORITHMS,
         MAX_EVALUATIONS,
@@ -393,7 +407,10 @@ def plan(
                    "controller)", {"--gain-threshold": gain_threshold, "--window": window,
                                    "--timing": timing, "--agree-every": agree_every})
     _refuse_unused(not verify, "with --no-verify (nothing is trained)",
-                   {"--verify-steps": verify_steps, "--verify-budget": verify_budget})
+                   {"--verify-steps": verify_steps, "--verify-budget": verify_budget,
+                    "--model": model})
+    _refuse_unused(adaptive is not None, "with --adaptive (its levels are not trained)",
+                   {"--model": model})
     _refuse_unused(objective == "time", "with --objective time (fidelity is not scored)",
                    {"--min-fidelity": min_fidelity})
     _refuse_unused(adaptive is not None, "with --adaptive (an adaptive plan's levels are "
@@ -412,26 +429,45 @@ def plan(
                                   10 if window is None else window, timing or "measured",
                                   agree_every) if adaptive is not None else None
     check_output_file(out, "--out")
-    check_outputs_spare_inputs({"--out": out}, _inputs(profile, None, cluster))
-    loaded = load_profile(profile)
+    evidence = [str(path) for path in evidence_paths(out)] if verify and settings is None else []
+    for path in evidence:  # written beside the plan: checked before any work too
+        check_output_file(path, "--out")
+    check_outputs_spare_inputs({"--out": out, **{f"--out ({Path(e).name})": e
+                                                 for e in evidence}},
+                               _inputs(profile, None, cluster))
+    with Stage(f"reading {profile}"):
+        loaded = load_profile(profile)
+    if verify and settings is None and not loaded.meta.get("synthetic"):
+        from bytecomp.search.verify import allowed_spec
+
+        allowed_spec(loaded, model)  # refused before any work
     if settings is not None:
         if min_gain is None:  # the levels are searched by time
             options = replace(options, min_gain=default_min_gain("time"))
         _plan_adaptive(loaded, _load_cluster(cluster), settings, agree_every, options, out,
                        as_json)
         return
-    planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
-                      min_fidelity, fidelity_weights, probe)
+    with Stage(f"fitting the cost model to {profile} and setting up the search"):
+        planner = Planner(loaded, _load_cluster(cluster), compressor or None, strict, objective,
+                          min_fidelity, fidelity_weights, probe)
     if min_gain is None:
         options = replace(options, min_gain=default_min_gain(planner.problem.objective.name))
-    result = planner.search(options)
+    if verify:
+        how = f"{verify_steps} steps each (--verify-steps)" if verify_steps else \
+            f"at most {verify_budget:g} s (--verify-budget sets it)"
+        _announce(f"planning {profile} for {planner.cluster.name}: search, then train the "
+                  f"finalists for {how}; --no-verify plans from predictions alone")
+    with Stage(f"searching {len(planner.problem.tensors)} tensors x "
+               f"{len(planner.problem.options)} options ({algorithm}; --budget caps it)"):
+        result = planner.search(options)
     verification = None
     if verify:
         from bytecomp.search.verify import chosen_result
         from bytecomp.search.verify import verify as verify_finalists
 
         verification = verify_finalists(planner, result, options, verify_steps, nproc,
-                                        budget_s=verify_budget)
+                                        budget_s=verify_budget, model=model,
+                                        announce=_announce)
         result = chosen_result(result, verification)
     else:
         result.warnings.append("--no-verify: the plan is chosen from predictions alone, "
@@ -452,6 +488,12 @@ def plan(
                 f"prediction cannot separate (levels {list(plan_file.adaptive.trial)}) for "
                 f"{plan_file.adaptive.trial_steps} steps after {plan_file.adaptive.trial_warmup}"
                 f", then keeps the best; --static writes the chosen plan alone")
+    if verification is not None and verification.curves:
+        from bytecomp.search.evidence import write_evidence
+
+        with Stage(f"writing the finalists' curves beside {out}"), \
+                atomic_files(evidence) as staged:  # the curves the factors were read from
+            write_evidence(verification, staged, f"finalists of {out}")
     written = plan_file.save(out)
     if verbose:  # asked for: on stdout, or beside a JSON document on stderr
         _print_fits(planner, errors if as_json else console)
@@ -568,18 +610,28 @@ def _print_fits(planner, stream: Console) -> None:
 
 
 def _print_finalists(verification) -> None:
-    table = Table(title=f"finalists, each trained {verification.steps} steps from the same "
-                        f"weights on the profiled ranks (losses on {verification.batches}); "
-                        f"chosen (*) by predicted ms per step x measured steps factor")
-    for column in ("finalist", "bucket cap MB", "predicted ms", "steps factor", "ms per fp32 step"):
-        table.add_column(column, justify="left" if column == "finalist" else "right")
+    trained = f"trained {verification.steps} steps from the same weights on the profiled " \
+              f"ranks (losses on {verification.batches})" if verification.steps else \
+              "none trained here"
+    table = Table(title=f"finalists, {trained}; chosen (*) by predicted ms per step x "
+                        f"measured steps factor")
+    for column in ("finalist", "bucket cap MB", "predicted ms", "steps factor", "factor from",
+                   "ms per fp32 step"):
+        table.add_column(column, justify="left" if column in ("finalist", "factor from")
+                         else "right")
     for finalist in verification.finalists:
         star = "*" if finalist is verification.choice.finalist else ""
         factor = finalist.steps_factor
         table.add_row(finalist.name + star, cap_label(finalist.cap_mb), f"{finalist.time_ms:.2f}",
                       "-" if factor is None else f"{factor:.2f}",
+                      verification.factor_from.get(finalist.name, "-"),
                       f"{finalist.value:.2f}" if math.isfinite(finalist.value) else "inf")
     _show(table)
+
+
+def _announce(text: str) -> None:
+    """A stage's opening line on stderr: what it does, how long, how to skip it."""
+    errors.print(escape(text), highlight=False, soft_wrap=True)
 
 
 def _print_plan(result, written) -> None:
@@ -723,13 +775,17 @@ def bench(
                                "fp32 DDP, PyTorch's hooks and the plans."),
     train_levels: bool = typer.Option(False, help="With --train-steps: also train every level "
                                       "of an adaptive plan as a static plan of its own."),
+    model: str = typer.Option(None, help="The profile's model spec, where it is a "
+                              "pkg.module:factory: bench builds it only when you name it here "
+                              "(a profile file never makes bytecomp run code)."),
     output_format: str = typer.Option("table", "--format", help=FORMAT_HELP),
 ):
     """Measure the plan and the baselines for real, beside the model's predictions; with
     --train-steps, also their time to a target validation loss."""
     import os
 
-    from bytecomp.bench import BenchConfig, ConvergenceConfig, run_bench
+    with Stage("loading torch", after_s=0, lines=False):
+        from bytecomp.bench import BenchConfig, ConvergenceConfig, run_bench
 
     as_json = _check_format(output_format)
     if cluster is not None:  # checked before any rank starts
@@ -745,7 +801,7 @@ def bench(
                                     target_fraction=target_fraction) if train_steps else None
     folder = run_bench(BenchConfig(profile, plan_file[0], out, plan_file[1:], compressor or [],
                                    cluster, iterations, warmup, force, convergence, train_levels,
-                                   every, tables=not as_json), nproc)
+                                   every, tables=not as_json, model=model), nproc)
     if as_json and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0's, as the table
         _emit_json(_bench_json(folder))
 
@@ -816,6 +872,31 @@ def _error(message: str, code: int) -> None:
     sys.exit(code)
 
 
+@contextlib.contextmanager
+def _stop_signals_interrupt():
+    """SIGTERM and SIGHUP (a closed terminal) stop a command as Ctrl-C does: its ranks are
+    stopped, its temporaries removed, and it says so; not a silent death mid-stage."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig, handler in previous.items():
+        if handler is signal.SIG_DFL:  # not where a caller set its own
+            signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: user errors become one line and exit 2.
 
@@ -827,8 +908,9 @@ def main(argv: list[str] | None = None) -> None:
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 
     try:
-        code = app(args=argv, prog_name=None if argv is None else "bytecomp",
-                   standalone_mode=False)
+        with _stop_signals_interrupt():
+            code = app(args=argv, prog_name=None if argv is None else "bytecomp",
+                       standalone_mode=False)
     except BytecompError as error:
         _error(str(error), getattr(error, "exit_code", 2))
     except NoArgsIsHelpError as error:

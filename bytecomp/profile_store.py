@@ -358,6 +358,21 @@ def _check_calibration(path: Path, entry, meta: dict) -> None:
                         f"({tolerance:g}x either way): such a calibration is refused")
 
 
+def _check_stages(path: Path, entry) -> None:
+    """Optional: seconds each stage of the profile took, by name (informative)."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict) or len(entry) > 100:
+        _fail(path, "field 'stages_s' must be a mapping of stage names to seconds")
+    for name, seconds in entry.items():
+        if not isinstance(name, str) or not name.isprintable() or len(name) > 200:
+            _fail(path, f"field 'stages_s' has a bad stage name {str(name)[:40]!r}")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+                not 0 <= seconds <= 1e7:
+            _fail(path, f"field 'stages_s.{name}' must be seconds from 0 to 1e7, got "
+                        f"{seconds!r}")
+
+
 def _check_probe_meta(path: Path, entry) -> None:
     """Optional: the convergence probe's settings (its steps are named in plan's notes)."""
     if entry is None:
@@ -376,6 +391,19 @@ def _check_probe_meta(path: Path, entry) -> None:
                     f"got {fell!r}")
     if not isinstance(entry.get("informative", True), bool):
         _fail(path, "field 'probe.informative' must be true or false")
+    for key in ("ran_steps", "planned_steps"):
+        value = entry.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+            _fail(path, f"field 'probe.{key}' must be an integer from 0 to {MAX_COUNT:,}, "
+                        f"got {value!r}")
+    seconds = entry.get("seconds", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+            not 0 <= seconds <= 1e7:
+        _fail(path, f"field 'probe.seconds' must be seconds from 0 to 1e7, got {seconds!r}")
+    if not isinstance(entry.get("stopped_by_budget", False), bool):
+        _fail(path, "field 'probe.stopped_by_budget' must be true or false")
+    if entry.get("length", "budget") not in ("budget", "--probe-steps"):
+        _fail(path, "field 'probe.length' must be budget or --probe-steps")
 
 
 MAX_RETRIES = 100  # the quality section's retries (bytecomp.profile.quality.RETRIES)
@@ -516,6 +544,7 @@ def _load_meta(path: Path) -> dict:
     _check_interference(path, meta.get("interference"))
     _check_executor(path, meta.get("executor"))
     _check_probe_meta(path, meta.get("probe"))
+    _check_stages(path, meta.get("stages_s"))
     _check_quality(path, meta.get("quality"))
     _check_calibration(path, meta.get("calibration"), meta)
     _check_times(path, meta["times"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -99,6 +100,7 @@ class Reporter:
         self.to_stderr = to_stderr
         self._progress: Progress | None = None
         self._lines = False  # piped: a line per phase instead of bars
+        self._began: list[tuple[str, float]] = []  # each phase's name and start
         if enabled and errors.is_terminal:
             from bytecomp.lifetime import take_terminal
 
@@ -125,6 +127,7 @@ class Reporter:
     def phase(self, description: str, total: int) -> Callable[..., None]:
         """Start a phase of ``total`` steps; return ``advance(steps=1, total=None)``
         (``total``: the phase's new length, where it is known only once started)."""
+        self._began.append((description, time.perf_counter()))
         if self._lines:
             errors.print(f"{escape(description)}: {total:,} steps", highlight=False,
                          soft_wrap=True)
@@ -140,6 +143,12 @@ class Reporter:
             progress.advance(task, steps)
 
         return advance
+
+    def durations(self) -> dict[str, float]:
+        """Seconds from each phase's start to the next's (the last: to now), by name."""
+        marks = [*self._began, ("", time.perf_counter())]
+        return {name: round(end - start, 3) for (name, start), (_, end) in
+                zip(marks, marks[1:])}
 
     def line(self, text: str) -> None:
         """A stage's opening line (what it does, about how long, how to skip it), on

@@ -216,3 +216,34 @@ def test_finalists_the_prediction_cannot_separate_become_a_runtime_trial(planned
     assert trial_plan(planner, chosen, Verification(finalists, choose(finalists), 50,
                                                     "validation", 1.0, 0.5, 0.0),
                       static) is None
+
+
+@pytest.mark.multirank
+def test_the_verify_budget_is_held_on_the_clock(cli, monkeypatch, tmp_path):
+    """A recipe whose every step sleeps (as on a busy machine): plan --verify-budget 30
+    ends the finalists' training, on every rank (they stop together, and the parent waits
+    for all), within 30 s + 20% + one interleaved step of all finalists."""
+    import time
+
+    monkeypatch.syspath_prepend(FIXTURES)
+    profile = tmp_path / "profile"
+    done = cli("profile", "--model", "factories:slow_step", "--nproc", "2", "--quick",
+               "--out", profile, "--compressor", "fp16", "--compressor", "topk:ratio=0.1",
+               "--probe-steps", "0")
+    assert done.returncode == 0, done.stderr
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("name: slow\nnodes: 2\nranks_per_node: 1\n"
+                    "links:\n  inter: {bandwidth_gbps: 0.01, latency_us: 100}\n")
+    started = time.monotonic()
+    done = cli("plan", profile, "--cluster", slow, "--out", tmp_path / "plan.yaml",
+               "--model", "factories:slow_step", "--verify-budget", "30")
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    plan = load_plan(tmp_path / "plan.yaml")
+    trained = [f for f in plan.info["finalists"] if f["name"] != "fp32 DDP"]
+    step_s = 0.1 * (len(trained) + 1) * 1.5  # every finalist's sleeping step, and its work
+    verification = plan.info["verification"]
+    assert verification["seconds"] <= 30 * 1.2 + step_s, verification
+    assert verification["steps"] >= 10  # it trained, for what the budget afforded
+    assert "--verify-budget 30 s" in " ".join(done.stderr.split())
+    assert took <= 30 * 1.2 + step_s + 10  # reading, searching and writing around it

@@ -13,12 +13,13 @@ import torch
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, remove_stale_temporaries
-from bytecomp.launch import backend_for, run_job
+from bytecomp.launch import backend_for, in_torchrun, run_job, torchrun_shape
 from bytecomp.profile.calibration import check_before_ranks, run_calibration_rank
 from bytecomp.profile.door import check_recipe
 from bytecomp.profile.runner import ProfileConfig, pick_device, run_rank
 from bytecomp.profile.workloads import BUILTINS, load_workload
 from bytecomp.profile_store import Profile, load_profile, save_profile
+from bytecomp.ui import Stage
 
 
 def _remove_partial_output(out: Path) -> None:
@@ -39,9 +40,15 @@ def run_profile(config: ProfileConfig, nproc: int | None = None) -> Path:
         return out
     # a calibration that is not one, or made on another job, fails here
     inputs = check_before_ranks(config, nproc) if config.calibration else []
+    # the output and the job, before any work
+    check_new_directory(config.out, config.force, inputs=inputs)
+    if in_torchrun():
+        torchrun_shape()
     # an unknown model, a broken factory or a recipe that cannot train fails here
-    workload = load_workload(config.model, optimizer=config.optimizer)
-    check_recipe(workload, config.batch_size or workload.batch_size)
+    with Stage(f"building {config.model} and checking its recipe (one training step, the "
+               f"validation batches)"):
+        workload = load_workload(config.model, optimizer=config.optimizer)
+        check_recipe(workload, config.batch_size or workload.batch_size)
     out = check_new_directory(config.out, config.force,
                               inputs=inputs + ([workload.source] if workload.source else []))
     run_job(run_rank, (config,), nproc, backend, config.timeout_s,

@@ -6,6 +6,7 @@ import copy
 import math
 import os
 import platform
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +28,7 @@ from bytecomp.profile.calibration import (
     measure_executor_here,
     reuse_cluster,
 )
+from bytecomp.profile.convergence import Budget
 from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profile.fidelity import measure_fidelity
 from bytecomp.profile.overheads import model_charges
@@ -40,6 +42,9 @@ from bytecomp.recipe import parse_optimizer
 from bytecomp.ui import Reporter
 
 PROBE_EVALUATIONS = 10  # validation losses over a convergence probe
+PROBE_MOST_STEPS = 100  # a budgeted probe's most steps (--quick: QUICK_PROBE_STEPS)
+QUICK_PROBE_STEPS = 20
+DEFAULT_BUDGET_S = 240.0  # bytecomp profile's wall-clock budget by default
 
 MIN_SWEEP_MB = 0.01
 
@@ -62,7 +67,11 @@ class ProfileConfig:
     max_mb: float = 64.0
     machine: str = ""
     fidelity_iterations: int = 10  # training steps whose gradients measure fidelity (0: none)
-    probe_steps: int = 100  # convergence probe: steps of each compressor on every tensor (0: none)
+    # convergence probe: steps of each compressor on every tensor (0: none; None: what
+    # the budget affords, at most PROBE_MOST_STEPS)
+    probe_steps: int | None = None
+    budget_s: float | None = DEFAULT_BUDGET_S  # wall clock of the whole profile (None: none)
+    started: float = field(default_factory=time.time)  # when the budget began
     ladders: list[str] = field(default_factory=list)  # families whose ladders are timed too
     optimizer: str | None = None  # a spec replacing the workload recipe's (--optimizer)
     calibration: str | None = None  # reuse this calibration's cluster tables (--calibration)
@@ -80,7 +89,8 @@ class ProfileConfig:
         if self.quick:
             self.iterations, self.warmup = min(self.iterations, 5), min(self.warmup, 2)
             self.fidelity_iterations = min(self.fidelity_iterations, 3)
-            self.probe_steps = min(self.probe_steps, 20)
+            self.probe_steps = None if self.probe_steps is None else \
+                min(self.probe_steps, QUICK_PROBE_STEPS)
 
     def _validate(self) -> None:
         """Reject bad settings here, before any rank is spawned."""
@@ -88,6 +98,9 @@ class ProfileConfig:
             ("--batch-size", self.batch_size, 1), ("--iterations", self.iterations, 1),
             ("--warmup", self.warmup, 0), ("--fidelity-iterations", self.fidelity_iterations, 0),
             ("--probe-steps", self.probe_steps, 0))
+        if self.budget_s is not None and not 0 < self.budget_s < math.inf:
+            raise BytecompError(f"--budget must be a positive number of seconds, got "
+                                f"{self.budget_s:g}")
         for option, count, least in counts:
             if count is not None and (isinstance(count, bool) or count < least):
                 raise BytecompError(f"{option} must be at least {least}, got {count}")
@@ -151,14 +164,46 @@ def _summary(profile: Profile, path: Path) -> Table:
 
 def _probe_meta(config: ProfileConfig, probe: ProbeResult | None, workload) -> dict:
     """profile.yaml's ``probe``: its steps (0: none ran, or it told nothing), what it
-    measured on, and how much fp32's loss fell."""
-    meta = {"steps": config.probe_steps if probe and probe.rows else 0,
-            "eval_every": max(1, config.probe_steps // PROBE_EVALUATIONS),
+    measured on, how much fp32's loss fell, and what decided its length (a count, or
+    the profile's budget: the steps it afforded, and whether the clock stopped it)."""
+    ran = probe.steps if probe is not None else 0
+    meta = {"steps": ran if probe and probe.rows else 0,
+            "eval_every": max(1, ran // PROBE_EVALUATIONS),
             "optimizer": workload.optimizer_spec, "data": data_source(workload)}
     if probe is not None:
         meta.update(batches=probe.batches, fp32_improvement=probe.improvement,
-                    informative=probe.informative, ran_steps=config.probe_steps)
+                    informative=probe.informative, ran_steps=ran,
+                    length="--probe-steps" if config.probe_steps is not None else "budget",
+                    planned_steps=probe.planned, stopped_by_budget=probe.stopped_by_budget,
+                    seconds=round(probe.seconds, 1))
     return meta
+
+
+def _plan_of(config: ProfileConfig) -> str:
+    """What the profile will do and how long it aims to take, in words."""
+    if config.probe_steps == 0:
+        return "timing, sweeps and gains; no convergence probe (--probe-steps 0)"
+    if config.probe_steps is not None:
+        return (f"timing, sweeps and gains, then a {config.probe_steps}-step convergence "
+                f"probe (--probe-steps; 0 skips it)")
+    if config.budget_s is None:
+        return "timing, sweeps and gains, then the convergence probe (--probe-steps 0 skips it)"
+    return (f"timing, sweeps and gains, then the convergence probe for what is left of "
+            f"{config.budget_s:.0f} s (--budget sets it; --quick shortens the sweeps, "
+            f"--probe-steps 0 skips the probe)")
+
+
+def probe_budget(config: ProfileConfig) -> tuple[int, Budget | None]:
+    """The probe's most steps and its budget: a forced count (``--probe-steps``) has
+    none; otherwise what is left of the profile's budget decides, at most
+    :data:`PROBE_MOST_STEPS` (``--quick``: :data:`QUICK_PROBE_STEPS`)."""
+    if config.probe_steps is not None:
+        return config.probe_steps, None
+    most = QUICK_PROBE_STEPS if config.quick else PROBE_MOST_STEPS
+    if config.budget_s is None:
+        return most, None
+    return most, Budget(config.budget_s, config.started, most, least=min(10, most),
+                        evaluations=PROBE_EVALUATIONS)
 
 
 def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | None:
@@ -176,9 +221,10 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
     devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])
     reporter = Reporter(enabled=rank == 0)
     calibration = load_calibration(config.calibration) if config.calibration else None
-    reporter.print(f"profiling {config.model} ({describe(workload.model)}) on "
-                   f"{topology.size} ranks ({nodes} x {ranks_per_node}), {device.type}, "
-                   f"batch {batch_size} per rank")
+    reporter.line(f"profiling {config.model} ({describe(workload.model)}) on "
+                  f"{topology.size} ranks ({nodes} x {ranks_per_node}), {device.type}, "
+                  f"batch {batch_size} per rank: {_plan_of(config)}")
+    measuring = time.time()
     with reporter.session():
         link = None
         if calibration is not None:  # before anything is measured: a refusal comes at once
@@ -220,11 +266,13 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                                 f"there is nothing to plan (check the loss and the batches)")
         probe = None
         workload.model.load_state_dict(initial)
-        if config.probe_steps and fidelity_specs:
+        probe_steps, budget = probe_budget(config)
+        if probe_steps and fidelity_specs:
             probe = run_probe(workload, device, batch_size, config.bucket_cap_mb, fidelity_specs,
-                              config.probe_steps,
-                              max(1, config.probe_steps // PROBE_EVALUATIONS), topology.size, nodes,
-                              reporter.phase("convergence probe", config.probe_steps))
+                              probe_steps, max(1, probe_steps // PROBE_EVALUATIONS),
+                              topology.size, nodes,
+                              reporter.phase(f"convergence probe ({len(fidelity_specs) + 1})",
+                                             probe_steps), budget)
     if rank != 0:
         return None
     meta = {
@@ -262,6 +310,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "quality": cluster.quality,
         "sweep": cluster.sweep,
         "calibration": cluster.record(calibration, link),
+        # where the time went: start-up (the recipe check, the ranks' start), then each phase
+        "stages_s": {"start-up": round(measuring - config.started, 3), **reporter.durations()},
     }
     profile = Profile(meta, tensors, pd.DataFrame(collectives.rows),
                       pd.DataFrame(compressors.rows),
@@ -271,4 +321,10 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                       aggregation=pd.DataFrame(aggregation, columns=list(TABLES["aggregation"])))
     path = save_profile(profile, config.out, config.force)
     reporter.print(_summary(profile, path))
+    took = time.time() - config.started
+    if config.budget_s is not None and took > config.budget_s * 1.2:
+        before = took - (probe.seconds if probe is not None else 0.0)
+        reporter.warn(f"the profile took {took:.0f} s against --budget {config.budget_s:g}: "
+                      f"the measurements before the probe alone took {before:.0f} s "
+                      f"(--quick or --calibration shortens them)")
     return path
