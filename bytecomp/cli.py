@@ -683,7 +683,7 @@ def simulate(
     from bytecomp.profile_store import load_profile
     from bytecomp.search import Planner, simulate_plan
     from bytecomp.search.planner import check_plan_fits
-    from bytecomp.timeline.render import draw_gantt, trace_json
+    from bytecomp.timeline.render import draw_gantt, write_trace
 
     as_json = _check_format(output_format)
     outputs: dict[str, str | None] = {"--trace": trace, "--png": png}
@@ -725,7 +725,8 @@ def simulate(
     with atomic_files(written) as temporaries:  # both written, then both renamed
         staged = dict(zip(written, temporaries))
         if trace:
-            staged[trace].write_text(trace_json(result, str(plan_file), planner.problem.tensors))
+            with open(staged[trace], "w") as stream:
+                write_trace(result, stream, str(plan_file), planner.problem.tensors)
         if png:
             draw_gantt(result, staged[png], str(plan_file))
     if as_json:

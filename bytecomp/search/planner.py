@@ -739,7 +739,8 @@ def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
     problem = planner.problem
     position = {t.name: i for i, t in enumerate(problem.tensors)}
     missing = [e.name for e in plan.entries if e.name not in position]
-    unknown = [t.name for t in problem.tensors if t.name not in plan.by_name()]
+    planned = plan.by_name()  # (once: a lookup per tensor made it quadratic)
+    unknown = [t.name for t in problem.tensors if t.name not in planned]
     if missing or unknown:
         name = (missing or unknown)[0]
         raise BytecompError(f"{plan.path}: tensor {name!r} is "
