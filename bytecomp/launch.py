@@ -107,10 +107,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+BACKENDS = ("gloo", "nccl", "cpu:gloo,cuda:nccl")
+
+
 def backend_for(device_type: str) -> str:
     """The process-group backend for a job whose tensors live on ``device_type``. A CUDA
     job gets NCCL for its CUDA tensors and gloo for its CPU ones (host-placed payloads,
-    timings and counters that ranks agree on): an NCCL-only group refuses CPU tensors."""
+    timings and counters that ranks agree on): an NCCL-only group refuses CPU tensors.
+    ``BYTECOMP_BACKEND`` (one of :data:`BACKENDS`) overrides it: ``gloo`` for ranks that
+    share one GPU, which NCCL refuses (gloo carries CUDA tensors through the host)."""
+    forced = os.environ.get("BYTECOMP_BACKEND")
+    if forced is not None:
+        if forced not in BACKENDS:
+            raise BytecompError(f"BYTECOMP_BACKEND={forced!r} is not one of "
+                                f"{', '.join(BACKENDS)}")
+        return forced
     return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
 
 

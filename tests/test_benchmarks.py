@@ -3,6 +3,7 @@ timing asserted: performance figures come from the benchmarks themselves)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,29 @@ def test_the_startup_benchmark_runs(tmp_path):
                  "plan / import torch: ", "1.5x target", "before: load average",
                  "after: load average"):
         assert text in result.stdout and text in table.read_text(), text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bytecomp emulate needs root (network namespaces)")
+def test_the_gpu_cell_driver_runs_on_the_cpu(tmp_path):
+    """The GPU cell's driver, end to end on the CPU (two ranks over gloo under emulate,
+    profile -> plan -> bench to fp32's final loss), ready for a GPU machine."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_cell.py"), "--device", "cpu",
+         "--smoke", "--bandwidth", "1gbit", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = (tmp_path / "cell.csv").read_text()
+    for strategy in ("fp32 DDP", "fp16 hook", "PowerSGD hook", "bytecomp plan"):
+        assert strategy in table
+    assert "prediction_error" in table
+
+
+def test_a_forced_backend_is_checked(monkeypatch):
+    from bytecomp.errors import BytecompError
+    from bytecomp.launch import backend_for
+
+    monkeypatch.setenv("BYTECOMP_BACKEND", "gloo")
+    assert backend_for("cuda") == "gloo"
+    monkeypatch.setenv("BYTECOMP_BACKEND", "mpi")
+    with pytest.raises(BytecompError, match="BYTECOMP_BACKEND='mpi' is not one of"):
+        backend_for("cpu")
