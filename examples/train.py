@@ -185,10 +185,11 @@ def train(config: TrainConfig) -> dict:
                 if executor is not None:
                     stats = executor.stats.summary()
                     line += (f", bytes/step {stats['sent_bytes_per_step']:,.0f} "
-                             f"({100 * stats['bytes_vs_fp32']:.1f}% of fp32), encode "
-                             f"{stats['encode_ms_per_step']:.2f} ms, communicate "
-                             f"{stats['communicate_ms_per_step']:.2f} ms, decode "
-                             f"{stats['decode_ms_per_step']:.2f} ms per step")
+                             f"({100 * stats['bytes_vs_fp32']:.1f}% of fp32)")
+                    if stats["encode_ms_per_step"] is not None:  # None: PyTorch's own hook
+                        line += (f", encode {stats['encode_ms_per_step']:.2f} ms, communicate "
+                                 f"{stats['communicate_ms_per_step']:.2f} ms, decode "
+                                 f"{stats['decode_ms_per_step']:.2f} ms per step")
                 print(line, flush=True)
             if config.checkpoint and config.checkpoint_every and \
                     done % config.checkpoint_every == 0 and done < config.steps:

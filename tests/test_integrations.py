@@ -343,3 +343,21 @@ def test_a_plan_naming_some_tensors_under_one_prefix_matches_them_as_named():
     params, problem = match_parameters(plan, model)
     assert {e.name for e in plan.entries} <= set(params)
     assert "'head.weight' is not in the plan" in problem  # without fallback='fp32'
+
+
+def test_times_not_measured_read_as_none_not_as_zero():
+    """A plan run by PyTorch's own hook counts bytes but does not time its exchanges: its
+    summary says None for the times, not 0.0 (free)."""
+    from bytecomp.runtime.state import Stats
+
+    stats = Stats(timed=False)
+    stats.add(steps=2, sent_bytes=10, fp32_bytes=20)
+    summary = stats.summary()
+    assert summary["bytes_vs_fp32"] == 0.5
+    assert all(summary[f"{name}_ms_per_step"] is None
+               for name in ("encode", "communicate", "decode", "hook"))
+    logged = []
+    stats.log_every(1, lambda figures, step: logged.append(figures))
+    stats.add(steps=1)
+    assert logged and logged[0]["encode_ms_per_step"] is None
+    assert Stats().summary()["encode_ms_per_step"] == 0.0

@@ -109,7 +109,7 @@ class NativeRun(ReportsPeerFailures):
     def __init__(self, plan: Plan, params: dict[str, torch.nn.Parameter],
                  device: torch.device, hook: str | None = None, rank: int | None = None):
         self.plan = plan
-        self.stats = Stats()
+        self.stats = Stats(timed=False)  # PyTorch's hook: bytes counted, times not measured
         self.states = GroupStates(plan, device)  # the step count, and the checkpoint format
         self.heartbeats = Heartbeats(job_store(), dist.get_rank(), dist.get_world_size())
         self.failure = None

@@ -36,6 +36,9 @@ class Stats:
     decode_s: float = 0.0
     hook_s: float = 0.0  # on DDP's thread, inside the hook (encodes of device groups included)
     switches: int = 0  # an adaptive plan's moves between levels
+    # False where PyTorch's own hook runs the exchange (bytecomp.runtime.native): bytes
+    # are counted, times are not measured, and the figures say None rather than 0.0
+    timed: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _read: dict = field(default_factory=lambda: dict.fromkeys(TOTALS, 0), repr=False)
     _log: tuple | None = field(default=None, repr=False)  # (every, sink)
@@ -52,9 +55,10 @@ class Stats:
 
     def summary(self) -> dict:
         """Per-step figures since the start: steps, sent and fp32 bytes per step, their
-        ratio, encode / communicate / decode / hook milliseconds per step, switches."""
+        ratio, encode / communicate / decode / hook milliseconds per step (None where
+        not measured: a plan run by PyTorch's own hook), switches."""
         with self.lock:
-            return _figures({name: getattr(self, name) for name in TOTALS})
+            return _figures({name: getattr(self, name) for name in TOTALS}, self.timed)
 
     def interval(self) -> dict:
         """The :meth:`summary` figures of the steps since the last call (or the start)."""
@@ -62,7 +66,7 @@ class Stats:
             now = {name: getattr(self, name) for name in TOTALS}
             since = {name: now[name] - self._read[name] for name in TOTALS}
             self._read = now
-        return _figures(since)
+        return _figures(since, self.timed)
 
     def log_every(self, steps: int, to) -> None:
         """Every ``steps`` steps, hand :meth:`interval`'s figures to ``to``: a
@@ -77,18 +81,22 @@ class Stats:
         self._log = (steps, to)
 
 
-def _figures(totals: dict) -> dict:
+def _figures(totals: dict, timed: bool = True) -> dict:
     steps = max(totals["steps"], 1)
+
+    def ms(name: str) -> float | None:
+        return 1000 * totals[name] / steps if timed else None
+
     return {
         "steps": totals["steps"],
         "sent_bytes_per_step": totals["sent_bytes"] / steps,
         "fp32_bytes_per_step": totals["fp32_bytes"] / steps,
         "bytes_vs_fp32": totals["sent_bytes"] / totals["fp32_bytes"]
         if totals["fp32_bytes"] else 0.0,
-        "encode_ms_per_step": 1000 * totals["encode_s"] / steps,
-        "communicate_ms_per_step": 1000 * totals["communicate_s"] / steps,
-        "decode_ms_per_step": 1000 * totals["decode_s"] / steps,
-        "hook_ms_per_step": 1000 * totals["hook_s"] / steps,
+        "encode_ms_per_step": ms("encode_s"),
+        "communicate_ms_per_step": ms("communicate_s"),
+        "decode_ms_per_step": ms("decode_s"),
+        "hook_ms_per_step": ms("hook_s"),
         "switches": totals["switches"],
     }
 
@@ -97,7 +105,8 @@ def _emit(sink, figures: dict, step: int) -> None:
     add_scalar = getattr(sink, "add_scalar", None)
     if callable(add_scalar):  # a SummaryWriter
         for name, value in figures.items():
-            add_scalar(f"bytecomp/{name}", value, step)
+            if value is not None:  # not measured: nothing to plot
+                add_scalar(f"bytecomp/{name}", value, step)
     else:
         sink(figures, step)
 
