@@ -6,6 +6,8 @@ accumulation) run under torchrun on 2 gloo ranks."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -361,3 +363,21 @@ def test_times_not_measured_read_as_none_not_as_zero():
     stats.add(steps=1)
     assert logged and logged[0]["encode_ms_per_step"] is None
     assert Stats().summary()["encode_ms_per_step"] == 0.0
+
+
+@pytest.mark.multirank
+def test_the_command_sequence_of_the_integrations_page_runs_as_written(tmp_path):
+    """docs/integrations.md's commands, from profile to a recipe under torchrun with the
+    plan the CLI made (the install line aside: the package is installed here)."""
+    text = (ROOT / "docs" / "integrations.md").read_text()
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line for line in block.splitlines() if line and not line.startswith("pip ")]
+    assert [c.split()[0] for c in commands] == ["bytecomp", "bytecomp", "torchrun"]
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+                                 f"{os.environ.get('PATH', '')}"}
+    for command in commands:
+        done = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert reported(done)["steps"] > 0  # the recipe trained with the CLI's plan

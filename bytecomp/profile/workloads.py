@@ -15,6 +15,7 @@ A workload spec is one of:
   and mean squared error otherwise. Example::
 
       # mypkg/models.py
+      import torch
       from bytecomp import Recipe
 
       def factory():
@@ -22,8 +23,11 @@ A workload spec is one of:
                                       torch.nn.Linear(64, 4))
           def make_batch(batch_size):
               return torch.randn(batch_size, 32), torch.randint(0, 4, (batch_size,))
+          held_out = torch.Generator().manual_seed(1)
+          validation = [(torch.randn(32, 32, generator=held_out),
+                         torch.randint(0, 4, (32,), generator=held_out)) for _ in range(4)]
           return Recipe(model, make_batch, optimizer="sgd:lr=0.05,momentum=0.9",
-                        validation=my_held_out_batches)
+                        validation=validation)
 
       $ bytecomp profile --model mypkg.models:factory --nproc 2
 
