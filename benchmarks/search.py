@@ -32,7 +32,16 @@ Two sets (``--set``):
 ``--long-evaluations 40000`` makes the long search ``--algorithm local`` with 40,000
 evaluations and no margin instead; ``--clusters`` and ``--allowed`` pick instances.
 
-    python benchmarks/search.py [--set classic|scale] [--repeats 3] [--long-seconds 60]
+* ``exact``: the small problems, where the default search tries to prove its plan
+  optimal and ``--algorithm exact`` proves it or stops at its cap (``--exact-cap``
+  seconds, 10 by default): the scale set's LSTM (10 tensors) on its four clusters and
+  the classic set's MLP (10 tensors) on its two links, one compressor and every
+  compressor, and the shipped cnn profile (20 tensors) on its profiled cluster and on
+  gbe1. For each: the default search (median time of ``--repeats``, whether proven),
+  then the exact search (time, proven or the caps it searched through, its plan
+  against the default's).
+
+    python benchmarks/search.py [--set classic|scale|exact] [--repeats 3] [--long-seconds 60]
                                 [--long-evaluations 40000] [--clusters "8x8 V100 25G"]
                                 [--long-from benchmarks/results/search-scale.md]
                                 [--models LSTM VGG-16 ...] [--markdown out.md]
@@ -317,9 +326,59 @@ def classic(args, console: Console) -> list[str]:
     return lines
 
 
+def exact_instances():
+    """(name, profile, cluster or None, allowed, specs) of the exact set."""
+    from bytecomp.profile_store import load_profile
+
+    root = Path(__file__).resolve().parents[1]
+    lstm = synthetic_profile(lstm_shapes(), world_size=8, nodes=1, backward_ms=10.0)
+    for cluster in clusters():
+        for allowed, specs in (("top-k", ONE), ("all", None)):
+            yield "LSTM", lstm, cluster, allowed, specs
+    for bandwidth in (10.0, 1.0):
+        mlp = classic_profile(mlp_shapes(5, 1024), bandwidth)
+        for allowed, specs in (("top-k", ONE), ("all", None)):
+            yield f"MLP {bandwidth:g} Gbit/s", mlp, None, allowed, specs
+    cnn = load_profile(root / "profiles" / "cnn")
+    for cluster in (None, load_cluster("gbe1")):
+        yield "cnn (shipped)", cnn, cluster, "all", None
+
+
+def exact(args, console: Console) -> list[str]:
+    """The exact set (see the module docstring)."""
+    headers = ["model", "tensors", "cluster", "allowed", "options", "default ms",
+               "default proven", "default plan", "exact s", "exact proven",
+               "exact plan", "exact vs default"]
+    table = Table(title=f"exact search on small problems (default: median of {args.repeats}; "
+                        f"exact: cap {args.exact_cap:g} s)")
+    for header in headers:
+        table.add_column(header)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for name, profile, cluster, allowed, specs in exact_instances():
+        search_ms, default, planner, _ = timed(profile, cluster, specs, args.repeats)
+        found = Planner(profile, cluster, specs).search(algorithm="exact",
+                                                        budget_s=args.exact_cap)
+        proven = "yes" if found.exact else "no (" + next(
+            (note.split(" before")[0] for note in found.notes if note.startswith("exact")),
+            "stopped") + ")"
+        cells = [name, str(len(planner.problem.tensors)),
+                 cluster.name if cluster else "profiled", allowed,
+                 str(len(planner.searchable)), f"{search_ms:.0f}",
+                 "yes" if default.exact else "no", f"{default.value:.3f}",
+                 f"{found.search_ms / 1000:.2f}", proven, f"{found.value:.3f}",
+                 f"{100 * (found.value / default.value - 1):+.2f}%"]
+        table.add_row(*cells)
+        console.print(" | ".join(cells))
+        lines.append("| " + " | ".join(cells) + " |")
+    console.print(table)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=("classic", "scale"), default="classic")
+    parser.add_argument("--set", choices=("classic", "scale", "exact"), default="classic")
+    parser.add_argument("--exact-cap", type=float, default=10.0,
+                        help="exact set: the exact search's time cap in seconds")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--long-seconds", type=float, default=60.0,
                         help="annealing budget of the long search (0: none)")
@@ -337,7 +396,7 @@ def main() -> None:
     args = parser.parse_args()
     args.earlier = None
     console = Console(width=220)
-    lines = scale(args, console) if args.set == "scale" else classic(args, console)
+    lines = {"scale": scale, "classic": classic, "exact": exact}[args.set](args, console)
     if args.markdown:
         with open(args.markdown, "w") as handle:
             handle.write("\n".join(lines) + "\n")

@@ -297,18 +297,21 @@ def plan(
                                               "the profiled cap, " + ", ".join(
                                                   f"{c:g}" for c in SEARCHED_CAPS_MB) + ")."),
     algorithm: str = typer.Option("auto", help="auto, greedy, local (annealing over every "
-                                  "option) or exact."),
+                                  "option) or exact (the default search, then branch and "
+                                  "bound until the optimum is proven or --budget is spent)."),
     evaluations: int = typer.Option(None, help="Evaluations of the model the annealing after "
                                     "the greedy spends, in full (default: 100,000 / tensors, "
                                     "from 600 to 4,000). The search is deterministic: the "
                                     "same inputs and evaluations give the same plan."),
     budget: float = typer.Option(None, help="Seconds: a wall-clock cap on the annealing "
-                                 "(default: none). It only cuts a search short, and then the "
-                                 "plan depends on the machine's speed."),
+                                 "(default: none), or with --algorithm exact on the whole "
+                                 "search (default: 10). It only cuts a search short, and then "
+                                 "the plan depends on the machine's speed."),
     stop_gap: float = typer.Option(None, help="Percent: the search stops once its plan is "
                                    "predicted within this of the lower bound, so of the best "
                                    "plan there is (default 1 without --evaluations and "
-                                   "--budget, else 0: what is asked is spent)."),
+                                   "--budget, or with --algorithm exact's --budget; else 0: "
+                                   "what is asked is spent)."),
     strict: bool = typer.Option(False, help="Only the --compressor specs (by default the "
                                 "fp16 and PowerSGD baselines' methods are candidates too)."),
     min_gain: float = typer.Option(None, help="Percent: unless the searched plan is predicted "

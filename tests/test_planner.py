@@ -542,8 +542,10 @@ def _merged_per_tensor(data: dict) -> None:
 
 @pytest.mark.parametrize("change,message", [
     (lambda d: d.pop("world_size"), "world_size: missing"),
-    (lambda d: d.update(exchange="per-tensor"), "exchange: must be ddp-buckets with bucket_cap_mb"),
-    (lambda d: d.update(bucket_cap_mb=0), "exchange: must be per-tensor with bucket_cap_mb 0"),
+    (lambda d: d.update(bucket_cap_mb=25, exchange="per-tensor"),
+     "exchange: must be ddp-buckets with bucket_cap_mb"),
+    (lambda d: d.update(bucket_cap_mb=0, exchange="ddp-buckets"),
+     "exchange: must be per-tensor with bucket_cap_mb 0"),
     (_merged_per_tensor, "tensors[1].group: group"),
     (lambda d: d.update(world_size=3), "world_size: 3 is not nodes x ranks_per_node"),
     (lambda d: d["tensors"][0].update(action="squash"), "tensors[0].action: 'squash' is not"),

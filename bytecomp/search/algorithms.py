@@ -18,10 +18,7 @@
   new best it restarts from the next start (every baseline, then random
   assignments); it ends with a descent from the best assignment, and while evaluations
   are left, further rounds start from a perturbation of the best point.
-* :func:`branch_and_bound`: exact for the model. Tensors are fixed largest
-  first; the bound of a partial assignment is the simulation of its assigned
-  tensors alone, valid because the timeline is monotone (more work never ends
-  sooner).
+* the exact search for small problems is :mod:`bytecomp.search.exact`.
 * :func:`lower_bound`: the channel can do no better than the cheapest option
   for each whole bucket (fitted costs are concave in size, so mixing options
   inside a bucket cannot beat it), and the iteration no better than compute.
@@ -38,8 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bytecomp.search.bound import coarse_curves_computed
-from bytecomp.search.problem import UNASSIGNED, Problem
-from bytecomp.timeline.simulator import simulate
+from bytecomp.search.problem import Problem
 
 EPSILON = 1e-9
 
@@ -417,83 +413,6 @@ def asymptotic_slopes(problem: Problem) -> list[float]:
         second = problem.costs.cost(option, int(2 * big)).channel_ms
         slopes.append(max(0.0, (second - first) / big))
     return slopes
-
-
-def branch_and_bound(problem: Problem, cap_mb: float, incumbent: list[int], value: float,
-                     node_limit: float = 200_000) -> tuple[list[int], float, bool]:
-    """Exact search; returns (assignment, time, proven optimal).
-
-    Bound of a partial assignment: the larger of (a) the simulation of the assigned
-    tensors alone, without the cost of gathering scattered members (a later tensor
-    may join and make a group contiguous), and (b) a channel-only relaxation in which every bucket's channel
-    work is its assigned groups plus its unassigned elements at the cheapest
-    asymptotic per-element cost, from the buckets' natural ready times.
-    """
-    order = sorted(range(len(problem.tensors)), key=lambda p: (-problem.tensors[p].numel, p))
-    partial = [UNASSIGNED] * len(order)
-    owner = problem.bucket_of(cap_mb)
-    model = problem.iteration_model(cap_mb)
-    native_model = problem.iteration_model(cap_mb, native=True)
-    cheapest = min(asymptotic_slopes(problem))
-    unassigned = [0.0] * len(model.bucket_ready_ms)
-    for position, tensor in enumerate(problem.tensors):
-        unassigned[owner[position]] += tensor.numel
-    best_assignment, best_value = list(incumbent), value
-    nodes = 0
-    complete = True
-
-    def relaxation(groups) -> float:
-        work = [cheapest * n for n in unassigned]
-        for group in groups:
-            work[group.bucket] += group.cost.channel_ms
-        channel = ready = 0.0
-        for bucket, extra in enumerate(work):
-            ready = max(ready, model.bucket_ready_ms[bucket])
-            channel = max(channel, ready) + extra
-        return model.forward_ms + max(model.backward_ms, channel) + model.optimizer_ms
-
-    def bound(is_leaf: bool) -> float:
-        # unassigned tensors count as uncompressed: the fidelity can only fall from here,
-        # so the objective of the partial assignment bounds every completion's. The
-        # objective is the time times a factor (1, or 1 / fidelity): found once per node.
-        scale = problem.objective_of(1.0, partial)
-        if scale == math.inf:
-            return math.inf  # below the minimum fidelity already
-        groups = problem._fast_sim_groups(partial, cap_mb, gather=is_leaf)
-        if not is_leaf:
-            relaxed = relaxation(groups) * scale
-            if relaxed >= best_value - EPSILON:
-                return relaxed
-        problem.evaluations += 1
-        # a completion may run as DDP's own allreduce, without the hook's fixed costs
-        bounding = native_model if problem.may_be_native(partial, cap_mb) else model
-        return simulate(bounding, groups).iteration_ms * scale
-
-    def descend(depth: int) -> None:
-        nonlocal nodes, complete, best_assignment, best_value
-        position = order[depth]
-        unassigned[owner[position]] -= problem.tensors[position].numel
-        preferred = incumbent[position]
-        for option in [preferred] + [o for o in range(len(problem.options)) if o != preferred]:
-            nodes += 1
-            if nodes > node_limit:
-                complete = False
-                break
-            partial[position] = option
-            value = bound(depth + 1 == len(order))
-            if value < best_value - EPSILON:
-                if depth + 1 == len(order):
-                    best_assignment, best_value = list(partial), value
-                else:
-                    descend(depth + 1)
-            if not complete:
-                break
-        partial[position] = UNASSIGNED
-        unassigned[owner[position]] += problem.tensors[position].numel
-
-    if order:
-        descend(0)
-    return best_assignment, best_value, complete
 
 
 def lower_bound(problem: Problem, cap_mb: float, floors=None) -> float:

@@ -30,11 +30,11 @@ from bytecomp.search.algorithms import (
     Budget,
     Point,
     anneal,
-    branch_and_bound,
     greedy_over_caps,
     lower_bound,
 )
 from bytecomp.search.bound import channel_floors, relaxed_bound, relaxed_bound_ceiling
+from bytecomp.search.exact import ExactResult, exact_search
 from bytecomp.search.options import BaselineKind, SearchOptions
 from bytecomp.search.problem import OBJECTIVES, Group, Objective, Problem, Tensor
 from bytecomp.search.tree import add_exchange, build_tree, options_of
@@ -42,9 +42,12 @@ from bytecomp.timeline.simulator import simulate
 
 DEFAULT_CAPS = SEARCHED_CAPS_MB  # and the profiled cap; 0: one bucket per tensor
 LOOSE_GAP = 0.5  # a gap above this is the bound's looseness, not the plan's (gap_known)
-EXACT_MAX_SPACE = 50_000  # options ** tensors: auto proves the optimum where this small
-EXACT_NODES = 200_000  # branch and bound's nodes per bucket cap there
-EXACT_MAX_TENSORS = 20  # --algorithm exact: branch and bound to the end, up to this size
+# auto tries to prove the optimum (bytecomp/search/exact.py) of a problem of at most this
+# many tensors, within this many nodes (a count, not a time, so the plan does not depend
+# on the machine's speed: about 10 us a node here); where it cannot, it anneals
+EXACT_AUTO_TENSORS = 30
+EXACT_AUTO_NODES = 10_000
+EXACT_CAP_S = 10.0  # --algorithm exact without --budget: its time cap in seconds
 # The default search stops once its plan is within this fraction of the lower bound, so
 # of the optimum (the model's own error is several percent; --min-gain asks 5-10%)
 DEFAULT_STOP_GAP = 0.01
@@ -457,11 +460,16 @@ class Planner:
            ``seed``: the same inputs give the same plan. ``budget_s`` (default none)
            is a wall-clock cap that cuts the annealing short, the one thing that makes
            a result depend on the machine's speed.
-        4. Where the problem is small (options ** tensors <= 50,000), branch and
-           bound at every cap proves the optimum (``exact``). ``algorithm="exact"``
-           (at most :data:`EXACT_MAX_TENSORS` tensors) runs branch and bound from the
-           greedy's plan to the end instead of the annealing: proven optimal, in as long
-           as it takes.
+        4. ``auto``, on a problem of at most :data:`EXACT_AUTO_TENSORS` tensors: before
+           the annealing, branch and bound over buckets (:mod:`bytecomp.search.exact`)
+           from the greedy's plan for at most :data:`EXACT_AUTO_NODES` nodes; where it
+           searches through, the plan is proven optimal (``exact``) and nothing anneals,
+           else the annealing runs as above and the better plan is kept.
+           ``algorithm="exact"``: the default search (not cut by ``budget_s``), then
+           branch and bound from its plan until it has searched through, or until
+           ``budget_s`` seconds (default :data:`EXACT_CAP_S`) from the start of the
+           search: then the plan is the best found, never worse than the default
+           search's, and a note says what was proved.
         5. Unless the result is predicted at least ``min_gain`` (a fraction)
            faster than fp32 DDP, fp32 DDP is the plan: a gain smaller than the
            model's error is not worth compressing. Only fp32 DDP, a baseline under
@@ -485,9 +493,10 @@ class Planner:
         """The rank of PyTorch's PowerSGD hook that ``assignment`` at ``cap`` is, if any."""
         if assignment not in self.hooks or not self.problem.one_bucket(cap):
             return None
-        spec = next(self.problem.options[i].spec for i in set(assignment)
-                    if self.problem.options[i].compressed)
-        return from_spec(spec).values["rank"]
+        spec = next((self.problem.options[i].spec for i in set(assignment)
+                     if self.problem.options[i].compressed), None)
+        # None: the hook compresses none of these tensors (all too small for its rank)
+        return None if spec is None else from_spec(spec).values["rank"]
 
     def _describe(self, assignment: list[int], cap: float) -> str:
         """A searched plan in a note: the hook it is, or its strategies and bucket cap."""
@@ -514,43 +523,54 @@ class Planner:
             if len(assignment) != len(problem.tensors) or not set(assignment) <= searchable:
                 raise BytecompError("a start must give every tensor a searchable option")
             offered.append(Point(list(assignment), cap, math.nan))
-        space = len(view.options) ** len(problem.tensors) if len(problem.tensors) < 64 else math.inf
-        small = space <= EXACT_MAX_SPACE  # auto: proven optimal after the annealing
-        if algorithm == "exact" and len(problem.tensors) > EXACT_MAX_TENSORS:
-            raise BytecompError(f"--algorithm exact needs at most {EXACT_MAX_TENSORS} tensors; "
-                                f"this problem has {len(problem.tensors)}")
         for point in offered:
             point.value = view.evaluate(point.assignment, point.cap)
         offered.sort(key=lambda point: point.value)
         bound = _lower_bound(view, caps)
-        if stop_gap is None:  # asked for evaluations or time: spend them
-            stop_gap = DEFAULT_STOP_GAP if evaluations is None and budget_s is None else 0.0
+        if stop_gap is None:  # asked for evaluations or time: spend them (exact's budget
+            # is the branch and bound's, after the default search)
+            spend = evaluations is not None or (budget_s is not None and algorithm != "exact")
+            stop_gap = 0.0 if spend else DEFAULT_STOP_GAP
         target = bound * (1 + stop_gap) if stop_gap > 0 else -math.inf
         first = offered[0]
         assignment, value, cap = greedy_over_caps(view, caps, first.cap, first.assignment,
                                                   target=target)
-        exact = False
-        if algorithm == "exact":  # asked for: branch and bound to the end
-            exact, assignment, value, cap = _exact(view, caps, assignment, value, cap,
-                                                   math.inf)
+        # --algorithm exact: the default search, then branch and bound within the budget
+        default = algorithm in ("auto", "exact")
+        deadline = math.inf if budget_s is None or algorithm == "exact" else started + budget_s
+        proof: ExactResult | None = None
+        if default and len(problem.tensors) <= EXACT_AUTO_TENSORS:
+            proof = exact_search(view, caps, assignment, cap, value, deadline,
+                                 EXACT_AUTO_NODES)
+            if proof.proven:
+                assignment, value, cap = proof.assignment, proof.value, proof.cap
+        exact = proof is not None and proof.proven
         if algorithm != "greedy" and value > target and not exact:
             if evaluations is None:
                 evaluations = default_evaluations(len(problem.tensors))
-            deadline = math.inf if budget_s is None else time.perf_counter() + budget_s
             found = anneal(view, caps, Point(assignment, cap, value),
                            Budget(evaluations, deadline, target), offered[1:],
                            keep=0 if algorithm == "local" else 8, seed=seed)
             assignment, cap, value = found.assignment, found.cap, found.value
+        if proof is not None and proof.value < value - 1e-9:  # found, though not proven
+            assignment, value, cap = proof.assignment, proof.value, proof.cap
         stopped = value <= target
-        if small and algorithm == "auto":
-            exact, assignment, value, cap = _exact(view, caps, assignment, value, cap,
-                                                   EXACT_NODES)
+        exact_note = None
+        if algorithm == "exact" and not exact:
+            limit = EXACT_CAP_S if budget_s is None else budget_s
+            proof = exact_search(view, caps, assignment, cap, value, started + limit)
+            assignment, value, cap, exact = proof.assignment, proof.value, proof.cap, \
+                proof.proven
+            if not exact:
+                exact_note = _unproven(proof, limit, budget_s is None, bound)
         names = {"greedy": "greedy", "local": "greedy + annealing (every option)",
                  "auto": "greedy + annealing", "exact": "greedy + annealing"}
         name = "exact (branch and bound)" if exact else names[algorithm]
+        if algorithm == "exact" and not exact:
+            name += ", then branch and bound, stopped at its time cap"
         if stopped and not exact:
             name += f", stopped within {100 * stop_gap:g}% of the lower bound"
-        notes = self.notes + self.baseline_notes()
+        notes = self.notes + self.baseline_notes() + ([exact_note] if exact_note else [])
         by_fidelity = problem.objective.uses_fidelity
         kept = _baseline_to_keep(baselines, searchable, value, min_gain,
                                  problem.fidelity(assignment) if by_fidelity else None)
@@ -613,20 +633,20 @@ def _lower_bound(problem: Problem, caps: list[float]) -> float:
     return max(channel, relaxed_bound(problem, caps))
 
 
-def _exact(view: Problem, caps: list[float], assignment: list[int], value: float, cap: float,
-           nodes: float) -> tuple[bool, list[int], float, float]:
-    """Branch and bound at every cap from the incumbent (``nodes``: the most nodes at
-    each, ``math.inf`` for no limit); whether every cap was searched through, and the
-    best."""
-    complete = True
-    for other in caps:
-        found, found_value, done = branch_and_bound(
-            view, other, assignment,
-            value if other == cap else view.evaluate(assignment, other), node_limit=nodes)
-        complete &= done
-        if found_value < value - 1e-9:
-            assignment, value, cap = found, found_value, other
-    return complete, assignment, value, cap
+def _unproven(proof: ExactResult, limit: float, default: bool, bound: float) -> str:
+    """The note of an exact search stopped at its time cap: what it proved."""
+    gap = max(0.0, proof.value / bound - 1.0) if bound > 0 else 0.0
+    claim = f"gap <= {100 * gap:.1f}% to the lower bound" if gap <= LOOSE_GAP else \
+        "gap unknown (the lower bound is loose here)"
+    proved = (f"; searched through at bucket caps {_caps_text(proof.searched)} MB, not at "
+              f"{_caps_text(proof.unfinished)} MB") if proof.searched else ""
+    return (f"exact search stopped at its {limit:g} s cap "
+            f"({'the default; ' if default else ''}--budget) before proving the optimum: "
+            f"the plan is the best found, {claim}{proved}")
+
+
+def _caps_text(caps: list[float]) -> str:
+    return ", ".join(f"{cap:g}" for cap in caps)
 
 
 def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: float,
