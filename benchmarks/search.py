@@ -50,6 +50,7 @@ evaluations and no margin instead; ``--clusters`` and ``--allowed`` pick instanc
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from dataclasses import replace
@@ -354,6 +355,7 @@ def exact(args, console: Console) -> list[str]:
     for header in headers:
         table.add_column(header)
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    load = os.getloadavg()[0]  # a shared machine: what else ran is part of the figures
     for name, profile, cluster, allowed, specs in exact_instances():
         search_ms, default, planner, _ = timed(profile, cluster, specs, args.repeats)
         found = Planner(profile, cluster, specs).search(algorithm="exact",
@@ -371,7 +373,9 @@ def exact(args, console: Console) -> list[str]:
         console.print(" | ".join(cells))
         lines.append("| " + " | ".join(cells) + " |")
     console.print(table)
-    return lines
+    summary = f"load average (1 minute) {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
+    console.print(summary)
+    return lines + ["", summary]
 
 
 def main() -> None:

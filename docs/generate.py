@@ -487,6 +487,12 @@ SETS = [
         "python benchmarks/search.py --set scale --repeats 3 --long-seconds 60 --markdown "
         "benchmarks/results/search-scale.md",
         "Default searches against 60 s searches and the lower bound, 10-314 tensors."),
+    Set(r"search-exact\.md", "Exact search on small problems",
+        "python benchmarks/search.py --set exact --repeats 3 --markdown "
+        "benchmarks/results/search-exact.md",
+        "The default search and --algorithm exact (10 s cap) on the LSTM (10 tensors, 4 "
+        "GPU cluster configs), the classic MLP (10 tensors, 2 links), one compressor and "
+        "every compressor, and the shipped cnn (20 tensors): times, proven or not."),
     Set(r"search(-\d{4}-\d\d-\d\d[a-z]?)?\.md", "Search time, classic set",
         "python benchmarks/search.py --repeats 5 --markdown FILE",
         "10, 161 and 1,500 tensors, one compressor or all, two links, both objectives."),
