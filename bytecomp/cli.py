@@ -661,7 +661,8 @@ def _print_plan(result, written) -> None:
             cells = [f"[bold]{cell}[/]" for cell in cells]
         table.add_row(*cells)
     _show(table)
-    console.print("plan: " + result.composition())
+    # one line however narrow the terminal: CI logs grep it
+    console.print("plan: " + result.composition(), soft_wrap=True)
     console.print(f"search: {result.algorithm}, {result.search_ms:.0f} ms, "
                   f"{result.evaluations} simulations; lower bound {result.lower_bound_ms:.2f} ms "
                   f"({result.gap_text()})")

@@ -177,7 +177,9 @@ def test_the_plan_table_at_80_columns_piped_shows_every_strategy_whole(cli, tmp_
     result = cli("plan", CNN, "--cluster", "gbe1", "--no-verify", "--out", out)
     assert result.returncode == 0, result.stderr
     assert ELLIPSIS not in result.stdout
-    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    # every line fits, but the plan's summary line: one line, so that a log can grep it
+    assert max(len(line) for line in result.stdout.splitlines()
+               if not line.startswith("plan: ")) <= 80
     names = ["bytecomp plan", *load_plan(out).predicted_ms["baselines"]]
     assert any(len(name) > 40 for name in names)  # a name the table has to wrap
     shown = table_cells(result.stdout)
@@ -268,3 +270,14 @@ def test_trace_events_carry_their_tensor_names_and_bytes(cli, tmp_path):
                    for name in e["args"]["tensors"]}
     assert collectives == set(plan.by_name())  # every tensor is exchanged, by name
     assert seen == set(plan.by_name())
+
+
+def test_the_plan_summary_line_is_one_line_at_80_columns_piped(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    result = cli("plan", ROOT / "profiles" / "transformer", "--cluster", "gbe1", "--no-verify",
+                 "--out", tmp_path / "plan.yaml")
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("plan: ")]
+    assert len(line) > 80 and line.count(" x ") >= 3  # a long one, whole
+    following = result.stdout.splitlines()[result.stdout.splitlines().index(line) + 1]
+    assert following.startswith("search: ")
