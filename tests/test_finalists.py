@@ -219,14 +219,27 @@ def test_finalists_the_prediction_cannot_separate_become_a_runtime_trial(planned
 
 
 @pytest.mark.multirank
-def test_the_verify_budget_is_held_on_the_clock(cli, monkeypatch, tmp_path):
-    """A recipe whose every step sleeps (as on a busy machine): plan --verify-budget 30
-    ends the finalists' training, on every rank (they stop together, and the parent waits
-    for all), within 30 s + 20% + one interleaved step of all finalists."""
+def test_the_budgets_are_held_on_the_clock(cli, monkeypatch, tmp_path):
+    """A recipe whose every step sleeps (as on a busy machine): profile --budget 60 ends
+    within 60 s + 20% + one probe step, its probe fitted to what the measurements before
+    it left; plan --verify-budget 30 ends the finalists' training, on every rank (they stop
+    together, and the parent waits for all), within 30 s + 20% + one interleaved step of
+    all finalists."""
     import time
 
     monkeypatch.syspath_prepend(FIXTURES)
     profile = tmp_path / "profile"
+    started = time.monotonic()
+    done = cli("profile", "--model", "factories:slow_step", "--nproc", "2", "--quick",
+               "--out", profile, "--compressor", "fp16", "--compressor", "topk:ratio=0.1",
+               "--budget", "60")
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    probe = yaml.safe_load((profile / "profile.yaml").read_text())["probe"]
+    assert probe["length"] == "budget" and probe["ran_steps"] >= 10, probe
+    assert took <= 60 * 1.2 + 0.1 * 3 * 1.5, (took, probe)
+    # without a probe, so that plan's finalists are trained (not the probe's configurations)
+    profile = tmp_path / "unprobed"
     done = cli("profile", "--model", "factories:slow_step", "--nproc", "2", "--quick",
                "--out", profile, "--compressor", "fp16", "--compressor", "topk:ratio=0.1",
                "--probe-steps", "0")
