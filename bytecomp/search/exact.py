@@ -18,13 +18,13 @@ one was, by 0.005 ms of 21.6, on a 10-tensor LSTM.) Buckets not reached are a
 tensor alone at its cheapest), and nothing else; the bucket being filled is its
 groups' channel work so far, and its hooks and device encodes.
 
-Options whose group costs are the same on every resource give the same timeline:
-only the first is tried. The fp32 allreduce on every tensor and PyTorch's hooks run
+Options whose costs are the same on every resource for a tensor alone in its bucket
+give the same timeline: only the first opens its group. The fp32 allreduce on every tensor and PyTorch's hooks run
 without bytecomp's executor, so without its fixed costs: the search starts from the
 best of them at every cap and the incumbent it is given, and prices the rest through
 the executor. Caps that make the same buckets are searched once, those whose root
-bound is least first. The search ends, unproven, at a node limit or a deadline,
-with the best plan found.
+bound is least first. The search ends, unproven, at a deadline or where a cap's
+search reaches its node limit, with the best plan found.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def exact_search(problem: Problem, caps: list[float], incumbent: list[int], cap:
                  value: float, deadline: float = math.inf,
                  node_limit: float = math.inf) -> ExactResult:
     """The optimum over ``caps`` from the ``incumbent`` (its ``value`` at ``cap``), or the
-    best found by ``deadline`` (a ``time.perf_counter()`` value) or ``node_limit``: never
-    worse than the incumbent."""
+    best found by ``deadline`` (a ``time.perf_counter()`` value) or before a cap's search
+    spends ``node_limit`` nodes (each cap's: one cap not searched through leaves the
+    optimum unproven, so the search ends there): never worse than the incumbent."""
     best = ExactResult(list(incumbent), cap, value, True)
     classes: dict[tuple, list[float]] = {}
     for other in caps:
@@ -80,7 +81,7 @@ def exact_search(problem: Problem, caps: list[float], incumbent: list[int], cap:
     for index, (group, search) in enumerate(searches):
         search.best_value = best.value
         search.best = best.assignment if best.cap in group else None
-        search.deadline, search.node_limit = deadline, node_limit - nodes
+        search.deadline, search.node_limit = deadline, node_limit
         done = search.run()
         nodes += search.nodes
         if search.best is not None and search.best_value < best.value - EPSILON:
@@ -90,7 +91,7 @@ def exact_search(problem: Problem, caps: list[float], incumbent: list[int], cap:
         if not done:
             best.proven = False
         if index + 1 < len(searches) and (
-                not done or time.perf_counter() >= deadline or nodes >= node_limit):
+                not done or time.perf_counter() >= deadline):
             best.proven = False
             for rest, _ in searches[index + 1:]:
                 best.unfinished.extend(rest)

@@ -43,10 +43,11 @@ from bytecomp.timeline.simulator import simulate
 DEFAULT_CAPS = SEARCHED_CAPS_MB  # and the profiled cap; 0: one bucket per tensor
 LOOSE_GAP = 0.5  # a gap above this is the bound's looseness, not the plan's (gap_known)
 # auto tries to prove the optimum (bytecomp/search/exact.py) of a problem of at most this
-# many tensors, within this many nodes (a count, not a time, so the plan does not depend
-# on the machine's speed: about 10 us a node here); where it cannot, it anneals
+# many tensors, within this many nodes per bucket cap (a count, not a time, so the plan
+# does not depend on the machine's speed: 3-7 us a node here; the 10-tensor LSTMs it
+# proves take at most 2,412 at a cap); where it cannot, it anneals
 EXACT_AUTO_TENSORS = 30
-EXACT_AUTO_NODES = 10_000
+EXACT_AUTO_NODES = 3_000
 EXACT_CAP_S = 10.0  # --algorithm exact without --budget: its time cap in seconds
 # The default search stops once its plan is within this fraction of the lower bound, so
 # of the optimum (the model's own error is several percent; --min-gain asks 5-10%)
@@ -462,7 +463,7 @@ class Planner:
            a result depend on the machine's speed.
         4. ``auto``, on a problem of at most :data:`EXACT_AUTO_TENSORS` tensors: before
            the annealing, branch and bound over buckets (:mod:`bytecomp.search.exact`)
-           from the greedy's plan for at most :data:`EXACT_AUTO_NODES` nodes; where it
+           from the greedy's plan for at most :data:`EXACT_AUTO_NODES` nodes per cap; where it
            searches through, the plan is proven optimal (``exact``) and nothing anneals,
            else the annealing runs as above and the better plan is kept.
            ``algorithm="exact"``: the default search (not cut by ``budget_s``), then
