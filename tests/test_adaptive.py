@@ -569,7 +569,7 @@ def test_a_levels_gain_is_taken_at_the_probes_gain_and_its_fidelity_at_its_facto
 
     specs = ["fp16", "topk:ratio=0.1", "topk:ratio=0.01"]
     factors = {"topk:ratio=0.1": 1.2, "topk:ratio=0.01": 2.0}
-    profile = synthetic_profile(mlp_shapes(), world_size=8, nodes=2, bandwidth_gbps=0.1,
+    profile = synthetic_profile(mlp_shapes(), world_size=8, nodes=2, bandwidth_gbps=0.01,
                                 specs=specs, fidelity=True, probe=factors)
     result = plan_ladder(profile, None, Adaptive("topk"))
     raw = FidelityModel(profile, calibrate=False)
