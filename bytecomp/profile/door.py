@@ -80,7 +80,10 @@ def _check_optimizer(workload, model: torch.nn.Module, name: str) -> None:
                             f"be built: {type(error).__name__}: "
                             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}"
                             ) from None
-    if not isinstance(optimizer, torch.optim.Optimizer):
+    # a torch optimizer, or one that wraps one as bytecomp's clip=... does (ClippedOptimizer)
+    if not (callable(getattr(optimizer, "step", None)) and
+            callable(getattr(optimizer, "zero_grad", None)) and
+            isinstance(getattr(optimizer, "param_groups", None), list)):
         raise BytecompError(f"model {name}: its optimizer function returned "
                             f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
     for index, group in enumerate(optimizer.param_groups):

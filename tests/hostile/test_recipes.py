@@ -41,6 +41,15 @@ def test_a_bad_recipe_is_refused_before_any_rank(cli, monkeypatch, tmp_path, fac
     assert not out.exists()
 
 
+def test_a_clipped_optimizer_spec_passes_the_door(monkeypatch):
+    """clip=... wraps the optimizer (ClippedOptimizer): a recipe, not an error."""
+    from bytecomp.profile.door import check_recipe
+    from bytecomp.profile.workloads import load_workload
+
+    monkeypatch.syspath_prepend(FIXTURES)
+    check_recipe(load_workload("factories:frozen_layer", optimizer="sgd:lr=0.1,clip=1"), 8)
+
+
 def test_an_optimizer_option_is_checked_the_same_way(cli, monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(FIXTURES)
     done = cli("profile", "--model", "factories:frozen_layer", "--optimizer",
