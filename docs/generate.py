@@ -422,6 +422,13 @@ class Set:
 
 # Every file under benchmarks/results/ belongs to the first set whose pattern matches it.
 SETS = [
+    Set(r"pipeline_cost/", "bytecomp's own cost, profile to plan",
+        "sudo python benchmarks/pipeline_cost.py",
+        "Per task on 2 x 1 emulated ranks at 100 Mbit/s: the default profile (`profile/`), "
+        "the same with `--calibration` (`profile-calibrated/`), the default plan and the "
+        "plan with the earlier default's step count, each with its finalists' evidence "
+        "(`*.finalists.csv`, `*.curves.csv`, `*.curves.png`), and the log; `summary.md` "
+        "and `pipeline_cost.csv` collect the times, stages and targets."),
     Set(r"convergence_matrix/", "Time to fp32 DDP's final loss: the matrix",
         "sudo python benchmarks/convergence_matrix.py",
         "Four tasks x two emulated links: per cell the profile (`profile/`, by `bytecomp "
