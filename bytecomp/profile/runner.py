@@ -45,6 +45,9 @@ PROBE_EVALUATIONS = 10  # validation losses over a convergence probe
 PROBE_MOST_STEPS = 100  # a budgeted probe's most steps (--quick: QUICK_PROBE_STEPS)
 QUICK_PROBE_STEPS = 20
 DEFAULT_BUDGET_S = 240.0  # bytecomp profile's wall-clock budget by default
+# of the budget, what the collective sweep's rounds may take (at least 3 rounds): on a
+# slow link they are most of a profile's time before the probe
+COLLECTIVE_SHARE = 0.15
 
 MIN_SWEEP_MB = 0.01
 
@@ -114,11 +117,12 @@ class ProfileConfig:
 
     def sweep_settings(self) -> SweepSettings:
         max_bytes = int(self.max_mb * (1 << 20))
+        rounds_budget = None if self.budget_s is None else COLLECTIVE_SHARE * self.budget_s
         if self.quick:
             return SweepSettings(max_bytes=min(max_bytes, 1 << 20), size_factor=4, repeats=3,
                                  budget_s=0.2, numels=(1 << 10, 1 << 14, 1 << 18),
-                                 compressor_repeats=2)
-        return SweepSettings(max_bytes=max_bytes)
+                                 compressor_repeats=2, rounds_budget_s=rounds_budget)
+        return SweepSettings(max_bytes=max_bytes, rounds_budget_s=rounds_budget)
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:

@@ -39,6 +39,12 @@ class SweepSettings:
     budget_s: float = 0.5  # a series stops after an operation this slow
     numels: tuple[int, ...] = (1 << 8, 1 << 12, 1 << 16, 1 << 20, 1 << 24)
     compressor_repeats: int = 5
+    # seconds the collective sweep's rounds may take (from the profile's --budget): on a
+    # slow link a round of every case takes seconds, and ``repeats`` of them minutes
+    rounds_budget_s: float | None = None
+
+
+MIN_ROUNDS = 3  # a median needs a few samples, however slow the link
 
 
 def sizes(settings: SweepSettings, limit: int) -> list[int]:
@@ -115,6 +121,7 @@ class _CollectiveCase:
     dtype_name: str
     nbytes: int
     samples_per_round: int = 1
+    pilot_ms: float = 0.0  # the pilot pass's time of one
 
 
 def samples_per_round(pilot_ms: float) -> int:
@@ -165,12 +172,12 @@ def sweep_collectives(topology: Topology, device: torch.device, settings: SweepS
         pilot = [_time_collective(case, clock, device) for case in one_series]
         pilot = _reduce([pilot], dist.ReduceOp.MIN, device)[0]  # the same on every rank
         kept = _within_budget(one_series, pilot, settings.budget_s)
-        cases += [replace(case, samples_per_round=samples_per_round(time_ms))
+        cases += [replace(case, samples_per_round=samples_per_round(time_ms), pilot_ms=time_ms)
                   for case, time_ms in zip(kept, pilot)]
         if progress:
             progress()
     samples: list[list[float]] = [[] for _ in cases]
-    for _ in range(settings.repeats):
+    for _ in range(affordable_rounds(settings, cases)):
         for index, case in enumerate(cases):
             for _ in range(case.samples_per_round):
                 samples[index].append(_time_collective(case, clock, device))
@@ -186,6 +193,17 @@ def sweep_collectives(topology: Topology, device: torch.device, settings: SweepS
                      "time_ms": stats["median_ms"], "p10_ms": stats["p10_ms"],
                      "p90_ms": stats["p90_ms"]})
     return rows
+
+
+def affordable_rounds(settings: SweepSettings, cases: list[_CollectiveCase]) -> int:
+    """The rounds of the collective sweep: ``repeats``, or as many as fit in
+    ``rounds_budget_s`` at the pilot's times (the same on every rank), at least
+    :data:`MIN_ROUNDS`."""
+    if settings.rounds_budget_s is None or not cases:
+        return settings.repeats
+    round_s = sum(case.pilot_ms * case.samples_per_round for case in cases) / 1000
+    fit = int(settings.rounds_budget_s / max(round_s, 1e-6))
+    return max(MIN_ROUNDS, min(settings.repeats, fit))
 
 
 def time_allreduce(group_name: str, group, ranks: int, nbytes: int, device: torch.device,
