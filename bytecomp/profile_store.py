@@ -358,6 +358,17 @@ def _check_calibration(path: Path, entry, meta: dict) -> None:
                         f"({tolerance:g}x either way): such a calibration is refused")
 
 
+MAX_SECONDS = 1e7  # informative durations (a stage, the probe): at most about four months
+
+
+def _seconds(value) -> bool:
+    return _number(value) and 0 <= value <= MAX_SECONDS
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
 def _check_stages(path: Path, entry) -> None:
     """Optional: seconds each stage of the profile took, by name (informative)."""
     if entry is None:
@@ -367,8 +378,7 @@ def _check_stages(path: Path, entry) -> None:
     for name, seconds in entry.items():
         if not isinstance(name, str) or not name.isprintable() or len(name) > 200:
             _fail(path, f"field 'stages_s' has a bad stage name {str(name)[:40]!r}")
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
-                not 0 <= seconds <= 1e7:
+        if not _seconds(seconds):
             _fail(path, f"field 'stages_s.{name}' must be seconds from 0 to 1e7, got "
                         f"{seconds!r}")
 
@@ -379,10 +389,11 @@ def _check_probe_meta(path: Path, entry) -> None:
         return
     if not isinstance(entry, dict):
         _fail(path, "field 'probe' must be a mapping")
-    steps = entry.get("steps", 0)
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_COUNT:
-        _fail(path, f"field 'probe.steps' must be an integer from 0 to {MAX_COUNT:,}, "
-                    f"got {steps!r}")
+    for key in ("steps", "ran_steps", "planned_steps"):
+        value = entry.get(key, 0)
+        if not _count(value):
+            _fail(path, f"field 'probe.{key}' must be an integer from 0 to {MAX_COUNT:,}, "
+                        f"got {value!r}")
     if entry.get("batches", "validation") not in PROBE_BATCHES:
         _fail(path, f"field 'probe.batches' must be one of {', '.join(PROBE_BATCHES)}")
     fell = entry.get("fp32_improvement", 0.0)
@@ -391,14 +402,8 @@ def _check_probe_meta(path: Path, entry) -> None:
                     f"got {fell!r}")
     if not isinstance(entry.get("informative", True), bool):
         _fail(path, "field 'probe.informative' must be true or false")
-    for key in ("ran_steps", "planned_steps"):
-        value = entry.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
-            _fail(path, f"field 'probe.{key}' must be an integer from 0 to {MAX_COUNT:,}, "
-                        f"got {value!r}")
     seconds = entry.get("seconds", 0.0)
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
-            not 0 <= seconds <= 1e7:
+    if not _seconds(seconds):
         _fail(path, f"field 'probe.seconds' must be seconds from 0 to 1e7, got {seconds!r}")
     if not isinstance(entry.get("stopped_by_budget", False), bool):
         _fail(path, "field 'probe.stopped_by_budget' must be true or false")
@@ -501,13 +506,14 @@ def _check_phases(path: Path, times: dict) -> None:
                             f"({whole['median_ms']:g} ms)")
 
 
-def _load_meta(path: Path) -> dict:
-    if not path.exists():
-        _fail(path, "missing (is this a profile directory made by bytecomp profile?)")
-    meta = read_yaml_file(path, "profile file")
+def read_document(path: Path, what: str, required: dict) -> dict:
+    """A bytecomp YAML document (profile.yaml, calibration.yaml): a mapping with the
+    ``required`` fields of their types (a bool is no number), every number finite, of
+    this bytecomp's format version; else one line naming ``path``."""
+    meta = read_yaml_file(path, what)
     if not isinstance(meta, dict):
         _fail(path, "must be a YAML mapping")
-    for key, kind in REQUIRED_FIELDS.items():
+    for key, kind in required.items():
         if key not in meta:
             _fail(path, f"missing field '{key}'")
         if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
@@ -516,6 +522,13 @@ def _load_meta(path: Path) -> dict:
     if meta["format_version"] != FORMAT_VERSION:
         _fail(path, f"format_version {meta['format_version']} is not supported "
                     f"(this bytecomp reads {FORMAT_VERSION})")
+    return meta
+
+
+def _load_meta(path: Path) -> dict:
+    if not path.exists():
+        _fail(path, "missing (is this a profile directory made by bytecomp profile?)")
+    meta = read_document(path, "profile file", REQUIRED_FIELDS)
     for key in ("world_size", "nodes", "ranks_per_node", "batch_size"):
         if not 1 <= meta[key] <= MAX_COUNT:
             _fail(path, f"field '{key}' must be between 1 and {MAX_COUNT:,}")

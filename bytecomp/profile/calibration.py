@@ -36,7 +36,6 @@ from bytecomp.files import (
     control_character,
     directory_atomic,
     dump_yaml,
-    read_yaml_file,
 )
 from bytecomp.profile.overheads import (
     BUSY_DIM,
@@ -73,7 +72,6 @@ from bytecomp.profile_store import (
     MAX_COUNT,
     TABLES,
     _check_collectives,
-    _check_finite,
     _check_quality,
     _check_quality_fits,
     _check_sweep,
@@ -84,6 +82,7 @@ from bytecomp.profile_store import (
     check_executor_measured,
     load_profile,
     profile_files,
+    read_document,
 )
 
 CALIBRATION_FILE = "calibration.yaml"
@@ -153,22 +152,11 @@ def calibration_files(directory) -> list[Path]:
 
 def _load_calibration_meta(path: Path) -> dict:
     """calibration.yaml: the job it was made on, the sweeps' settings and quality."""
-    meta = read_yaml_file(path, "calibration file")
-    if not isinstance(meta, dict):
-        _fail(path, "must be a YAML mapping")
     required: dict[str, type] = {"format_version": int, "kind": str, "created": str,
                                  "device": dict, "backend": str, "world_size": int,
                                  "nodes": int, "ranks_per_node": int,
                                  "compressor_specs": list}
-    for key, kind in required.items():
-        if key not in meta:
-            _fail(path, f"missing field '{key}'")
-        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
-            _fail(path, f"field '{key}' has the wrong type ({type(meta[key]).__name__})")
-    _check_finite(path, meta)
-    if meta["format_version"] != FORMAT_VERSION:
-        _fail(path, f"format_version {meta['format_version']} is not supported "
-                    f"(this bytecomp reads {FORMAT_VERSION})")
+    meta = read_document(path, "calibration file", required)
     if meta["kind"] != "calibration":
         _fail(path, f"field 'kind' must be calibration, got {meta['kind'][:100]!r}")
     if not _iso_time(meta["created"]):

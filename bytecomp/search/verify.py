@@ -115,21 +115,15 @@ def allowed_spec(profile, model: str | None) -> str:
                          "plan with --no-verify (nothing is trained)")
 
 
-def _allowed(planner: Planner, model: str | None) -> str:
-    return allowed_spec(planner.profile, model)
-
-
 def _check_runnable(planner: Planner, nproc: int | None,
-                    model: str | None = None) -> tuple[str, int | None]:
-    """The model spec to train, and the ranks to spawn (None under torchrun); one line
-    where the profile's model cannot be built here or its ranks cannot be spawned, or
-    where it is a factory the user did not name (``model``: see
-    :mod:`bytecomp.model_spec`)."""
+                    spec: str | None) -> tuple[str, int | None]:
+    """``spec`` (:func:`allowed_spec`'s; None for a synthetic profile) and the ranks to
+    spawn (None under torchrun) to train it; one line where the profile's model cannot
+    be built here or its ranks cannot be spawned."""
     profile = planner.profile
-    if profile.meta.get("synthetic"):
+    if spec is None:
         raise BytecompError(f"{profile.label} is synthetic: there is no model to train the "
                             f"finalists on (plan with --no-verify)")
-    spec = _allowed(planner, model)  # before anything imports the model's module
     from bytecomp.launch import in_torchrun
     from bytecomp.plan import fingerprint
     from bytecomp.profile.workloads import load_workload
@@ -194,8 +188,9 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
     if not 0 < budget_s < math.inf:
         raise BytecompError(f"--verify-budget must be a positive number of seconds, got "
                             f"{budget_s:g}")
-    if not planner.profile.meta.get("synthetic"):  # refused up front, whatever is trained
-        _allowed(planner, model)
+    # refused up front, whatever is trained, before anything imports the model's module
+    spec = None if planner.profile.meta.get("synthetic") else allowed_spec(planner.profile,
+                                                                           model)
     from bytecomp.launch import backend_for, run_job
     from bytecomp.profile.finalists import FinalistsJob, load_results, train_finalists
 
@@ -227,7 +222,7 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
                        f"time)")
     with Stage(f"building {profile.meta['model'].get('spec')} (loading torch)", after_s=0,
                lines=False, enabled=announce is not None):
-        spec, world = _check_runnable(planner, nproc, model)
+        spec, world = _check_runnable(planner, nproc, spec)
     with tempfile.TemporaryDirectory(prefix="bytecomp-finalists-") as folder:
         paths = []
         for index, finalist in enumerate(trained):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_cli import assert_one_line_error  # one line, exit 2, no traceback
 
 from bytecomp.model_spec import BUILTIN_MODELS, allowed_model
 from bytecomp.profile.workloads import BUILTINS
@@ -47,14 +48,6 @@ def named(tmp_path, monkeypatch):
         meta_file.write_text(yaml.safe_dump(meta, sort_keys=False))
         return folder / "profile", folder / "plan.yaml", marker
     return make
-
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.returncode == 2, result
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def _nothing_ran(marker: Path) -> None:
