@@ -30,10 +30,10 @@ import torch.distributed as dist
 from bytecomp.errors import BytecompError
 from bytecomp.files import write_text_atomic
 from bytecomp.launch import run_job
-from bytecomp.profile import load_profile
-from bytecomp.profile.runner import ProfileConfig
-from bytecomp.profile.sweeps import sweep_aggregation
 from bytecomp.profile_store import TABLES
+from bytecomp.profiler import load_profile
+from bytecomp.profiler.runner import ProfileConfig
+from bytecomp.profiler.sweeps import sweep_aggregation
 
 
 def _rank(profile_dir: str, nodes: int, ranks_per_node: int) -> None:

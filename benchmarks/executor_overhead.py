@@ -73,7 +73,7 @@ from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress import from_spec
 from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.launch import backend_for, free_port
-from bytecomp.plan import (
+from bytecomp.plan_file import (
     FINALISTS,
     Adaptive,
     Option,
@@ -81,7 +81,7 @@ from bytecomp.plan import (
     plan_for_model,
     plan_from_dict,
 )
-from bytecomp.profile.workloads import load_workload
+from bytecomp.profiler.workloads import load_workload
 
 TOPK = "topk:ratio=0.01"
 POWERSGD = "powersgd:rank=4"

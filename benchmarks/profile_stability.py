@@ -26,7 +26,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from bytecomp.profile import ProfileConfig, load_profile, run_profile
+from bytecomp.profiler import ProfileConfig, load_profile, run_profile
 
 
 def relative_differences(a, b) -> np.ndarray:

@@ -20,9 +20,9 @@ def __getattr__(name):
 
         return getattr(runtime, name)
     if name in ("load_plan", "Plan"):
-        from bytecomp import plan
+        from bytecomp import plan_file
 
-        return getattr(plan, name)
+        return getattr(plan_file, name)
     if name == "BytecompError":
         from bytecomp.errors import BytecompError
 

@@ -219,8 +219,8 @@ def profile(
     """Measure a real DDP job: compute, ready times, buckets, collectives, compressors,
     and each compressor's gradient fidelity on every tensor."""
     with Stage("loading torch", after_s=0, lines=False):
-        from bytecomp.profile import ProfileConfig, run_profile
-    from bytecomp.profile.workloads import safe_name
+        from bytecomp.profiler import ProfileConfig, run_profile
+    from bytecomp.profiler.workloads import safe_name
 
     _check_nproc(nproc)
     if device not in ("auto", "cpu", "cuda"):
@@ -374,7 +374,7 @@ def plan(
 ):
     """Search the per-tensor strategy that trains soonest: shortest predicted iteration per
     unit of gradient fidelity (or iteration time alone); write plan.yaml."""
-    from bytecomp.plan import MAX_BUCKET_CAP_MB
+    from bytecomp.plan_file import MAX_BUCKET_CAP_MB
     from bytecomp.profile_store import load_profile
     from bytecomp.search import Planner, to_plan
     from bytecomp.search.evidence import evidence_paths
@@ -534,7 +534,7 @@ def _plan_json(result, plan_file, written) -> dict:
 def _adaptive_settings(family: str, threshold: float, window: int, timing: str,
                        agree_every: int | None):
     """The controller's settings from --adaptive and its options, checked."""
-    from bytecomp.plan import MAX_WINDOW, TIMINGS, Adaptive
+    from bytecomp.plan_file import MAX_WINDOW, TIMINGS, Adaptive
 
     if not 0 <= threshold <= 1:
         raise BytecompError(f"--gain-threshold must be between 0 and 1, got {threshold:g}")
@@ -683,7 +683,7 @@ def simulate(
     output_format: str = typer.Option("table", "--format", help=FORMAT_HELP),
 ):
     """Simulate one iteration of a plan: time breakdown, trace and Gantt chart."""
-    from bytecomp.plan import load_plan
+    from bytecomp.plan_file import load_plan
     from bytecomp.profile_store import load_profile
     from bytecomp.search import Planner, simulate_plan
     from bytecomp.search.planner import check_plan_fits
@@ -790,7 +790,7 @@ def bench(
     import os
 
     with Stage("loading torch", after_s=0, lines=False):
-        from bytecomp.bench import BenchConfig, ConvergenceConfig, run_bench
+        from bytecomp.bencher import BenchConfig, ConvergenceConfig, run_bench
 
     as_json = _check_format(output_format)
     if cluster is not None:  # checked before any rank starts
@@ -816,7 +816,7 @@ def _bench_json(folder: Path) -> dict:
     caption (compute drift, prediction errors) and the files written."""
     import pandas as pd
 
-    from bytecomp.bench.runner import prediction_summary
+    from bytecomp.bencher.runner import prediction_summary
 
     results = pd.read_csv(folder / "bench.csv")
     convergence = folder / "convergence.csv"

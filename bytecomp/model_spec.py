@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from bytecomp.errors import BytecompError
 
-# The built-in workloads (bytecomp.profile.workloads.BUILTINS, which checks it holds these).
+# The built-in workloads (bytecomp.profiler.workloads.BUILTINS, which checks it holds these).
 BUILTIN_MODELS = ("mlp", "cnn", "transformer", "lstm", "digits", "resnet18", "resnet50", "vgg16")
 
 

@@ -3,7 +3,7 @@
 ``save_profile`` writes it atomically; ``load_profile`` validates every file
 and reports a bad one with its path, the column or field and the reason.
 
-It sits beside :mod:`bytecomp.plan` rather than in a stage: the profiler writes
+It sits beside :mod:`bytecomp.plan_file` rather than in a stage: the profiler writes
 profiles, the models and the planner read them, and neither stage imports the other
 for it.
 """
@@ -29,7 +29,7 @@ from bytecomp.files import (
     read_text_file,
     read_yaml_file,
 )
-from bytecomp.plan import MAX_BUCKET_CAP_MB
+from bytecomp.plan_file import MAX_BUCKET_CAP_MB
 
 FORMAT_VERSION = 1
 TIME_NAMES = ("forward", "backward", "optimizer", "iteration")
@@ -47,10 +47,10 @@ READY_SLACK = 0.01
 PHASE_SLACK = 0.1  # a phase's median against the iteration's (timed apart, so not additive)
 BACKENDS = ("gloo", "nccl")  # ready times and backward time are medians rounded to 0.1 us
 EXECUTOR_PATHS = ("direct", "fifo", "host")  # bytecomp.model.overheads.PATHS
-MAX_STEPS_FACTOR = 10.0  # bytecomp.profile.probe.MAX_FACTOR
-# what the convergence probe measured its losses on (bytecomp.profile.workloads)
+MAX_STEPS_FACTOR = 10.0  # bytecomp.profiler.probe.MAX_FACTOR
+# what the convergence probe measured its losses on (bytecomp.profiler.workloads)
 PROBE_BATCHES = ("validation", "held-out training batches")
-# the tables a calibration holds (bytecomp.profile.calibration), and where a profile's came from
+# the tables a calibration holds (bytecomp.profiler.calibration), and where a profile's came from
 CLUSTER_TABLES = ("collectives", "compressors", "aggregation", "copies", "executor")
 TABLE_SOURCES = ("measured", "calibration")
 CALIBRATION_KINDS = ("calibration", "profile")  # a --calibrate-only directory, or a profile
@@ -260,7 +260,7 @@ def _signed_ms(value) -> bool:
 
 def check_executor_measured(path: Path, entry, where: str = "executor.measured") -> None:
     """Optional: what the executor's fixed costs were derived from
-    (:class:`bytecomp.profile.overheads.ExecutorMeasurement`): per path the backward's
+    (:class:`bytecomp.profiler.overheads.ExecutorMeasurement`): per path the backward's
     ms per added group (``added_ms``, ``hook_added_ms``, on a CPU job ``busy_added_ms``)
     and ``bucket_ms`` per added bucket; differences of medians, so they may be below 0."""
     if entry is None:
@@ -411,11 +411,11 @@ def _check_probe_meta(path: Path, entry) -> None:
         _fail(path, "field 'probe.length' must be budget or --probe-steps")
 
 
-MAX_RETRIES = 100  # the quality section's retries (bytecomp.profile.quality.RETRIES)
+MAX_RETRIES = 100  # the quality section's retries (bytecomp.profiler.quality.RETRIES)
 
 
 def _check_quality(path: Path, entry) -> None:
-    """Optional: the sweeps' fit quality (bytecomp.profile.quality): the thresholds, the
+    """Optional: the sweeps' fit quality (bytecomp.profiler.quality): the thresholds, the
     retries, the fits measured again and those that stayed poor (names checked against
     the tables by :func:`_check_quality_fits`)."""
     if entry is None:

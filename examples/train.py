@@ -34,8 +34,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
 from bytecomp.errors import BytecompError
-from bytecomp.profile.data import TeacherTask
-from bytecomp.profile.workloads import load_workload
+from bytecomp.profiler.data import TeacherTask
+from bytecomp.profiler.workloads import load_workload
 
 
 @dataclass

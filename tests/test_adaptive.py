@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 import bytecomp
 from bytecomp.comm.schemes import take_residuals
 from bytecomp.errors import BytecompError
-from bytecomp.plan import Adaptive, Option, ladder_for_model, load_plan, plan_from_dict
+from bytecomp.plan_file import Adaptive, Option, ladder_for_model, load_plan, plan_from_dict
 from bytecomp.runtime.controller import Controller
 
 from ranks import run_ranks
@@ -141,7 +141,7 @@ def test_measured_gains_are_read_on_the_calibrated_scale():
 
 
 def test_a_levels_calibration_comes_from_its_fidelity_and_gain():
-    from bytecomp.plan import Level
+    from bytecomp.plan_file import Level
 
     assert Level("x", [], fidelity=0.8, gain=0.64).calibration == pytest.approx(0.5)
     assert Level("x", [], fidelity=0.8).calibration == 1.0  # no gain recorded: none
@@ -538,7 +538,7 @@ def test_level_0_is_one_of_pytorchs_hooks(min_gain):
     """fp16 allreduce of every tensor (the fp16 hook) where predicted min_gain faster than
     fp32 DDP at the ladder's cap, else fp32 DDP: never a searched mix the executor's own
     exchange would run."""
-    from bytecomp.plan import NO_COMPRESSION
+    from bytecomp.plan_file import NO_COMPRESSION
     from bytecomp.search.ladder import plan_ladder
     from bytecomp.search.options import SearchOptions
 
@@ -638,7 +638,7 @@ def test_a_ladder_without_profiled_settings_is_one_clear_error():
 
 
 def test_simulate_takes_a_level_of_an_adaptive_plan(tmp_path, cli):
-    from bytecomp.profile import save_profile
+    from bytecomp.profiler import save_profile
     from bytecomp.search.ladder import plan_ladder, to_ladder_plan
 
     profile = ladder_profile(["fp16", "topk:ratio=0.1", "topk:ratio=0.01"])
@@ -656,7 +656,7 @@ def test_simulate_takes_a_level_of_an_adaptive_plan(tmp_path, cli):
 
 
 def test_plan_takes_the_agreement_interval_and_refuses_a_bad_one(tmp_path, cli):
-    from bytecomp.profile import save_profile
+    from bytecomp.profiler import save_profile
 
     profile = ladder_profile(["fp16", "topk:ratio=0.1", "topk:ratio=0.01"])
     folder = save_profile(profile, tmp_path / "profile")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bytecomp.profile.convergence import (
+from bytecomp.profiler.convergence import (
     ConvergenceConfig,
     loss_at,
     step_order,
@@ -17,7 +17,7 @@ from bytecomp.profile.convergence import (
     target_loss,
     time_at,
 )
-from bytecomp.profile.workloads import load_workload
+from bytecomp.profiler.workloads import load_workload
 
 from ranks import run_ranks
 
@@ -58,8 +58,8 @@ def _curves_in_both_orders(rank, world):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    from bytecomp.profile.convergence import train_curves
-    from bytecomp.profile.probe import Trainee
+    from bytecomp.profiler.convergence import train_curves
+    from bytecomp.profiler.probe import Trainee
 
     workload = load_workload(MLP)
     out = {}
@@ -168,7 +168,7 @@ def test_digits_is_real_data_with_a_fixed_split():
 
 
 def test_typical_step_times_are_medians_per_level():
-    from bytecomp.profile.convergence import Training
+    from bytecomp.profiler.convergence import Training
 
     training = Training({"a": [(0, 1.0)], "b": [(0, 1.0)]},
                         {"a": [3.0, 30.0, 3.2, 2.9, float("nan")],
@@ -183,8 +183,8 @@ def test_the_drift_correction_scales_every_compute_time_of_the_profile():
     """The timing bench's drift correction (``scaled_compute``) scales the compute
     phases, ready times, encodes, decodes, their between-round part and the
     aggregation, and no communication."""
-    from bytecomp.bench.runner import scaled_compute
-    from bytecomp.profile import load_profile
+    from bytecomp.bencher.runner import scaled_compute
+    from bytecomp.profiler import load_profile
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "transformer")
     profile.compressors["advance_ms"] = profile.compressors["encode_ms"] / 2
@@ -202,7 +202,7 @@ def test_the_drift_correction_scales_every_compute_time_of_the_profile():
 # -- the link bench runs on against the predictions' cluster ------------------------------
 
 def test_a_link_within_twice_the_prediction_is_no_mismatch():
-    from bytecomp.bench.runner import link_mismatch
+    from bytecomp.bencher.runner import link_mismatch
 
     for measured in (5.0, 10.0, 19.9):
         assert link_mismatch(measured, 10.0, 1 << 20, "gbe1") is None
@@ -214,7 +214,7 @@ def test_a_link_within_twice_the_prediction_is_no_mismatch():
 
 
 def _link_warnings(rank, world):
-    from bytecomp.bench.runner import link_warning
+    from bytecomp.bencher.runner import link_warning
     from bytecomp.model.clusters import Cluster, Link
     from bytecomp.profile_store import load_profile
 

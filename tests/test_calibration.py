@@ -17,8 +17,8 @@ import yaml
 
 from bytecomp.errors import BytecompError
 from bytecomp.launch import free_port
-from bytecomp.profile import load_profile
-from bytecomp.profile.calibration import (
+from bytecomp.profiler import load_profile
+from bytecomp.profiler.calibration import (
     LINK_MAX_BYTES,
     LINK_MAX_MS,
     LINK_TOLERANCE,
@@ -49,7 +49,7 @@ def here(tmp_path: Path) -> Path:
     import torch
 
     from bytecomp.launch import threads_per_rank
-    from bytecomp.profile.runner import device_name
+    from bytecomp.profiler.runner import device_name
 
     copy = tmp_path / "calibration"
     shutil.copytree(CALIBRATION, copy)
@@ -153,7 +153,7 @@ def test_executor_measurement_gives_the_fixed_costs_as_before():
     """The executor's measurement turns into fixed costs as the profile always derived
     them: the added time less the model's charge, its hook part, and on a CPU job the
     busy backward's share less the charged compute and the collectives' longer waits."""
-    from bytecomp.profile.overheads import ExecutorMeasurement
+    from bytecomp.profiler.overheads import ExecutorMeasurement
 
     measured = ExecutorMeasurement({"direct": 1.0, "fifo": 2.0, "host": 0.2},
                                    {"direct": 0.3, "fifo": -0.1, "host": 0.1},

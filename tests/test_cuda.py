@@ -12,7 +12,7 @@ import torch
 
 from bytecomp.compress import default_specs, from_spec
 from bytecomp.compress.local import encode, roundtrip
-from bytecomp.profile.fidelity import gain
+from bytecomp.profiler.fidelity import gain
 from bytecomp.runtime.state import to_device
 
 from ranks import run_ranks
@@ -108,8 +108,8 @@ def _train_on_cuda(rank, world, host_share: int):
 
     import bytecomp
     from bytecomp.comm.schemes import supported_schemes
-    from bytecomp.plan import Option, plan_for_model
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.plan_file import Option, plan_for_model
+    from bytecomp.profiler.workloads import load_workload
 
     torch.manual_seed(0)
     workload = load_workload("mlp:inputs=32,width=64,depth=3")
@@ -179,7 +179,7 @@ def test_the_profiler_on_one_gpu(tmp_path):
                              "--device", "cuda", "--quick", "--out", str(out)],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr
-    from bytecomp.profile import load_profile
+    from bytecomp.profiler import load_profile
 
     profile = load_profile(out)
     assert profile.device_type == "cuda"

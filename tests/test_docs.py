@@ -284,8 +284,8 @@ def readme_training_snippet() -> str:
 def test_readme_training_snippet_runs_on_two_ranks(tmp_path):
     """The README's step 3, as written, with a plan for its model and world size."""
     from bytecomp.launch import free_port
-    from bytecomp.plan import Option, plan_for_model
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.plan_file import Option, plan_for_model
+    from bytecomp.profiler.workloads import load_workload
 
     model = load_workload("mlp:inputs=64,width=256,depth=3").model
     biggest = max(p.numel() for p in model.parameters())

@@ -21,7 +21,7 @@ from bytecomp.comm.schemes import SCHEMES, Scheme, register_scheme, supported_sc
 from bytecomp.compress import COMPRESSORS, Compressor, from_spec, register
 from bytecomp.compress.base import SOLO, Peers, meta_of
 from bytecomp.model.schemes import SCHEME_COSTS, ExchangeCost, SchemeCost, register_scheme_cost
-from bytecomp.plan import Option, plan_for_model
+from bytecomp.plan_file import Option, plan_for_model
 from bytecomp.testing import check_compressor
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
 
@@ -194,7 +194,7 @@ def test_a_scheme_from_outside_is_offered_and_priced(toys):
 def _toys_through_apply_plan(rank, world):
     """Three steps of a plan of toyfp8 (allgather) and randomk (reduce-broadcast) on an
     MLP: every gradient equals what the two ranks' gradients give by hand."""
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.profiler.workloads import load_workload
 
     with registered():
         workload, local = load_workload("mlp:inputs=32,width=64,depth=2"), \

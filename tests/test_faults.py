@@ -25,7 +25,7 @@ import bytecomp
 from bytecomp.comm.topology import Topology, job_timeout
 from bytecomp.errors import BytecompError
 from bytecomp.launch import RankFailed, spawn, threads_per_rank
-from bytecomp.plan import Adaptive, Option, ladder_for_model, plan_for_model
+from bytecomp.plan_file import Adaptive, Option, ladder_for_model, plan_for_model
 
 from ranks import free_port, run_ranks
 
@@ -360,7 +360,7 @@ C10D_LOG = re.compile(r"\[[WI]\d{4} [\d:.]+ \S+\] \[c10d\]")
 
 def _example_plan(path: Path) -> None:
     """A plan for examples/train.py's model that runs through bytecomp's executor."""
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.profiler.workloads import load_workload
 
     model = load_workload(TRAIN_MODEL, seed=0).model
     plan_for_model(model, lambda name, param: Option("topk:ratio=0.1", "device", "allgather"),

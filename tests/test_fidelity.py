@@ -14,8 +14,8 @@ import torch
 
 from bytecomp.compress import from_spec
 from bytecomp.errors import BytecompError
-from bytecomp.profile import load_profile, save_profile
-from bytecomp.profile.fidelity import FidelityMeter, gain
+from bytecomp.profiler import load_profile, save_profile
+from bytecomp.profiler.fidelity import FidelityMeter, gain
 from bytecomp.search import Planner
 from bytecomp.testing.synthetic import mlp_shapes, resnet50_shapes, synthetic_profile
 
@@ -41,7 +41,7 @@ def _gains_on_ddp_gradients(rank, world):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from bytecomp.profile.fidelity import capture_local_gradients
+    from bytecomp.profiler.fidelity import capture_local_gradients
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
@@ -298,7 +298,7 @@ def test_parameter_weights_count_every_layer_where_norm_weights_see_the_largest(
 
 
 def test_the_steps_factor_reads_the_curves():
-    from bytecomp.profile.probe import MAX_FACTOR, steps_factor
+    from bytecomp.profiler.probe import MAX_FACTOR, steps_factor
 
     fp32 = [(0, 3.0), (10, 2.0), (20, 1.5), (30, 1.2), (40, 1.0)]
     assert steps_factor(fp32, fp32, 20) == pytest.approx(1.0)

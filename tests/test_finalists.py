@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from bytecomp.errors import BytecompError
-from bytecomp.plan import load_plan, plan_from_dict
+from bytecomp.plan_file import load_plan, plan_from_dict
 from bytecomp.search import Planner
 from bytecomp.search.finalists import STEPS_TOLERANCE, Finalist, choose, shortlist
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
@@ -51,8 +51,8 @@ def test_within_the_steps_tolerance_the_faster_wins():
 def test_a_steps_factor_compares_the_steps_to_the_same_losses():
     """fp32 DDP against itself is 1, however noisy its curve; a curve that takes twice the
     steps to every loss is 2; one that never gets there is the cap."""
-    from bytecomp.profile.finalists import matched_factor
-    from bytecomp.profile.probe import MAX_FACTOR
+    from bytecomp.profiler.finalists import matched_factor
+    from bytecomp.profiler.probe import MAX_FACTOR
 
     noisy = [(0, 5.0), (10, 3.0), (20, 2.0), (30, 2.2), (40, 1.5), (50, 1.6), (60, 1.2)]
     assert matched_factor(noisy, noisy, 30) == 1.0
@@ -186,7 +186,7 @@ def test_finalists_the_prediction_cannot_separate_become_a_runtime_trial(planned
     the plan keeps both as levels for the running job to time, fp32 DDP as level 0 (where
     the controller steps back to), every level at the chosen one's bucket cap; one
     clearly ahead: the static plan."""
-    from bytecomp.plan import FINALISTS
+    from bytecomp.plan_file import FINALISTS
     from bytecomp.search.planner import to_plan
     from bytecomp.search.verify import Verification, chosen_result, trial_plan
 

@@ -20,7 +20,7 @@ import yaml
 from bytecomp.cli import app
 from bytecomp.compress import COMPRESSORS, from_spec
 from bytecomp.compress.base import Compressor
-from bytecomp.plan import load_plan
+from bytecomp.plan_file import load_plan
 from bytecomp.profile_store import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_compressors_json_lists_the_registry_with_its_traits(cli):
 def test_bench_json_is_bench_csv_with_the_caption_s_errors(tmp_path):
     """``bench --format json`` reads back what rank 0 wrote (the ranks themselves are
     run by the multirank bench tests)."""
-    from bytecomp.bench.runner import COMPUTE_ONLY
+    from bytecomp.bencher.runner import COMPUTE_ONLY
     from bytecomp.cli import _bench_json, _plain
 
     rows = [{"strategy": "fp32 DDP", "measured_ms": 10.0, "error": 0.1,

@@ -18,8 +18,8 @@ from bytecomp.model.clusters import available_clusters, load_cluster, shipped_cl
 PACKAGE = Path(bytecomp.__file__).resolve().parent
 REPO = PACKAGE.parent
 HEAVY = ("pandas", "scipy", "rich", "networkx", "matplotlib", "typer")
-PLANNER = ("bytecomp.search", "bytecomp.profile", "bytecomp.model", "bytecomp.timeline",
-           "bytecomp.bench", "bytecomp.cli", "bytecomp.ui")
+PLANNER = ("bytecomp.search", "bytecomp.profiler", "bytecomp.model", "bytecomp.timeline",
+           "bytecomp.bencher", "bytecomp.cli", "bytecomp.ui")
 
 
 def test_a_training_job_imports_no_planner_code():
@@ -38,8 +38,8 @@ def test_a_training_job_imports_no_planner_code():
 # what `bytecomp plan --no-verify` has no use for: it runs no torch code (the compressors and
 # the scheme registry import torch where they run it), fits without scipy.optimize, and reads
 # a profile without the profiler
-PLAN_SKIPS = ("torch", "triton", "scipy", "matplotlib", "bytecomp.profile",
-              "bytecomp.runtime", "bytecomp.launch", "bytecomp.recipe", "bytecomp.bench",
+PLAN_SKIPS = ("torch", "triton", "scipy", "matplotlib", "bytecomp.profiler",
+              "bytecomp.runtime", "bytecomp.launch", "bytecomp.recipe", "bytecomp.bencher",
               "bytecomp.emulate", "bytecomp.comm.exchanges", "bytecomp.comm.collectives",
               "bytecomp.comm.worker", "bytecomp.compress.triton_kernels")
 
@@ -110,13 +110,13 @@ def _stage(module: str) -> str:
 
 def test_stages_import_only_downward():
     _, every = import_graph()
-    planning = ("bytecomp.profile", "bytecomp.model", "bytecomp.timeline", "bytecomp.search")
+    planning = ("bytecomp.profiler", "bytecomp.model", "bytecomp.timeline", "bytecomp.search")
     forbidden = []
     for source, target in every.edges:
         # the profiler alone may run the executor: it measures the executor's fixed costs, and
         # the convergence probe trains with compressors
-        runs_executor = source in ("bytecomp.profile.overheads", "bytecomp.profile.probe",
-                                   "bytecomp.profile.finalists") \
+        runs_executor = source in ("bytecomp.profiler.overheads", "bytecomp.profiler.probe",
+                                   "bytecomp.profiler.finalists") \
             and target == "bytecomp.runtime"
         if _stage(source) in planning and _stage(target) in ("bytecomp.runtime", "bytecomp.cli") \
                 and not runs_executor:

@@ -22,8 +22,8 @@ import bytecomp.search.algorithms as algorithms_module
 import bytecomp.search.bound as bound_module
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import load_cluster
-from bytecomp.plan import NO_COMPRESSION, load_plan, plan_from_dict
-from bytecomp.profile import load_profile
+from bytecomp.plan_file import NO_COMPRESSION, load_plan, plan_from_dict
+from bytecomp.profiler import load_profile
 from bytecomp.search import Planner, simulate_plan, to_plan
 from bytecomp.search.algorithms import greedy_over_caps, lower_bound, size_classes
 from bytecomp.search.bound import (
@@ -687,7 +687,7 @@ def test_gathering_scattered_members_is_charged_where_the_executor_does_it():
 
 
 def test_intra_node_interference_charges_the_hierarchical_exchange_only():
-    from bytecomp.plan import Option
+    from bytecomp.plan_file import Option
 
     flat, hierarchical = Option("none", "device", "allreduce"), Option("none", "device", "hierarchical")
 
@@ -728,8 +728,8 @@ def test_gathered_payloads_are_priced_by_the_profiles_aggregation_sweep(tmp_path
     decodes (profiles before the sweep); the table round-trips through the files."""
     import pandas as pd
 
-    from bytecomp.plan import Option
-    from bytecomp.profile import save_profile
+    from bytecomp.plan_file import Option
+    from bytecomp.profiler import save_profile
 
     profile = synthetic_profile(mlp_shapes(), world_size=8, nodes=2)
     numels = sorted(set(profile.compressors.numel))
@@ -758,7 +758,7 @@ FIXED = {"bucket_ms": 0.5, "paths": {"direct": {"hook_ms": 0.2, "tail_ms": 0.3},
 
 def test_each_option_pays_the_fixed_costs_of_its_executor_path():
     from bytecomp.model.overheads import ExecutorCosts, path_of
-    from bytecomp.plan import Option
+    from bytecomp.plan_file import Option
     from bytecomp.profile_store import EXECUTOR_PATHS
     from bytecomp.search.planner import Planner as _Planner
 

@@ -12,10 +12,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.compress import default_specs, from_spec
-from bytecomp.plan import fingerprint
-from bytecomp.profile import load_profile
-from bytecomp.profile.sweeps import COLLECTIVES, DTYPES, EXTRA_SAMPLES, samples_per_round
-from bytecomp.profile.workloads import load_workload
+from bytecomp.plan_file import fingerprint
+from bytecomp.profiler import load_profile
+from bytecomp.profiler.sweeps import COLLECTIVES, DTYPES, EXTRA_SAMPLES, samples_per_round
+from bytecomp.profiler.workloads import load_workload
 
 from ranks import free_port, run_ranks
 
@@ -122,7 +122,7 @@ def test_the_aggregation_of_gathered_payloads_is_swept(mlp_profile):
     only, at every sweep size; it loads back and prices allgather decodes."""
     from bytecomp.model.costs import ComputeModel
     from bytecomp.model.fits import fit_piecewise
-    from bytecomp.profile.sweeps import gathered_specs
+    from bytecomp.profiler.sweeps import gathered_specs
 
     table = mlp_profile.aggregation
     numels = mlp_profile.meta["sweep"]["numels"]
@@ -199,7 +199,7 @@ def test_the_busy_calibration_model_computes_between_its_gradients():
     """On the CPU the calibration exchanges groups while the backward computes: each
     weight's gradient comes after the matrix products of the layers behind it, last
     layer first, and every weight gets one (DDP would otherwise wait for it)."""
-    from bytecomp.profile.overheads import NUMEL, TinyModel
+    from bytecomp.profiler.overheads import NUMEL, TinyModel
 
     model = TinyModel(4, busy=True)
     order = []
@@ -278,7 +278,7 @@ def test_a_failing_rank_stops_every_rank_without_a_hang(tmp_path):
 
 def interference_on_two_nodes_of_two(rank: int, world_size: int) -> dict:
     from bytecomp.comm.topology import Topology
-    from bytecomp.profile.training import TrainingSettings, measure_training
+    from bytecomp.profiler.training import TrainingSettings, measure_training
 
     topology = Topology.build(nodes=2, ranks_per_node=2)
     settings = TrainingSettings(batch_size=8, bucket_cap_mb=1.0, warmup=1, iterations=2)

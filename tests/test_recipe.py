@@ -14,9 +14,9 @@ import torch
 import yaml
 
 from bytecomp.errors import BytecompError
-from bytecomp.profile.quality import merged, quality_meta, remeasure
-from bytecomp.profile.workloads import HELD_OUT_SEED, load_workload
 from bytecomp.profile_store import load_profile
+from bytecomp.profiler.quality import merged, quality_meta, remeasure
+from bytecomp.profiler.workloads import HELD_OUT_SEED, load_workload
 from bytecomp.recipe import ClippedOptimizer, parse_optimizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -157,7 +157,7 @@ def _sweep(noisy: bool, key=("allreduce", "world", "float32")) -> list[dict]:
 
 
 def _checked(first, again):
-    from bytecomp.profile.quality import COLLECTIVE_KEY, collective_quality
+    from bytecomp.profiler.quality import COLLECTIVE_KEY, collective_quality
 
     asked = []
 

@@ -11,7 +11,7 @@ import pytest
 
 from bytecomp.profile_store import save_profile
 from bytecomp.search import Planner, simulate_plan, to_plan
-from bytecomp.search.planner import PlanResult
+from bytecomp.search.planner import SearchResult
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
 from bytecomp.timeline.iteration import Event
 from bytecomp.timeline.render import LANES, _bars, _event_args, trace_json, write_trace
@@ -29,7 +29,7 @@ def _many(count: int, tmp_path):
     picks = [0, 3, len(planner.searchable) - 1]
     assignment = [picks[i % 3] for i in range(count)]
     time_ms = problem.simulate(assignment, 0.0).iteration_ms
-    result = PlanResult(problem, planner.cluster, planner.specs, assignment, 0.0, time_ms,
+    result = SearchResult(problem, planner.cluster, planner.specs, assignment, 0.0, time_ms,
                         planner.baselines(), "by hand", 0.0, time_ms / 2, False, 0)
     to_plan(result, profile).save(tmp_path / "plan.yaml")
     return tmp_path / "profile", tmp_path / "plan.yaml"

@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
 from bytecomp.errors import BytecompError
-from bytecomp.plan import FINALISTS, Adaptive, Option, ladder_for_model, plan_from_dict
+from bytecomp.plan_file import FINALISTS, Adaptive, Option, ladder_for_model, plan_from_dict
 from bytecomp.runtime.trial import Trial
 
 from ranks import run_ranks
@@ -80,7 +80,7 @@ def _train(rank, world, steps, resume_at=None):
     """Train with the finalists' plan, each step reported as 10 ms at level 1 and 7 ms at
     level 2 (rank 1 a little slower): the trial keeps level 2 (7 x 1.5 = 10.5 > 10 x 1.0)
     ... unless the ranks disagree. The parameters, the levels step by step, the moves."""
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.profiler.workloads import load_workload
 
     torch.manual_seed(0)
     workload = load_workload("mlp:inputs=32,width=64,depth=2")

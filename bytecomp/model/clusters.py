@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import control_character, load_yaml, read_text_file
-from bytecomp.plan import MAX_RANKS
+from bytecomp.plan_file import MAX_RANKS
 
 MAX_CPU_CORES = 1 << 16  # a node's cores
 # Physical ranges of a link (docs/formats.md): from a 1 Mbit/s link to 100 Tbit/s (beyond

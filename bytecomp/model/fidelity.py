@@ -1,5 +1,5 @@
 """Gradient fidelity from a profile: each tensor's gain under each compressor
-(``fidelity.csv``; see :mod:`bytecomp.profile.fidelity` for the definitions).
+(``fidelity.csv``; see :mod:`bytecomp.profiler.fidelity` for the definitions).
 
 A plan's fidelity composes its tensors' gains, ``sqrt(sum over tensors of
 weight * gain^2)`` with weights summing to 1, uncompressed tensors counting 1;
@@ -21,7 +21,7 @@ The weights (``WEIGHTS``):
   gain of the whole gradient vector itself (GraVAC's), what matters for plain
   SGD, whose update is that vector.
 
-Calibration by the convergence probe (:mod:`bytecomp.profile.probe`): a gain
+Calibration by the convergence probe (:mod:`bytecomp.profiler.probe`): a gain
 says how much of a step's gradient a compressor keeps, not how many more steps
 training then needs, and the two disagree from one model to the next. Where
 the profile trained a compressor on every tensor and measured its *steps
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from bytecomp.compress import canonical
 from bytecomp.errors import BytecompError
-from bytecomp.plan import UNCOMPRESSED
+from bytecomp.plan_file import UNCOMPRESSED
 from bytecomp.profile_store import Profile
 
 WEIGHTS = ("params", "norm")

@@ -2,7 +2,7 @@
 hook costs beyond its compression and its collectives.
 
 ``bytecomp profile`` measures them with the real executor on the job's process
-groups (:mod:`bytecomp.profile.overheads`) and stores them in profile.yaml
+groups (:mod:`bytecomp.profiler.overheads`) and stores them in profile.yaml
 under ``executor``. A group runs on one of three paths
 (:mod:`bytecomp.runtime.paths`):
 
@@ -32,7 +32,7 @@ from functools import cache
 
 from bytecomp.comm.schemes import scheme_of
 from bytecomp.compress import from_spec
-from bytecomp.plan import Option
+from bytecomp.plan_file import Option
 
 PATHS = ("direct", "fifo", "host")
 

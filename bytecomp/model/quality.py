@@ -10,7 +10,7 @@ below, a fixed cost dominates that neither a line nor the curve follows to 25% (
 1 KiB gloo allgather at 0.1 ms against an intercept of 0.3), and the absolute errors
 are a fraction of a millisecond. Broadcast, which no scheme uses, and the identity
 compressor, which does no work, are not judged. The profiler measures a poor sweep
-again (:mod:`bytecomp.profile.quality`); ``plan`` warns about what stayed poor among
+again (:mod:`bytecomp.profiler.quality`); ``plan`` warns about what stayed poor among
 the fits its plan uses.
 """
 

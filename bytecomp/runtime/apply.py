@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
-from bytecomp.plan import MAX_HOST_WORKERS, Plan, load_plan
+from bytecomp.plan_file import MAX_HOST_WORKERS, Plan, load_plan
 from bytecomp.runtime.checks import agree, check_bucket_cap, local_problem, match_parameters
 from bytecomp.runtime.executor import Executor, device_of
 from bytecomp.runtime.groups import build_groups

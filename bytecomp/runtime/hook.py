@@ -19,7 +19,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
-from bytecomp.plan import Plan
+from bytecomp.plan_file import Plan
 from bytecomp.runtime.apply import (
     PYTHON_REDUCER,
     _prepare,

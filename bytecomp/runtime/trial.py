@@ -3,7 +3,7 @@ running job before one is kept.
 
 A verified plan (``bytecomp plan``) keeps as levels the finalists whose predicted time x
 measured steps factor is within the prediction's error of the best
-(:attr:`bytecomp.plan.Adaptive.trial`). After ``trial_warmup`` steps at the plan's
+(:attr:`bytecomp.plan_file.Adaptive.trial`). After ``trial_warmup`` steps at the plan's
 choice (DDP rebuilds its buckets, caches warm up), the next ``trial_steps`` steps take
 the candidates in turn, one a step; every step's time is the one the ranks agreed on
 (:mod:`bytecomp.runtime.adaptive`), so every rank keeps the same. Once the last trial

@@ -5,6 +5,6 @@
 >>> to_plan(result, profile).save("plan.yaml")
 """
 
-from bytecomp.search.planner import Planner, PlanResult, simulate_plan, to_plan
+from bytecomp.search.planner import Planner, SearchResult, simulate_plan, to_plan
 
-__all__ = ["PlanResult", "Planner", "simulate_plan", "to_plan"]
+__all__ = ["SearchResult", "Planner", "simulate_plan", "to_plan"]

@@ -12,7 +12,7 @@ a plan then needs to reach a loss is what the gains predict worst (PowerSGD kept
   PowerSGD hook at every rank the profile timed (in one bucket, as the hook needs);
 
 trains them on the profiled ranks from the same weights on the same batches with the
-user's recipe (:mod:`bytecomp.profile.finalists`), and :func:`choose` picks the one
+user's recipe (:mod:`bytecomp.profiler.finalists`), and :func:`choose` picks the one
 with the least predicted time per step for the target cluster times measured steps
 factor (its steps over fp32 DDP's to the same loss). Finalists whose factors are
 within :data:`STEPS_TOLERANCE` of each other count as needing the same steps: of
@@ -29,7 +29,7 @@ from bytecomp.compress.base import POWERSGD_HOOK
 from bytecomp.search.options import BaselineKind, SearchOptions
 from bytecomp.search.planner import (
     Planner,
-    PlanResult,
+    SearchResult,
     composition_of,
     hook_specs,
     powersgd_hook_assignment,
@@ -83,7 +83,7 @@ def one_bucket_cap(planner: Planner) -> float:
     return float(max(planner.profile.bucket_cap_mb, math.floor(total_mb) + 1))
 
 
-def shortlist(planner: Planner, result: PlanResult, options: SearchOptions | None = None,
+def shortlist(planner: Planner, result: SearchResult, options: SearchOptions | None = None,
               limit: int = MAX_FINALISTS) -> list[Finalist]:
     """The finalists of a search result (see the module docstring), at most ``limit``,
     without repeats (the same strategies at the same cap: the first name stays, the
@@ -128,7 +128,7 @@ def shortlist(planner: Planner, result: PlanResult, options: SearchOptions | Non
     return out
 
 
-def _other_mixes(planner: Planner, result: PlanResult,
+def _other_mixes(planner: Planner, result: SearchResult,
                  options: SearchOptions | None) -> list[tuple[list[int], float, str]]:
     """The best plan with each of the most promising compressors the plan does not use
     alone (by their 'on every tensor' baselines), searched by time with it or nothing."""

@@ -43,10 +43,10 @@ from bytecomp.compress.base import FP16_HOOK
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import Cluster
 from bytecomp.model.fidelity import FidelityModel, compose
-from bytecomp.plan import NO_COMPRESSION, Adaptive, Level, Option, Plan
+from bytecomp.plan_file import NO_COMPRESSION, Adaptive, Level, Option, Plan
 from bytecomp.profile_store import Profile
 from bytecomp.search.options import BaselineKind, SearchOptions, default_min_gain
-from bytecomp.search.planner import Planner, PlanResult, fp32_ms, hook_specs, to_plan
+from bytecomp.search.planner import Planner, SearchResult, fp32_ms, hook_specs, to_plan
 
 AGREE_MS = 100.0  # agree at most about this often, in predicted iteration time
 
@@ -55,7 +55,7 @@ AGREE_MS = 100.0  # agree at most about this often, in predicted iteration time
 class LadderResult:
     """The levels' search results (level 0 first), their settings, and notes."""
 
-    levels: list[PlanResult]
+    levels: list[SearchResult]
     settings: list[str]
     adaptive: Adaptive
     notes: list[str]
@@ -95,7 +95,7 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
                      f"{adaptive.family} ladder ({', '.join(missing)}): those levels are "
                      f"left out (bytecomp profile --ladder {adaptive.family} times them)")
 
-    def search(specs: list[str] | None, cap_choices: tuple[float, ...] | None) -> PlanResult:
+    def search(specs: list[str] | None, cap_choices: tuple[float, ...] | None) -> SearchResult:
         planner = Planner(profile, cluster, specs, strict=True, objective="time")
         return planner.search(replace(options, caps=cap_choices, min_gain=0.0))
 
@@ -139,7 +139,7 @@ def agreement_interval(step_ms: float, window: int) -> int:
     return max(1, min(window, math.ceil(AGREE_MS / step_ms)))
 
 
-def level_fidelities(profile: Profile, results: list[PlanResult]) \
+def level_fidelities(profile: Profile, results: list[SearchResult]) \
         -> tuple[list[float | None], list[float | None]]:
     """Each level's gain, as the executor will measure it while training, and its
     fidelity, calibrated both ways by the probe (None for both without a fidelity
@@ -157,7 +157,7 @@ def level_fidelities(profile: Profile, results: list[PlanResult]) \
         uniform = raw.uniform(spec, names)
         scale[spec] = gain / uniform if uniform > 0 else 1.0
 
-    def composed(gain_of, result: PlanResult) -> float:
+    def composed(gain_of, result: SearchResult) -> float:
         tensors, options = result.problem.tensors, _assignment(result)
         return compose([raw.shares[t.name] for t in tensors],
                        [gain_of(t.name, o.spec) for t, o in zip(tensors, options)])
@@ -169,7 +169,7 @@ def level_fidelities(profile: Profile, results: list[PlanResult]) \
         [composed(calibrated.gain, r) for r in results]
 
 
-def best_start(results: list[PlanResult], fidelities: list[float | None],
+def best_start(results: list[SearchResult], fidelities: list[float | None],
                threshold: float) -> int:
     """The level with the best predicted effective time (iteration time / fidelity)
     among those whose fidelity is at least ``threshold``; level 0 if none is, or the
@@ -184,26 +184,26 @@ def best_start(results: list[PlanResult], fidelities: list[float | None],
     return best
 
 
-def _fp32_at(planner: Planner, cap: float) -> PlanResult:
+def _fp32_at(planner: Planner, cap: float) -> SearchResult:
     """fp32 DDP at bucket cap ``cap`` as a search result."""
     return _uniform_at(planner, cap, NO_COMPRESSION, BaselineKind.FP32_DDP.value)
 
 
-def _uniform_at(planner: Planner, cap: float, option: Option, name: str) -> PlanResult:
+def _uniform_at(planner: Planner, cap: float, option: Option, name: str) -> SearchResult:
     """``option`` on every tensor at bucket cap ``cap`` as a search result."""
     problem = planner.problem
     assignment = problem.uniform(problem.index_of(option))
     time_ms = problem.simulate(assignment, cap).iteration_ms
-    return PlanResult(problem, planner.cluster, planner.specs, assignment, cap, time_ms,
+    return SearchResult(problem, planner.cluster, planner.specs, assignment, cap, time_ms,
                       planner.baselines(), name, 0.0, time_ms, True, 0, [],
                       problem.objective, problem.fidelity(assignment), time_ms)
 
 
-def _assignment(result: PlanResult) -> list:
+def _assignment(result: SearchResult) -> list:
     return [result.problem.options[o] for o in result.assignment]
 
 
-def _setting_of(result: PlanResult) -> str:
+def _setting_of(result: SearchResult) -> str:
     specs = sorted({o.spec for o in _assignment(result) if o.compressed})
     return ", ".join(specs) or NO_COMPRESSION.spec
 

@@ -24,7 +24,14 @@ from bytecomp.model.overheads import ExecutorCosts
 from bytecomp.model.quality import collective_quality, compressor_quality
 from bytecomp.model.schemes import scheme_cost
 from bytecomp.model.strategy import StrategyCosts, cast_specs
-from bytecomp.plan import HOST_WORKERS, MAX_HOST_WORKERS, NO_COMPRESSION, Option, Plan, PlanEntry
+from bytecomp.plan_file import (
+    HOST_WORKERS,
+    MAX_HOST_WORKERS,
+    NO_COMPRESSION,
+    Option,
+    Plan,
+    PlanEntry,
+)
 from bytecomp.profile_store import ELEMENT_SIZES, Profile
 from bytecomp.search.algorithms import (
     Budget,
@@ -99,7 +106,7 @@ class Baseline:
 
 
 @dataclass
-class PlanResult:
+class SearchResult:
     problem: Problem
     cluster: Cluster
     specs: list[str]
@@ -157,7 +164,7 @@ class PlanResult:
         fp32 = self.baseline(BaselineKind.FP32_DDP)
         assert fp32 is not None  # every search result has it
         effective = self.objective.name == "effective"
-        entries: list[tuple[str, PlanResult | Baseline]] = [("bytecomp plan", self)]
+        entries: list[tuple[str, SearchResult | Baseline]] = [("bytecomp plan", self)]
         entries += [(baseline.name, baseline) for baseline in self.baselines]
         rows = []
         for name, entry in entries:
@@ -436,7 +443,7 @@ class Planner:
     # -- search ----------------------------------------------------------------------------
     def search(self, options: SearchOptions | None = None, *,
                starts: list[tuple[list[int], float]] | None = None,
-               **fields) -> PlanResult:
+               **fields) -> SearchResult:
         """Find the best assignment and bucket cap, as ``options`` say (default: a
         :class:`~bytecomp.search.options.SearchOptions` of ``fields``, e.g.
         ``search(algorithm="greedy", min_gain=0.05)``); ``starts``: further
@@ -506,7 +513,7 @@ class Planner:
             return f"PyTorch's powerSGD_hook at rank {rank}"
         return f"{composition_of(self.problem, assignment)}, {cap:g} MB buckets"
 
-    def _search(self, options: SearchOptions, starts) -> PlanResult:
+    def _search(self, options: SearchOptions, starts) -> SearchResult:
         started = time.perf_counter()
         algorithm, budget_s, min_gain = options.algorithm, options.budget_s, options.min_gain
         evaluations, seed, stop_gap = options.evaluations, options.seed, options.stop_gap
@@ -602,7 +609,7 @@ class Planner:
             warnings.append(f"the plan is priced with {len(poor)} poor fit(s) of the profile "
                             f"(the worst: {poor[0]}): its prediction may be off; re-profile "
                             f"on a quieter machine (bytecomp plan -v shows every fit)")
-        return PlanResult(problem, self.cluster, self.specs, assignment, cap, time_ms, baselines,
+        return SearchResult(problem, self.cluster, self.specs, assignment, cap, time_ms, baselines,
                           name, 1000 * (time.perf_counter() - started), bound, exact,
                           view.evaluations, notes, problem.objective,
                           problem.fidelity(assignment), value, self.evidence, warnings,
@@ -687,7 +694,7 @@ def plan_entries(problem: Problem, assignment: list[int], cap_mb: float) -> list
     return entries
 
 
-def to_plan(result: PlanResult, profile: Profile) -> Plan:
+def to_plan(result: SearchResult, profile: Profile) -> Plan:
     """The plan file's content for a search result."""
     problem = result.problem
     entries = plan_entries(problem, result.assignment, result.cap_mb)
@@ -721,7 +728,7 @@ def to_plan(result: PlanResult, profile: Profile) -> Plan:
                 host_workers=problem.host_workers)
 
 
-def fp32_ms(result: PlanResult) -> float:
+def fp32_ms(result: SearchResult) -> float:
     """fp32 DDP's predicted iteration time in a search result."""
     fp32 = result.baseline(BaselineKind.FP32_DDP)
     assert fp32 is not None  # every search prices it

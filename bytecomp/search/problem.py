@@ -18,7 +18,7 @@ from operator import itemgetter
 from bytecomp.buckets import ddp_buckets
 from bytecomp.compress import from_spec
 from bytecomp.model.strategy import GroupCost, StrategyCosts
-from bytecomp.plan import HOST_WORKERS, NO_COMPRESSION, Option
+from bytecomp.plan_file import HOST_WORKERS, NO_COMPRESSION, Option
 from bytecomp.timeline.simulator import (
     IterationModel,
     SimGroup,

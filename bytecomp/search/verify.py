@@ -21,10 +21,10 @@ from pathlib import Path
 from bytecomp.comm.schemes import native_scheme, scheme_of
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
-from bytecomp.plan import NO_COMPRESSION, Plan, PlanEntry
+from bytecomp.plan_file import NO_COMPRESSION, Plan, PlanEntry
 from bytecomp.search.finalists import Choice, Finalist, choose, shortlist
 from bytecomp.search.options import SearchOptions
-from bytecomp.search.planner import Planner, PlanResult, plan_entries
+from bytecomp.search.planner import Planner, SearchResult, plan_entries
 from bytecomp.ui import Stage
 
 MAX_STEPS = 100_000
@@ -125,8 +125,8 @@ def _check_runnable(planner: Planner, nproc: int | None,
         raise BytecompError(f"{profile.label} is synthetic: there is no model to train the "
                             f"finalists on (plan with --no-verify)")
     from bytecomp.launch import in_torchrun
-    from bytecomp.plan import fingerprint
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.plan_file import fingerprint
+    from bytecomp.profiler.workloads import load_workload
 
     try:
         workload = load_workload(spec)
@@ -169,14 +169,14 @@ def _say(announce: Callable[[str], None] | None, text: str) -> None:
         announce(text)
 
 
-def verify(planner: Planner, result: PlanResult, options: SearchOptions | None = None,
+def verify(planner: Planner, result: SearchResult, options: SearchOptions | None = None,
            steps: int | None = None, nproc: int | None = None, timeout_s: float = 300.0,
            budget_s: float = DEFAULT_BUDGET_S, model: str | None = None,
            announce: Callable[[str], None] | None = None) -> Verification:
     """Shortlist, train and choose (see the module docstring). Training takes at most
     ``budget_s`` seconds on the clock, counted from this call (the ranks' start-up
     included): the ranks time their first steps and fit the rest in what is left
-    (:class:`bytecomp.profile.convergence.Budget`), at most :data:`DEFAULT_STEPS`;
+    (:class:`bytecomp.profiler.convergence.Budget`), at most :data:`DEFAULT_STEPS`;
     ``steps`` forces a count instead. A finalist the profile's convergence probe already
     trained (:func:`probe_factor`) takes the probe's factor and is not trained again.
     ``model``: the spec the user named (``--model``), which a factory profile needs
@@ -192,7 +192,7 @@ def verify(planner: Planner, result: PlanResult, options: SearchOptions | None =
     spec = None if planner.profile.meta.get("synthetic") else allowed_spec(planner.profile,
                                                                            model)
     from bytecomp.launch import backend_for, run_job
-    from bytecomp.profile.finalists import FinalistsJob, load_results, train_finalists
+    from bytecomp.profiler.finalists import FinalistsJob, load_results, train_finalists
 
     with Stage("choosing the finalists (searching the best plan with each other "
                "promising compressor)", enabled=announce is not None):
@@ -271,13 +271,13 @@ def trial_candidates(planner: Planner, verification: Verification) -> list[Final
     return [chosen, *near]
 
 
-def trial_plan(planner: Planner, result: PlanResult, verification: Verification,
+def trial_plan(planner: Planner, result: SearchResult, verification: Verification,
                static: Plan) -> Plan | None:
     """The verified plan with its runtime trial: fp32 DDP as level 0 (where the controller
     steps back to on evidence) and the trial's candidates as levels, mildest first, all at
     the chosen finalist's bucket cap (DDP's buckets are fixed); None where only one
     candidate is left (the static plan is the plan)."""
-    from bytecomp.plan import FINALISTS, Adaptive, Level
+    from bytecomp.plan_file import FINALISTS, Adaptive, Level
     from bytecomp.search.ladder import agreement_interval, level_fidelities
 
     candidates = trial_candidates(planner, verification)
@@ -310,7 +310,7 @@ def trial_plan(planner: Planner, result: PlanResult, verification: Verification,
                 host_workers=static.host_workers)
 
 
-def chosen_result(result: PlanResult, verification: Verification) -> PlanResult:
+def chosen_result(result: SearchResult, verification: Verification) -> SearchResult:
     """The search result with the chosen finalist as its plan."""
     finalist = verification.choice.finalist
     problem = result.problem

@@ -16,8 +16,8 @@ import pandas as pd
 
 from bytecomp.compress import default_specs, from_spec
 from bytecomp.model.costs import ring_ms
-from bytecomp.profile.sweeps import COLLECTIVES, DTYPES
 from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile
+from bytecomp.profiler.sweeps import COLLECTIVES, DTYPES
 
 # (fixed ms, elements per ms) for encode and decode, GPU-like speeds; a compressor not
 # listed (one registered outside bytecomp) gets DEFAULT_THROUGHPUT.

@@ -171,7 +171,7 @@ def _train(rank, world, plan_of, adaptive=None, native=True, fallback=None, resu
     from torch.nn.parallel import DistributedDataParallel
 
     import bytecomp
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.profiler.workloads import load_workload
 
     torch.manual_seed(0)
     workload = load_workload(SMALL)
@@ -216,7 +216,7 @@ def _every_compressor(world, nodes):
     """Per compressor: a plan rotating its schemes and places over the tensors."""
     from bytecomp.comm.schemes import supported_schemes
     from bytecomp.compress import default_specs, from_spec
-    from bytecomp.plan import Option, plan_for_model
+    from bytecomp.plan_file import Option, plan_for_model
 
     cases = {}
     for spec in default_specs():
@@ -240,7 +240,13 @@ def _every_compressor(world, nodes):
 def _special(world, nodes):
     """Native hooks, the fp32 fallback, an adaptive ladder, a resumed run."""
     from bytecomp.compress.lowrank import powersgd_compresses
-    from bytecomp.plan import NO_COMPRESSION, Adaptive, Option, ladder_for_model, plan_for_model
+    from bytecomp.plan_file import (
+        NO_COMPRESSION,
+        Adaptive,
+        Option,
+        ladder_for_model,
+        plan_for_model,
+    )
 
     def uniform(option, cap=25.0):
         return lambda model: plan_for_model(model, lambda n, p: option, world, nodes,
@@ -291,7 +297,7 @@ def products(rank, world) -> str:
     no exchange): whether this machine's matrix products round as the recording one's."""
     import torch
 
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.profiler.workloads import load_workload
 
     torch.manual_seed(0)
     workload = load_workload(SMALL)

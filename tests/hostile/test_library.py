@@ -28,7 +28,7 @@ MODEL = "mlp:inputs=8,width=16,depth=1"
 
 
 def _setup(steps: int = 20):
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.profiler.workloads import load_workload
 
     config = TrainConfig(model=MODEL, steps=steps)
     model = load_workload(MODEL, seed=0).model
@@ -133,7 +133,7 @@ def test_nproc_is_bounded_by_the_cores_and_warned_above_one_per_core(monkeypatch
 # -- library misuse: settings, and one registration per DDP model --------------------------
 
 def _small_plan(world: int = 1, spec: str = "topk:ratio=0.5"):
-    from bytecomp.plan import Option, plan_for_model
+    from bytecomp.plan_file import Option, plan_for_model
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
@@ -300,7 +300,7 @@ def test_comm_hook_finds_its_ddp_with_dead_weak_proxies_in_the_heap_and_no_warni
 
 
 def test_a_factory_raising_a_base_exception_is_one_line_and_ctrl_c_still_interrupts(monkeypatch):
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.profiler.workloads import load_workload
 
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "fixtures"))
     with pytest.raises(BytecompError) as caught:

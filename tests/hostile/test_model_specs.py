@@ -16,7 +16,7 @@ import yaml
 from test_cli import assert_one_line_error  # one line, exit 2, no traceback
 
 from bytecomp.model_spec import BUILTIN_MODELS, allowed_model
-from bytecomp.profile.workloads import BUILTINS
+from bytecomp.profiler.workloads import BUILTINS
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANNED = ROOT / "benchmarks" / "results" / "emulated" / "cnn-2x1-1gbit"  # a profile and plan

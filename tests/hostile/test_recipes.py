@@ -1,5 +1,5 @@
 """Class 4 of the hostile corpus: bad recipes refused at the door. ``bytecomp profile``
-checks the model, optimizer and batches in the parent (bytecomp/profile/door.py), so
+checks the model, optimizer and batches in the parent (bytecomp/profiler/door.py), so
 each of these is one line within seconds and no rank is spawned, no profile written;
 a frozen layer is left out of the profile and the plan instead.
 """
@@ -43,8 +43,8 @@ def test_a_bad_recipe_is_refused_before_any_rank(cli, monkeypatch, tmp_path, fac
 
 def test_a_clipped_optimizer_spec_passes_the_door(monkeypatch):
     """clip=... wraps the optimizer (ClippedOptimizer): a recipe, not an error."""
-    from bytecomp.profile.door import check_recipe
-    from bytecomp.profile.workloads import load_workload
+    from bytecomp.profiler.door import check_recipe
+    from bytecomp.profiler.workloads import load_workload
 
     monkeypatch.syspath_prepend(FIXTURES)
     check_recipe(load_workload("factories:frozen_layer", optimizer="sgd:lr=0.1,clip=1"), 8)

@@ -1,6 +1,6 @@
 """``bytecomp profile``: measure a real DDP job on real ranks.
 
->>> from bytecomp.profile import ProfileConfig, run_profile, load_profile
+>>> from bytecomp.profiler import ProfileConfig, run_profile, load_profile
 >>> run_profile(ProfileConfig(model="cnn", out="profiles/cnn"), nproc=2)
 >>> profile = load_profile("profiles/cnn")
 """
@@ -14,11 +14,11 @@ import torch
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, remove_stale_temporaries
 from bytecomp.launch import backend_for, in_torchrun, run_job, torchrun_shape
-from bytecomp.profile.calibration import check_before_ranks, run_calibration_rank
-from bytecomp.profile.door import check_recipe
-from bytecomp.profile.runner import ProfileConfig, pick_device, run_rank
-from bytecomp.profile.workloads import BUILTINS, load_workload
 from bytecomp.profile_store import Profile, load_profile, save_profile
+from bytecomp.profiler.calibration import check_before_ranks, run_calibration_rank
+from bytecomp.profiler.door import check_recipe
+from bytecomp.profiler.runner import ProfileConfig, pick_device, run_rank
+from bytecomp.profiler.workloads import BUILTINS, load_workload
 from bytecomp.ui import Stage
 
 

@@ -48,9 +48,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import bytecomp.profile.data as data
+import bytecomp.profiler.data as data
 from bytecomp.errors import BytecompError
-from bytecomp.profile.data import (
+from bytecomp.profiler.data import (
     TeacherTask,
     TextWindows,
     corpus_digest,

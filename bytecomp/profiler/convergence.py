@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from bytecomp.profile.training import to_device
+from bytecomp.profiler.training import to_device
 
 DIVERGED = float("inf")
 

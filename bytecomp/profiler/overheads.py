@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.model.overheads import PATHS, ExecutorCosts
-from bytecomp.plan import Option, Plan, PlanEntry, fingerprint, plan_from_dict
+from bytecomp.plan_file import Option, Plan, PlanEntry, fingerprint, plan_from_dict
 from bytecomp.runtime import apply_plan
 
 NUMEL = 1024
@@ -153,8 +153,8 @@ def model_charges(collectives: list[dict], device, nodes: int, ranks_per_node: i
 
     from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
     from bytecomp.model.strategy import StrategyCosts
-    from bytecomp.profile.sweeps import SweepSettings, sweep_compressors
     from bytecomp.profile_store import Profile
+    from bytecomp.profiler.sweeps import SweepSettings, sweep_compressors
 
     specs = sorted({option.spec for option in OPTIONS.values()})
     devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])

@@ -20,24 +20,24 @@ import bytecomp
 from bytecomp.comm.topology import Topology
 from bytecomp.compress import default_specs, from_spec, ladder_specs
 from bytecomp.errors import BytecompError
-from bytecomp.plan import fingerprint
-from bytecomp.profile.calibration import (
+from bytecomp.plan_file import fingerprint
+from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile, save_profile
+from bytecomp.profiler.calibration import (
     check_link,
     load_calibration,
     measure_cluster,
     measure_executor_here,
     reuse_cluster,
 )
-from bytecomp.profile.convergence import Budget
-from bytecomp.profile.fidelity import COLUMNS as FIDELITY_COLUMNS
-from bytecomp.profile.fidelity import measure_fidelity
-from bytecomp.profile.overheads import model_charges
-from bytecomp.profile.probe import COLUMNS as PROBE_COLUMNS
-from bytecomp.profile.probe import ProbeResult, run_probe
-from bytecomp.profile.sweeps import SweepSettings
-from bytecomp.profile.training import TrainingSettings, measure_training
-from bytecomp.profile.workloads import data_source, describe, load_workload, parameter_count
-from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile, save_profile
+from bytecomp.profiler.convergence import Budget
+from bytecomp.profiler.fidelity import COLUMNS as FIDELITY_COLUMNS
+from bytecomp.profiler.fidelity import measure_fidelity
+from bytecomp.profiler.overheads import model_charges
+from bytecomp.profiler.probe import COLUMNS as PROBE_COLUMNS
+from bytecomp.profiler.probe import ProbeResult, run_probe
+from bytecomp.profiler.sweeps import SweepSettings
+from bytecomp.profiler.training import TrainingSettings, measure_training
+from bytecomp.profiler.workloads import data_source, describe, load_workload, parameter_count
 from bytecomp.recipe import parse_optimizer
 from bytecomp.ui import Reporter
 

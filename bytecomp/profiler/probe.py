@@ -1,6 +1,6 @@
 """The convergence probe: how many more steps each compressor costs, measured.
 
-A compressor's gain (:mod:`bytecomp.profile.fidelity`) says how much of one
+A compressor's gain (:mod:`bytecomp.profiler.fidelity`) says how much of one
 step's gradient it keeps; it does not say how many steps training then needs.
 Measured on a character-level transformer and a digits convnet (docs/benchmarks.md, time
 to accuracy), PowerSGD kept 0.71 of the gradient and needed 1.2x fp32's steps
@@ -10,7 +10,7 @@ every tensor, from the same initial weights on the same batches, with the
 workload's own recipe (its optimizer, its loss), ``steps`` steps each,
 interleaved, with the loss on fixed evidence batches every ``eval_every`` steps:
 the workload's validation batches, or held-out batches of its ``make_batch``
-(:meth:`~bytecomp.profile.workloads.Workload.evidence_batches`).
+(:meth:`~bytecomp.profiler.workloads.Workload.evidence_batches`).
 
 A compressor's *steps factor* is read off the two curves: at each evaluation
 in the second half of the probe, the steps it took over the steps fp32 DDP
@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
-from bytecomp.profile.convergence import ConvergenceConfig, steps_to, train_curves
+from bytecomp.profiler.convergence import ConvergenceConfig, steps_to, train_curves
 
 COLUMNS = ["spec", "steps_factor", "steps", "gain"]
 MAX_FACTOR = 10.0  # "it does not learn": beyond any step budget worth planning for
@@ -121,13 +121,13 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
               progress=None, budget=None) -> ProbeResult:
     """Train fp32 DDP and each of ``specs`` on every tensor (every rank) with the
     workload's recipe; one row per spec, none when fp32 did not learn. With ``budget``
-    (a :class:`bytecomp.profile.convergence.Budget`), ``steps`` is the most it trains
+    (a :class:`bytecomp.profiler.convergence.Budget`), ``steps`` is the most it trains
     and the clock decides."""
     import copy
 
     from bytecomp.comm.schemes import native_scheme
     from bytecomp.compress import from_spec
-    from bytecomp.plan import Option, plan_for_model
+    from bytecomp.plan_file import Option, plan_for_model
     from bytecomp.runtime import apply_plan
 
     evidence, batches = workload.evidence_batches(batch_size)

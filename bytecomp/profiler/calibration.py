@@ -3,7 +3,7 @@ not to the model, made once and reused (``bytecomp profile --calibration DIR``).
 
 They are the collective sweeps, the compressor and aggregation sweeps, the copy sweep
 (with the fit check of the first two, ``quality``) and what the executor's fixed costs
-are derived from (:class:`~bytecomp.profile.overheads.ExecutorMeasurement`: a tiny model
+are derived from (:class:`~bytecomp.profiler.overheads.ExecutorMeasurement`: a tiny model
 of its own, no part of the user's). ``bytecomp profile --calibrate-only`` measures
 only them and writes a calibration directory: ``calibration.yaml`` and
 ``collectives.csv``, ``compressors.csv``, ``aggregation.csv``, ``copies.csv``, in the
@@ -37,34 +37,6 @@ from bytecomp.files import (
     directory_atomic,
     dump_yaml,
 )
-from bytecomp.profile.overheads import (
-    BUSY_DIM,
-    QUICK_BUSY_DIM,
-    ExecutorMeasurement,
-    measure_executor,
-)
-from bytecomp.profile.quality import (
-    COLLECTIVE_KEY,
-    COMPRESSOR_KEY,
-    RETRIES,
-    Checked,
-    collective_quality,
-    compressor_quality,
-    quality_meta,
-    remeasure,
-)
-from bytecomp.profile.sweeps import (
-    SweepSettings,
-    aggregation_steps,
-    collective_steps,
-    compressor_steps,
-    groups_to_sweep,
-    sweep_aggregation,
-    sweep_collectives,
-    sweep_compressors,
-    sweep_copies,
-    time_allreduce,
-)
 from bytecomp.profile_store import (
     BACKENDS,
     COPY_DIRECTIONS,
@@ -83,6 +55,34 @@ from bytecomp.profile_store import (
     load_profile,
     profile_files,
     read_document,
+)
+from bytecomp.profiler.overheads import (
+    BUSY_DIM,
+    QUICK_BUSY_DIM,
+    ExecutorMeasurement,
+    measure_executor,
+)
+from bytecomp.profiler.quality import (
+    COLLECTIVE_KEY,
+    COMPRESSOR_KEY,
+    RETRIES,
+    Checked,
+    collective_quality,
+    compressor_quality,
+    quality_meta,
+    remeasure,
+)
+from bytecomp.profiler.sweeps import (
+    SweepSettings,
+    aggregation_steps,
+    collective_steps,
+    compressor_steps,
+    groups_to_sweep,
+    sweep_aggregation,
+    sweep_collectives,
+    sweep_compressors,
+    sweep_copies,
+    time_allreduce,
 )
 
 CALIBRATION_FILE = "calibration.yaml"
@@ -423,7 +423,7 @@ def measure_cluster(specs: list[str], topology, device: torch.device,
                     iterations: int, quick: bool, reporter) -> ClusterTables:
     """Measure every cluster table on this job (collective: call on every rank): the
     collective, compressor, aggregation and copy sweeps, each fit measured again while
-    poor (:mod:`bytecomp.profile.quality`), and the executor (``warmup`` and
+    poor (:mod:`bytecomp.profiler.quality`), and the executor (``warmup`` and
     ``iterations`` rounds, or twice as many rounds without ``quick``)."""
     collectives = remeasure(
         sweep_collectives(topology, device, sweep,
@@ -496,7 +496,7 @@ def run_calibration_rank(config, nodes: int, ranks_per_node: int) -> Path | None
     """``bytecomp profile --calibrate-only`` on this rank: the cluster tables alone, no
     model; rank 0 writes the calibration directory and returns its path."""
     from bytecomp.comm.topology import Topology
-    from bytecomp.profile.runner import device_name, machine_description, pick_device
+    from bytecomp.profiler.runner import device_name, machine_description, pick_device
     from bytecomp.ui import Reporter
 
     rank = dist.get_rank()
@@ -556,7 +556,7 @@ def check_before_ranks(config, nproc: int | None) -> list[Path]:
     its specs where none were named (:func:`select_specs`). Returns the files it reads,
     which no output may overwrite."""
     from bytecomp.launch import in_torchrun, threads_per_rank, torchrun_shape
-    from bytecomp.profile.runner import device_name, pick_device
+    from bytecomp.profiler.runner import device_name, pick_device
 
     calibration = load_calibration(config.calibration)
     if in_torchrun():

@@ -5,7 +5,7 @@ Every finalist is a plan file; every rank builds the workload with its recipe (t
 profile's model, optimizer and batch size), wraps one copy of the model per
 finalist in DDP at the plan's bucket cap, applies the plan (PyTorch's own hook where
 the plan is one), and trains them all from the same initial weights on the same
-batches, interleaved step by step (:func:`bytecomp.profile.convergence.train_curves`),
+batches, interleaved step by step (:func:`bytecomp.profiler.convergence.train_curves`),
 with the loss on the evidence batches (validation, or held-out batches of
 ``make_batch``) at :data:`EVALUATIONS` points. A finalist's steps factor compares the
 two curves at the same losses (:func:`matched_factor`): for each loss fp32 DDP
@@ -30,11 +30,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.files import write_text_atomic
-from bytecomp.plan import load_plan
-from bytecomp.profile.convergence import Budget, ConvergenceConfig, steps_to, train_curves
-from bytecomp.profile.probe import MAX_FACTOR, Trainee, check_reference, improvement
-from bytecomp.profile.runner import pick_device
-from bytecomp.profile.workloads import load_workload
+from bytecomp.plan_file import load_plan
+from bytecomp.profiler.convergence import Budget, ConvergenceConfig, steps_to, train_curves
+from bytecomp.profiler.probe import MAX_FACTOR, Trainee, check_reference, improvement
+from bytecomp.profiler.runner import pick_device
+from bytecomp.profiler.workloads import load_workload
 from bytecomp.ui import Reporter
 
 EVALUATIONS = 10

@@ -24,7 +24,7 @@ from bytecomp.comm.topology import Topology
 from bytecomp.compress import from_spec
 from bytecomp.compress.base import SOLO
 from bytecomp.compress.local import advance_rounds, decode, encode
-from bytecomp.profile.timing import Clock, summarize, time_call_ms
+from bytecomp.profiler.timing import Clock, summarize, time_call_ms
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}

@@ -78,7 +78,7 @@ MAX_BUCKET_CAP_MB = 1e6
 MAX_PREDICTED_MS = 1e9  # a level's predicted step time
 OBJECTIVES = ("effective", "time")  # what a search minimizes (bytecomp.search.problem)
 PLAN_OBJECTIVES = (*OBJECTIVES, "adaptive")  # objective.name in a plan file
-MAX_STEPS_FACTOR = 10.0  # a measured steps factor's cap (bytecomp.profile.probe.MAX_FACTOR)
+MAX_STEPS_FACTOR = 10.0  # a measured steps factor's cap (bytecomp.profiler.probe.MAX_FACTOR)
 # An adaptive plan's step counts: a window (and an agreement interval) longer than a long
 # training run never decides; explore_every up to "never" (bytecomp.search.verify.NEVER).
 MAX_WINDOW = 100_000

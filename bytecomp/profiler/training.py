@@ -32,8 +32,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.comm.topology import new_group
 from bytecomp.errors import BytecompError
-from bytecomp.profile.timing import Clock, summarize
-from bytecomp.profile.workloads import Workload
+from bytecomp.profiler.timing import Clock, summarize
+from bytecomp.profiler.workloads import Workload
 
 
 @dataclass

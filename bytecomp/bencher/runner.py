@@ -55,8 +55,9 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import directory_atomic
 from bytecomp.model.clusters import load_cluster
 from bytecomp.model_spec import allowed_model
-from bytecomp.plan import Plan, load_plan, plan_for_model
-from bytecomp.profile.convergence import (
+from bytecomp.plan_file import Plan, load_plan, plan_for_model
+from bytecomp.profile_store import Profile, load_profile
+from bytecomp.profiler.convergence import (
     ConvergenceConfig,
     Training,
     steps_to,
@@ -65,9 +66,8 @@ from bytecomp.profile.convergence import (
     train_curves,
     training_optimizer,
 )
-from bytecomp.profile.training import to_device
-from bytecomp.profile.workloads import load_workload
-from bytecomp.profile_store import Profile, load_profile
+from bytecomp.profiler.training import to_device
+from bytecomp.profiler.workloads import load_workload
 from bytecomp.runtime import Executor
 from bytecomp.search import Planner, simulate_plan
 from bytecomp.search.options import BaselineKind
