@@ -89,6 +89,10 @@ MAX_VERIFY_STEPS = 100_000
 MAX_VERIFY_SECONDS = 1e7  # about four months
 FINALIST_SOURCES = ("search", "baseline", "mix")
 VERIFY_BATCHES = ("validation", "held-out training batches", "none")  # "none": none trained
+# why the finalists' training stopped: fp32 DDP's loss flattened, the clock, or the count
+# (forced, or all the budget afforded)
+STOPPED_FLAT, STOPPED_BUDGET, STOPPED_STEPS = "flattened", "budget", "steps"
+VERIFY_STOPS = (STOPPED_FLAT, STOPPED_BUDGET, STOPPED_STEPS)
 # How gradients reach the hook: DDP's buckets at bucket_cap_mb, or one bucket per tensor
 # (bucket_cap_mb 0: no tensor merged with another, each exchanged when its gradient is ready)
 EXCHANGES = ("ddp-buckets", "per-tensor")
@@ -588,8 +592,10 @@ def _check_finalists(reader: _Reader, finalists) -> str:
 
 def _check_verification(reader: _Reader, verification: dict | None, chosen: str) -> None:
     """``verification``: the finalists' training (bytecomp.search.verify): its steps
-    (0: nothing was trained), batches, seconds, fp32 DDP's improvement, and the chosen
-    finalist, which must be the one the finalists mark chosen."""
+    (0: nothing was trained), batches, seconds, fp32 DDP's improvement, why it stopped
+    (optional), the chosen finalist's predicted fidelity where it is below the floor
+    (optional), and the chosen finalist, which must be the one the finalists mark
+    chosen."""
     if verification is None:
         return
     where = "verification."
@@ -607,6 +613,14 @@ def _check_verification(reader: _Reader, verification: dict | None, chosen: str)
             reader.fail(f"{where}{key}", f"must be a finite number from 0 to {high:g}, got "
                                          f"{value!r}" if high < math.inf else
                         f"must be a finite number, at least 0, got {value!r}")
+    stopped = verification.get("stopped_by", STOPPED_STEPS)
+    if stopped not in VERIFY_STOPS:
+        reader.fail(f"{where}stopped_by", f"{stopped!r} is not one of {', '.join(VERIFY_STOPS)}")
+    below = verification.get("below_min_fidelity")
+    if below is not None and not (isinstance(below, dict) and all(
+            _number(below.get(key), 0.0, 1.0) for key in ("fidelity", "min_fidelity"))):
+        reader.fail(f"{where}below_min_fidelity", f"must hold a fidelity and a min_fidelity "
+                                                  f"from 0 to 1, got {below!r}")
     named = reader.field(verification, "chosen", str, where)
     if named != chosen:
         reader.fail(f"{where}chosen", f"{named!r}, but the finalist marked chosen is {chosen!r}")

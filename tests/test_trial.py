@@ -24,20 +24,66 @@ def test_the_trial_takes_the_candidates_in_turn_after_its_warmup():
 
 
 def test_it_keeps_the_least_median_time_x_steps_factor_once_all_is_measured():
-    trial = Trial([1, 2], warmup=2, steps=4, factors=[1.0, 1.0, 1.5])
-    for level, ms in [(0, 99.0), (0, 99.0), (1, 10.0), (2, 6.0), (1, 12.0), (2, 6.5)]:
+    trial = Trial([1, 2], warmup=2, steps=6, factors=[1.0, 1.0, 1.5])
+    for level, ms in [(0, 99.0), (0, 99.0), (1, 10.0), (2, 6.0), (1, 10.2), (2, 6.1),
+                      (1, 10.1), (2, 6.05)]:
         assert trial.decide() is None  # not all measured yet
         trial.observe(level, ms)
-    # level 1: median 11 x 1.0 = 11; level 2: median 6.25 x 1.5 = 9.375
-    assert trial.decide() == 2 and trial.scores() == {1: 11.0, 2: pytest.approx(9.375)}
+    # level 1: median 10.1 x 1.0; level 2: median 6.05 x 1.5 = 9.075, 10% ahead where one
+    # step's noise is about 1%
+    assert trial.decide() == 2 and trial.scores() == {1: pytest.approx(10.1),
+                                                      2: pytest.approx(9.075)}
+    assert trial.rounds == 1 and "level 2 is ahead" in trial.verdict
     assert 0 not in trial.samples  # the warm-up's steps are not the trial's
 
 
-def test_unmeasured_steps_do_not_count_and_an_untimed_trial_keeps_the_first():
-    trial = Trial([3, 1], warmup=0, steps=2, factors=[1.0] * 4)
-    trial.observe(3, None)
-    trial.observe(1, float("nan"))
-    assert trial.decide() == 3
+def _measure(trial, times):
+    """Observe ``times`` (level, ms) in order, asking for a decision after each, as the
+    executor does: the decisions made."""
+    decisions = []
+    for level, ms in times:
+        trial.observe(level, ms)
+        decisions.append(trial.decide())
+    return decisions
+
+
+def test_within_its_noise_it_repeats_once_then_keeps_the_safer_level():
+    """Levels 2% apart in steps that spread 10%: not a decision. The trial runs its window
+    again (the turns go on), and still tied keeps the lower (safer) of the two, whichever
+    was faster and whichever was the plan's choice."""
+    trial = Trial([3, 1], warmup=0, steps=6, factors=[1.0] * 4)
+    round_1 = [(3, 100.0), (1, 102.0), (3, 90.0), (1, 112.0), (3, 110.0), (1, 92.0)]
+    assert _measure(trial, round_1) == [None] * 6
+    assert trial.rounds == 2 and not trial.decided
+    assert [trial.level_for(step, fallback=3) for step in range(6, 13)] == [3, 1, 3, 1, 3, 1, 3]
+    assert _measure(trial, round_1)[-1] == 1 and trial.chosen == 1
+    assert "the safer, level 1, is kept" in trial.verdict and "after 2 rounds" in trial.verdict
+    assert trial.scores()[3] < trial.scores()[1]  # the faster by its medians, inside the noise
+
+
+def test_identical_levels_keep_the_safer_and_a_repeat_can_separate_them():
+    same = Trial([2, 1], warmup=0, steps=4, factors=[1.0] * 3)
+    _measure(same, [(2, 5.0), (1, 5.0)] * 4)
+    assert same.chosen == 1 and "safer" in same.verdict  # no spread, no difference: a tie
+    # a noisy first round, then a second whose steps separate them (all samples pooled)
+    noisy = Trial([1, 2], warmup=0, steps=4, factors=[1.0] * 3)
+    assert _measure(noisy, [(1, 10.0), (2, 6.0), (1, 6.0), (2, 10.0)]) == [None] * 4
+    decisions = _measure(noisy, [(1, 10.0), (2, 6.0), (1, 10.1), (2, 6.1)])
+    assert decisions[-1] == 2 and "ahead" in noisy.verdict
+
+
+def test_too_few_samples_measure_no_noise_and_decide_nothing():
+    trial = Trial([1, 2], warmup=0, steps=2, factors=[1.0] * 3)
+    _measure(trial, [(1, 10.0), (2, 5.0)])  # one sample each: the spread is unmeasured
+    assert trial.noise() == float("inf") and trial.rounds == 2 and not trial.decided
+    _measure(trial, [(1, 10.0), (2, 5.0)])  # two turns: still too few to measure a spread
+    assert trial.chosen == 1 and "standard error unmeasured" in trial.verdict
+    three = Trial([1, 2], warmup=0, steps=6, factors=[1.0] * 3)
+    _measure(three, [(1, 10.0), (2, 5.0)] * 3)  # three turns alike: no spread, 2x apart
+    assert three.chosen == 2 and "standard error 0.0%" in three.verdict
+    lone = Trial([2, 1], warmup=0, steps=2, factors=[1.0] * 3)
+    _measure(lone, [(2, 5.0), (1, None), (2, 5.0), (1, None)])  # level 1 never timed
+    assert lone.chosen == 2 and "the only candidate timed" in lone.verdict
 
 
 def test_its_state_round_trips_and_damage_is_one_line():
@@ -47,9 +93,20 @@ def test_its_state_round_trips_and_damage_is_one_line():
     again = Trial([1, 2], warmup=1, steps=4, factors=[1.0] * 3)
     again.load_state_dict(trial.state_dict())
     assert again == trial
+    repeated = Trial([1, 2], warmup=0, steps=2, factors=[1.0] * 3)
+    _measure(repeated, [(1, 4.0), (2, 4.0)])
+    assert repeated.rounds == 2  # one sample each: no noise measured, the repeat
+    again = Trial([1, 2], warmup=0, steps=2, factors=[1.0] * 3)
+    again.load_state_dict(repeated.state_dict())
+    assert again == repeated
+    older = {k: v for k, v in trial.state_dict().items() if k not in ("rounds", "verdict")}
+    again.load_state_dict(older)  # saved before the repeat existed: its first round
+    assert again.rounds == 1 and again.samples == trial.samples
     for damaged in ({"seen": -1, "chosen": None, "samples": {}},
                     {"seen": 3, "chosen": 7, "samples": {}},
                     {"seen": 3, "chosen": None, "samples": {"1": [float("nan")]}},
+                    {"seen": 3, "chosen": None, "samples": {}, "rounds": 3},
+                    {"seen": 3, "chosen": None, "samples": {}, "verdict": 5},
                     {"seen": "x"}, None):
         with pytest.raises(BytecompError, match="trial"):
             Trial([1, 2], 1, 4, [1.0] * 3).load_state_dict(damaged)
@@ -134,3 +191,74 @@ def test_a_run_resumed_inside_the_trial_continues_bit_for_bit(resume_at):
     for (p, levels, moves, trial), (q, levels_r, moves_r, trial_r) in zip(straight, resumed):
         assert torch.equal(p, q)
         assert levels == levels_r and moves == moves_r and trial == trial_r
+
+
+def _twins(model, world, start):
+    """fp32 DDP, then two identical levels (fp16, steps factor 1), both in the trial: 12
+    steps a round after 6 of warm-up (a new model's first steps are slow), starting at
+    ``start``."""
+    fp16 = Option("fp16", "device", "allreduce")
+    adaptive = Adaptive(FINALISTS, threshold=0.0, explore_every=10**9, start=start,
+                        trial=(start, 3 - start), trial_steps=12, trial_warmup=6)
+    plan = ladder_for_model(model, [lambda n, p: Option(), lambda n, p: fp16,
+                                    lambda n, p: fp16], world, adaptive, bucket_cap_mb=0.01,
+                            predicted_ms=[10.0, 6.0, 6.0])
+    data = plan.to_dict()
+    for level in data["levels"]:
+        level["steps_factor"] = 1.0
+    return plan_from_dict(data)
+
+
+def _kept(rank, world, start, slow_level, runs):
+    """``runs`` trials in a row, each with a fresh DDP model and executor, every step timed
+    by the executor itself (the machine's real noise); a step at ``slow_level`` sleeps 20
+    ms more. The level each trial kept, its verdict, and every rank's agreement."""
+    import time
+
+    from bytecomp.profiler.workloads import load_workload
+
+    kept = []
+    for run in range(runs):
+        torch.manual_seed(run)
+        workload = load_workload("mlp:inputs=32,width=64,depth=2")
+        plan = _twins(workload.model, world, start)
+        ddp = DistributedDataParallel(workload.model, bucket_cap_mb=0.01)
+        executor = bytecomp.apply_plan(ddp, plan)
+        optimizer = torch.optim.SGD(workload.model.parameters(), lr=0.05)
+        trial = executor.adaptation.trial
+        step = 0
+        while not trial.decided and step < 60:
+            inputs, target = _batch(rank, step)
+            workload.loss(ddp(inputs), target).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if executor.level == slow_level:
+                time.sleep(0.02)
+            step += 1
+        kept.append((trial.chosen, trial.rounds, trial.verdict, executor.level))
+        executor.close()
+    return kept
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("start", [1, 2])
+def test_identical_levels_keep_the_safer_one_every_time(start):
+    """Two identical levels timed by the machine: their medians differ by its noise only,
+    and every trial keeps the safer (lower) level, on every rank, whichever is the plan's
+    choice; the verdict says it was a tie."""
+    ranks = run_ranks(_kept, 2, start, None, 4)
+    assert ranks[0] == ranks[1]
+    for chosen, rounds, verdict, level in ranks[0]:
+        assert chosen == 1 and level == 1 and rounds == 2, ranks[0]
+        assert "the safer, level 1, is kept" in verdict
+
+
+@pytest.mark.multirank
+def test_a_clearly_faster_level_still_wins():
+    """The same twins, level 1's steps 20 ms slower: level 2 is kept in the first round,
+    every time, on every rank, though level 1 is the safer and the plan's choice."""
+    ranks = run_ranks(_kept, 2, 1, 1, 3)
+    assert ranks[0] == ranks[1]
+    for chosen, rounds, verdict, level in ranks[0]:
+        assert chosen == 2 and level == 2 and rounds == 1, ranks[0]
+        assert "level 2 is ahead" in verdict

@@ -76,6 +76,35 @@ class ConvergenceConfig:
     validation_batches: int = 8
     shuffle: bool = True  # each step in its own order (step_order); False: as given
     budget: Budget | None = None  # train for a time, not a count
+    # stop at the first evaluation, from step ``flat_least`` on, where the first
+    # strategy's (fp32 DDP's) loss has flattened (:func:`flat`): it fell by more than
+    # this in all and by at most this over the last quarter of the steps so far
+    flat_fall: float | None = None
+    flat_least: int = 0
+
+
+def improvement(curve: list[tuple[int, float]]) -> float:
+    """How much a curve's loss fell, as a fraction of its first: ``(first - best) /
+    first`` over its finite points (0 for a curve that never fell)."""
+    first = curve[0][1]
+    best = min((loss for _, loss in curve if math.isfinite(loss)), default=first)
+    return max(0.0, (first - best) / abs(first)) if first and math.isfinite(first) else 0.0
+
+
+def last_quarter(curve: list[tuple[int, float]], steps: float) -> float:
+    """How much ``curve``'s loss fell over the last quarter of ``steps``
+    (:func:`improvement` of its points from 0.75 x ``steps`` on; 0 with fewer than two)."""
+    points = [(s, loss) for s, loss in curve if s >= 0.75 * steps]
+    return improvement(points) if len(points) > 1 else 0.0
+
+
+def flat(curve: list[tuple[int, float]], steps: float, fall: float) -> bool:
+    """Whether ``curve`` (fp32 DDP's) has flattened by ``steps``: its loss fell by more
+    than ``fall`` in all (one that has not started to fall is early, not flat) and by at
+    most ``fall`` over the last quarter, measured on at least two evaluations there."""
+    points = [s for s, _ in curve if s >= 0.75 * steps]
+    return len(points) > 1 and improvement(curve) > fall and \
+        last_quarter(curve, steps) <= fall
 
 
 def step_order(count: int, seed: int, step: int) -> list[int]:
@@ -160,6 +189,7 @@ class Training:
     steps: int = 0  # steps trained
     planned: int = 0  # steps it set out to train (a budgeted run: what the budget afforded)
     stopped_by_budget: bool = False  # a budgeted run that ended early, at its budget
+    stopped_flat: bool = False  # ended early: the first strategy's loss had flattened
     seconds: float = 0.0  # wall-clock time of the run on this rank
 
     def typical_ms(self, name: str) -> list[float]:
@@ -225,7 +255,7 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
     planned, eval_every = config.train_steps, config.eval_every
     if budget is not None:  # until timed: a count for the timed steps, no evaluation
         planned, eval_every = min(config.train_steps, TIMED_STEPS), config.train_steps + 1
-    steps_began, stopped_by_budget = time.time(), False
+    steps_began, stopped_by_budget, stopped_flat = time.time(), False, False
     times = torch.full((len(strategies), config.train_steps), math.nan, dtype=torch.float64)
     levels: dict[str, list[tuple[int, int, float]]] = {
         s.name: [] for s in strategies if s.executor is not None and s.executor.controller}
@@ -288,16 +318,21 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
                     if not math.isfinite(value):
                         alive[index], value = False, DIVERGED
                     curves[index].append((step, value))
+            # the losses are the same on every rank (validation_loss sums them), so every
+            # rank stops here alike
+            stopped_flat = config.flat_fall is not None and step >= config.flat_least and \
+                step < planned and not stopped_by_budget and \
+                flat(curves[0], step, config.flat_fall)
         if progress:
             progress()
-        if stopped_by_budget:
+        if stopped_by_budget or stopped_flat:
             break
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # NaN where stopped, on every rank alike
     times = times[:, :step]
     return Training({s.name: curve for s, curve in zip(strategies, curves)},
                     {s.name: row for s, row in zip(strategies, times.tolist())}, levels, gains,
                     steps=step, planned=planned, stopped_by_budget=stopped_by_budget,
-                    seconds=time.time() - began)
+                    stopped_flat=stopped_flat, seconds=time.time() - began)
 
 
 def time_at(step_ms: list[float], steps: float) -> float:

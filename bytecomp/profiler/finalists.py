@@ -13,7 +13,8 @@ reached in the second half of the run, the steps the finalist took to first reac
 over the steps fp32 DDP took; the median (fp32 DDP's own is 1 exactly, however noisy
 its curve). The factor over the first half of the run is kept beside it, and how much
 fp32's loss still fell over the last quarter, so that the plan can say whether the
-run saw a plateau. Rank 0 writes the results as JSON.
+run saw a plateau. A budgeted run may stop once it has (``flat_fall``), and the
+results say why it stopped. Rank 0 writes the results as JSON.
 """
 
 from __future__ import annotations
@@ -30,14 +31,25 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.files import write_text_atomic
-from bytecomp.plan_file import load_plan
-from bytecomp.profiler.convergence import Budget, ConvergenceConfig, steps_to, train_curves
-from bytecomp.profiler.probe import MAX_FACTOR, Trainee, check_reference, improvement
+from bytecomp.plan_file import STOPPED_BUDGET, STOPPED_FLAT, STOPPED_STEPS, load_plan
+from bytecomp.profiler.convergence import (
+    Budget,
+    ConvergenceConfig,
+    improvement,
+    last_quarter,
+    steps_to,
+    train_curves,
+)
+from bytecomp.profiler.probe import MAX_FACTOR, Trainee, check_reference
 from bytecomp.profiler.runner import pick_device
 from bytecomp.profiler.workloads import load_workload
 from bytecomp.ui import Reporter
 
 EVALUATIONS = 10
+# a budgeted run that stops once fp32's loss has flattened evaluates twice as often: the
+# last quarter holds two evaluations from the fourth on, and the stop can come at a fifth
+# of the steps the budget affords rather than at two fifths
+FLAT_EVALUATIONS = 20
 REFERENCE = "fp32 DDP"  # the finalist every factor is measured against
 
 
@@ -58,6 +70,10 @@ class FinalistsJob:
     eval_every: int = field(default=0)
     budget_s: float | None = None  # train for this long (wall clock), not ``steps``
     started: float = 0.0  # when the budget began (time.time() of the process that set it)
+    # with a budget: stop once fp32 DDP's loss fell by at most this over the last quarter
+    # (and by more in all), from step flat_least on (ConvergenceConfig)
+    flat_fall: float | None = None
+    flat_least: int = 0
 
     def __post_init__(self) -> None:
         if not self.eval_every:
@@ -88,9 +104,13 @@ def train_finalists(job: FinalistsJob, nodes: int, ranks_per_node: int) -> None:
             trainees.append(Trainee(name, ddp, workload.make_optimizer(model.parameters()),
                                     apply_plan(ddp, plan)))
             building()
-        budget = Budget(job.budget_s, job.started, job.steps, evaluations=EVALUATIONS) \
+        stops_flat = job.budget_s is not None and job.flat_fall is not None
+        budget = Budget(job.budget_s, job.started, job.steps,
+                        evaluations=FLAT_EVALUATIONS if stops_flat else EVALUATIONS) \
             if job.budget_s is not None else None
-        config = ConvergenceConfig(job.steps, min(job.eval_every, job.steps), budget=budget)
+        config = ConvergenceConfig(job.steps, min(job.eval_every, job.steps), budget=budget,
+                                   flat_fall=job.flat_fall if stops_flat else None,
+                                   flat_least=job.flat_least)
         progress = reporter.phase(f"training {len(trainees)} finalists", job.steps)
         training = train_curves(trainees, workload, job.batch_size, device, config, evidence,
                                 progress)
@@ -99,8 +119,17 @@ def train_finalists(job: FinalistsJob, nodes: int, ranks_per_node: int) -> None:
     if rank == 0:
         out = results(training.curves, training.step_ms, training.steps, batches)
         out.update(planned=training.planned, stopped_by_budget=training.stopped_by_budget,
-                   training_seconds=round(training.seconds, 3))
+                   stopped_by=stopped_by(training), training_seconds=round(training.seconds, 3))
         write_text_atomic(job.out, json.dumps(out))
+
+
+def stopped_by(training) -> str:
+    """Why the training stopped: fp32 DDP's loss flattened, the clock (before the steps it
+    planned), or it trained every step it planned (a forced count, or all that the budget
+    afforded)."""
+    if training.stopped_flat:
+        return STOPPED_FLAT
+    return STOPPED_BUDGET if training.stopped_by_budget else STOPPED_STEPS
 
 
 def results(curves: dict[str, list[tuple[int, float]]], step_ms: dict[str, list[float]],
@@ -111,11 +140,9 @@ def results(curves: dict[str, list[tuple[int, float]]], step_ms: dict[str, list[
     all and over the last quarter."""
     reference = curves[REFERENCE]
     check_reference(reference, "the finalists' training")
-    last_quarter = [(s, loss) for s, loss in reference if s >= 0.75 * steps]
     finalists: dict[str, dict] = {}
     out = {"steps": steps, "batches": batches, "fp32_improvement": improvement(reference),
-           "fp32_last_quarter": improvement(last_quarter) if len(last_quarter) > 1 else 0.0,
-           "finalists": finalists}
+           "fp32_last_quarter": last_quarter(reference, steps), "finalists": finalists}
     reference_half = [(s, loss) for s, loss in reference if s <= steps / 2]
     for name, curve in curves.items():
         half = [(s, loss) for s, loss in curve if s <= steps / 2]

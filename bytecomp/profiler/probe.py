@@ -42,7 +42,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
-from bytecomp.profiler.convergence import ConvergenceConfig, steps_to, train_curves
+from bytecomp.profiler.convergence import (
+    ConvergenceConfig,
+    improvement,
+    steps_to,
+    train_curves,
+)
 
 COLUMNS = ["spec", "steps_factor", "steps", "gain"]
 MAX_FACTOR = 10.0  # "it does not learn": beyond any step budget worth planning for
@@ -65,14 +70,6 @@ class ProbeResult:
     @property
     def informative(self) -> bool:
         return self.improvement >= MIN_IMPROVEMENT
-
-
-def improvement(curve: list[tuple[int, float]]) -> float:
-    """How much a curve's loss fell, as a fraction of its first: ``(first - best) /
-    first`` over its finite points (0 for a curve that never fell)."""
-    first = curve[0][1]
-    best = min((loss for _, loss in curve if math.isfinite(loss)), default=first)
-    return max(0.0, (first - best) / abs(first)) if first and math.isfinite(first) else 0.0
 
 
 def check_reference(curve: list[tuple[int, float]], where: str) -> None:

@@ -121,13 +121,16 @@ class Adaptation:
         assert self.trial is not None
         for level, _, time_ms in due:
             self.trial.observe(level, time_ms)
-        step, before = self.states.step, self.controller.level
+        step, before, rounds = self.states.step, self.controller.level, self.trial.rounds
         chosen = self.trial.decide()
+        if self.trial.rounds != rounds:
+            log.info("bytecomp: step %d: the trial's candidates are within its measured noise "
+                     "(one step's %.1f%%): it repeats the comparison over %d more steps",
+                     step, 100 * self.trial.noise(), self.trial.steps)
         if chosen is not None:
-            scores = ", ".join(f"level {level} {score:.2f}" for level, score in
-                               sorted(self.trial.scores().items()))
-            reason = f"the trial's best: median ms x steps factor ({scores})"
-            log.info("bytecomp: step %d: the trial keeps level %d (%s)", step, chosen, scores)
+            reason = f"the trial: {self.trial.verdict}"
+            log.info("bytecomp: step %d: the trial keeps level %d (%s)", step, chosen,
+                     self.trial.verdict)
             self.controller.move_to(step, chosen, reason)
         else:
             target = self.trial.level_for(step, self.plan.adaptive.start)  # type: ignore[union-attr]

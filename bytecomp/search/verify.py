@@ -21,7 +21,14 @@ from pathlib import Path
 from bytecomp.comm.schemes import native_scheme, scheme_of
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import NO_COMPRESSION, Plan, PlanEntry
+from bytecomp.plan_file import (
+    NO_COMPRESSION,
+    STOPPED_BUDGET,
+    STOPPED_FLAT,
+    STOPPED_STEPS,
+    Plan,
+    PlanEntry,
+)
 from bytecomp.search.finalists import Choice, Finalist, choose, shortlist
 from bytecomp.search.options import SearchOptions
 from bytecomp.search.planner import Planner, SearchResult, plan_entries
@@ -29,16 +36,23 @@ from bytecomp.ui import Stage
 
 MAX_STEPS = 100_000
 # The runtime trial (bytecomp.runtime.trial): at most 2% of a 1,000-step run, after ten
-# steps of warm-up; finalists within the prediction's error of the best take part: the
-# profile's measured noise, at least TRIAL_MARGIN.
+# steps of warm-up; finalists within the margin of the chosen one take part: the profile's
+# measured noise or the plan's --min-gain, whichever is wider, at least TRIAL_MARGIN
+# (a difference the prediction or the search's margin calls too small to act on is the
+# running job's to measure, not the prediction's to decide).
 TRIAL_STEPS = 20
 TRIAL_WARMUP = 10
 TRIAL_MARGIN = 0.05
 NEVER = 10**9  # a verified plan's controller never climbs: it only steps back
 MIN_STEPS = 50  # fewer cannot read a factor firmly: ten evaluations of five steps
-DEFAULT_STEPS = 200  # at most, by default (docs/planning.md: what it costs and shows)
+# At most, with a budget: it stops sooner once fp32's loss has flattened or the budget is
+# spent (docs/planning.md: what it costs and shows); enough for a curve that flattens late
+# (the matrix's fp32 curves still fall 2-8% a quarter at 300 steps).
+DEFAULT_STEPS = 1_000
 DEFAULT_BUDGET_S = 180.0  # wall-clock seconds of finalist training a plan spends by default
-SETTLED_FALL = 0.05  # fp32's loss falling less than this over the last quarter: flat
+# fp32's validation loss falling less than this over the last quarter of the steps trained
+# (and by more than this in all): flat, so the run stops and its factors are settled.
+SETTLED_FALL = 0.03
 REFERENCE = "fp32 DDP"
 
 
@@ -64,31 +78,76 @@ class Verification:
     step_ms: dict[str, float | None] = field(default_factory=dict)
     # where each finalist's factor came from: "trained", "probe" or "fp32" (by definition)
     factor_from: dict[str, str] = field(default_factory=dict)
+    # why the training stopped: STOPPED_FLAT (fp32's loss flattened), STOPPED_BUDGET (the
+    # clock) or STOPPED_STEPS (the count: --verify-steps, or all the budget afforded);
+    # None where nothing was trained
+    stopped_by: str | None = None
+    # finalists whose predicted time x measured factor is within this fraction of the
+    # chosen one's go to the runtime trial (verify(): noise, --min-gain, TRIAL_MARGIN)
+    trial_margin: float = TRIAL_MARGIN
+    # where measured steps chose a plan whose predicted fidelity is below --min-fidelity:
+    # that fidelity and the floor (the search alone never picks such a plan)
+    below_min_fidelity: tuple[float, float] | None = None
 
     @property
     def settled(self) -> bool:
-        """Whether fp32 DDP's loss had flattened (it fell by at most
-        :data:`SETTLED_FALL` over the last quarter) in at least :data:`MIN_STEPS` steps:
-        otherwise the factors may move with a longer run."""
-        return self.steps >= MIN_STEPS and self.fp32_last_quarter <= SETTLED_FALL
+        """Whether fp32 DDP's loss had flattened in at least :data:`MIN_STEPS` steps (see
+        :func:`flattened`): otherwise the factors may move with a longer run."""
+        return self.steps >= MIN_STEPS and flattened(self.fp32_improvement,
+                                                     self.fp32_last_quarter)
 
     def bought(self) -> str:
-        """What the training bought and how sure it is, in one line."""
+        """What the training bought, why it stopped and how sure it is, in one line."""
         how = (f"--verify-budget {self.budget_s:g} s" if self.budget_s is not None
                else "--verify-steps")
-        cut = f", stopped at the budget ({self.planned} planned)" if self.stopped_by_budget \
-            else ""
+        fall = (f"fp32 DDP's loss fell {100 * self.fp32_last_quarter:.1f}% over the last "
+                f"quarter (flat: under {100 * SETTLED_FALL:g}%)")
+        if self.stopped_by == STOPPED_FLAT:
+            why = f"stopped once {fall}"
+        elif self.stopped_by == STOPPED_BUDGET:
+            why = f"stopped by the budget ({self.planned} steps planned); {fall}"
+        elif self.budget_s is not None:
+            why = f"all {self.planned} steps the budget afforded; {fall}"
+        else:
+            why = fall
         verdict = "factors settled" if self.settled else (
             "factors uncertain (a longer --verify-budget would firm them up)")
-        return (f"the finalists trained {self.steps} steps in {self.seconds:.0f} s ({how}"
-                f"{cut}); fp32 DDP's loss fell {100 * self.fp32_last_quarter:.1f}% over the "
-                f"last quarter: {verdict}")
+        return (f"the finalists trained {self.steps} steps in {self.seconds:.0f} s ({how}); "
+                f"{why}: {verdict}")
 
     def to_meta(self) -> dict:
-        return {"steps": self.steps, "batches": self.batches, "seconds": round(self.seconds, 1),
+        meta = {"steps": self.steps, "batches": self.batches,
+                "seconds": round(self.seconds, 1),
                 "fp32_improvement": round(self.fp32_improvement, 6),
                 "fp32_last_quarter": round(self.fp32_last_quarter, 6),
                 "chosen": self.choice.finalist.name, "reason": self.choice.reason}
+        if self.stopped_by is not None:
+            meta["stopped_by"] = self.stopped_by
+        if self.below_min_fidelity is not None:
+            fidelity, floor = self.below_min_fidelity
+            meta["below_min_fidelity"] = {"fidelity": round(fidelity, 6),
+                                          "min_fidelity": floor}
+        return meta
+
+
+def flattened(improvement: float, last_quarter: float) -> bool:
+    """Whether fp32 DDP's validation loss has flattened: it fell by more than
+    :data:`SETTLED_FALL` in all (a curve that has not started to fall is not flat, it
+    is early) and by at most that over the last quarter of the steps (both fractions of
+    the loss they started from, :func:`bytecomp.profiler.probe.improvement`)."""
+    return improvement > SETTLED_FALL and last_quarter <= SETTLED_FALL
+
+
+def fidelity_override(planner: Planner, chosen: Finalist) -> tuple[float, float] | None:
+    """(fidelity, floor) where ``chosen``'s predicted fidelity is below the objective's
+    ``--min-fidelity``: the search never picks such a plan, but the finalists include
+    the hand-picked baselines whatever their predicted fidelity, and measured steps
+    outrank a predicted floor. None where the floor holds or is not scored."""
+    objective = planner.problem.objective
+    if not objective.uses_fidelity or chosen.fidelity is None or \
+            chosen.fidelity >= objective.min_fidelity:
+        return None
+    return chosen.fidelity, objective.min_fidelity
 
 
 def _entries_for(planner: Planner, finalist: Finalist) -> list[PlanEntry]:
@@ -176,8 +235,13 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
     """Shortlist, train and choose (see the module docstring). Training takes at most
     ``budget_s`` seconds on the clock, counted from this call (the ranks' start-up
     included): the ranks time their first steps and fit the rest in what is left
-    (:class:`bytecomp.profiler.convergence.Budget`), at most :data:`DEFAULT_STEPS`;
-    ``steps`` forces a count instead. A finalist the profile's convergence probe already
+    (:class:`bytecomp.profiler.convergence.Budget`), at most :data:`DEFAULT_STEPS`, and
+    stop sooner once fp32 DDP's validation loss has flattened (:func:`flattened`, after
+    :data:`MIN_STEPS`); ``steps`` forces a count instead. Finalists whose values are
+    within the margin (``options.min_gain``, the profile's noise, at least
+    :data:`TRIAL_MARGIN`) of the chosen one's are the runtime trial's
+    (:func:`trial_plan`). Measured steps may choose a plan predicted below
+    ``--min-fidelity``: a note says so and the verification records it. A finalist the profile's convergence probe already
     trained (:func:`probe_factor`) takes the probe's factor and is not trained again.
     ``model``: the spec the user named (``--model``), which a factory profile needs
     (:mod:`bytecomp.model_spec`). ``announce``: told, in one line, what is about to
@@ -206,10 +270,12 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
             finalist.steps_factor, factor_from[finalist.name] = factor, "probe"
             notes.append(f"{finalist.name}: the profile's convergence probe trained it "
                          f"already (steps factor {factor:.2f}); not trained again")
+    margin = max(TRIAL_MARGIN, planner.noise(), options.min_gain if options else 0.0)
     if all(f.steps_factor is not None for f in finalists):
-        return Verification(finalists, choose(finalists), 0, "none", 0.0, 0.0, 0.0, notes + [
-            "no compressed plan predicted faster than fp32 DDP is left to train"],
-            factor_from=factor_from)
+        return _overridden(Verification(
+            finalists, choose(finalists), 0, "none", 0.0, 0.0, 0.0, notes + [
+                "no compressed plan predicted faster than fp32 DDP is left to train"],
+            factor_from=factor_from, trial_margin=margin), planner)
     trained = [f for f in finalists if f.steps_factor is None or f.name == REFERENCE]
     profile = planner.profile
     ranks = nproc or profile.world_size
@@ -233,7 +299,9 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
         job = FinalistsJob(spec, profile.recipe_optimizer(), int(profile.meta["batch_size"]),
                            profile.device_type, paths, [f.name for f in trained],
                            steps or DEFAULT_STEPS, str(Path(folder) / "results.json"),
-                           budget_s=None if steps is not None else budget_s, started=started)
+                           budget_s=None if steps is not None else budget_s, started=started,
+                           flat_fall=None if steps is not None else SETTLED_FALL,
+                           flat_least=MIN_STEPS)
         run_job(train_finalists, (job,), world, backend_for(profile.device_type), timeout_s)
         measured = load_results(job.out)
     for finalist in trained:
@@ -251,8 +319,26 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
                                         measured["finalists"].items()},
                                 step_ms={name: f["step_ms"] for name, f in
                                          measured["finalists"].items()},
-                                factor_from=factor_from)
+                                factor_from=factor_from,
+                                stopped_by=str(measured.get("stopped_by", STOPPED_STEPS)),
+                                trial_margin=margin)
     verification.notes.append(verification.bought())
+    return _overridden(verification, planner)
+
+
+def _overridden(verification: Verification, planner: Planner) -> Verification:
+    """``verification`` with :func:`fidelity_override`'s finding recorded and said (a
+    note): measured steps chose a plan the search's fidelity floor would have refused."""
+    chosen = verification.choice.finalist
+    found = fidelity_override(planner, chosen)
+    if found is not None:
+        fidelity, floor = found
+        verification.below_min_fidelity = found
+        verification.notes.append(
+            f"measured steps override the predicted fidelity floor: {chosen.name} is "
+            f"predicted at fidelity {fidelity:.3f}, below --min-fidelity {floor:g}, and was "
+            f"chosen by predicted time x measured steps (the search alone never picks such "
+            f"a plan)")
     return verification
 
 
@@ -262,10 +348,12 @@ def _duration(seconds: float) -> str:
 
 def trial_candidates(planner: Planner, verification: Verification) -> list[Finalist]:
     """The trained finalists whose predicted time x measured steps factor is within the
-    prediction's error of the chosen one's: what the running job times (the chosen one
-    first)."""
+    margin of the chosen one's (:attr:`Verification.trial_margin`, at least the
+    profile's noise and :data:`TRIAL_MARGIN`): what the running job times (the chosen
+    one first). Closer than that, neither the prediction nor the search's margin can
+    tell them apart."""
     chosen = verification.choice.finalist
-    margin = max(TRIAL_MARGIN, planner.noise())
+    margin = max(TRIAL_MARGIN, planner.noise(), verification.trial_margin)
     near = [f for f in verification.finalists if f is not chosen and f.steps_factor is not None
             and math.isfinite(f.value) and f.value <= chosen.value * (1 + margin)]
     return [chosen, *near]
@@ -278,6 +366,7 @@ def trial_plan(planner: Planner, result: SearchResult, verification: Verificatio
     the chosen finalist's bucket cap (DDP's buckets are fixed); None where only one
     candidate is left (the static plan is the plan)."""
     from bytecomp.plan_file import FINALISTS, Adaptive, Level
+    from bytecomp.runtime.trial import MIN_PAIRS  # turns the trial needs to see its noise
     from bytecomp.search.ladder import agreement_interval, level_fidelities
 
     candidates = trial_candidates(planner, verification)
@@ -301,7 +390,8 @@ def trial_plan(planner: Planner, result: SearchResult, verification: Verificatio
     adaptive = Adaptive(FINALISTS, threshold=round(min(0.75, 0.9 * floor), 4),
                         explore_every=NEVER, start=start,
                         agree_every=agreement_interval(results[start].time_ms, 10),
-                        trial=tuple(trial), trial_steps=max(TRIAL_STEPS, len(trial)),
+                        trial=tuple(trial),
+                        trial_steps=max(TRIAL_STEPS, MIN_PAIRS * len(trial)),
                         trial_warmup=TRIAL_WARMUP)
     return Plan(static.model_fingerprint, static.world_size, static.nodes,
                 static.ranks_per_node, cap, levels[0].entries,
