@@ -260,3 +260,134 @@ def test_the_budgets_are_held_on_the_clock(cli, monkeypatch, tmp_path):
     assert verification["steps"] >= 10  # it trained, for what the budget afforded
     assert "--verify-budget 30 s" in " ".join(done.stderr.split())
     assert took <= 30 * 1.2 + step_s + 10  # reading, searching and writing around it
+
+
+def test_finalists_within_the_min_gain_margin_go_to_the_trial(planned):
+    """A finalist 8% behind the chosen one (predicted time x measured factor): within a
+    --min-gain of 10%, the running job times it; with the margin at its 5% floor, the
+    prediction's choice stands alone."""
+    from bytecomp.search.planner import to_plan
+    from bytecomp.search.verify import TRIAL_MARGIN, Verification, chosen_result, trial_plan
+
+    planner, result = planned
+    assert planner.noise() < 0.08  # the synthetic profile's noise does not widen it
+    finalists = shortlist(planner, result)
+    fp32, *others = finalists
+    fp32.steps_factor = 1.0
+    best, second, *rest = sorted(others, key=lambda f: f.time_ms)
+    best.steps_factor, second.steps_factor = 1.0, best.time_ms / second.time_ms * 1.08
+    for other in rest:
+        other.steps_factor = 10.0
+    for margin, kept in ((0.10, True), (TRIAL_MARGIN, False)):
+        verification = Verification(finalists, choose(finalists), 50, "validation", 1.0, 0.5,
+                                    0.0, trial_margin=margin)
+        chosen = chosen_result(result, verification)
+        plan = trial_plan(planner, chosen, verification, to_plan(chosen, planner.profile))
+        assert (plan is not None) == kept, margin
+        if plan is not None:
+            names = {plan.levels[i].setting for i in plan.adaptive.trial}
+            assert names == {best.name, second.name}
+            assert plan.adaptive.trial_steps >= 20
+
+
+def test_the_verification_says_why_it_stopped_and_when_fp32_flattened():
+    from bytecomp.profiler.convergence import flat, last_quarter
+    from bytecomp.search.verify import SETTLED_FALL, Verification, flattened
+
+    falling = [(0, 4.0), (25, 2.0), (50, 1.5), (75, 1.2), (100, 1.0)]
+    assert last_quarter(falling, 100) == pytest.approx(0.2 / 1.2)
+    assert not flat(falling, 100, SETTLED_FALL)
+    levelled = falling + [(125, 0.99), (150, 0.985), (175, 0.98), (200, 0.979)]
+    assert flat(levelled, 200, SETTLED_FALL)  # 1.0% over steps 150-200, 75% in all
+    assert not flat([(0, 4.0), (50, 4.0), (100, 3.99)], 100, SETTLED_FALL)  # not begun
+    assert not flat([(0, 4.0), (100, 1.0)], 100, SETTLED_FALL)  # one point in the quarter
+    assert flattened(0.75, 0.01) and not flattened(0.02, 0.01) and not flattened(0.5, 0.04)
+    one = finalist("fp32 DDP", 10.0, 1.0)
+    for stopped_by, budget, says, settled in (
+            ("flattened", 60.0, "stopped once fp32 DDP's loss fell 1.0%", True),
+            ("budget", 60.0, "stopped by the budget (400 steps planned)", False),
+            ("steps", 60.0, "all 400 steps the budget afforded", True),
+            ("steps", None, "(--verify-steps); fp32 DDP's loss fell 1.0%", True)):
+        verification = Verification([one], choose([one]), 120, "validation", 30.0, 0.7,
+                                    0.01 if settled else 0.06, budget_s=budget, planned=400,
+                                    stopped_by=stopped_by)
+        line = verification.bought()
+        assert says.replace("1.0%", "1.0%" if settled else "6.0%") in line, line
+        assert ("factors settled" in line) == settled == verification.settled
+        assert verification.to_meta()["stopped_by"] == stopped_by
+
+
+def test_a_chosen_plan_below_min_fidelity_is_said_and_recorded(planned):
+    """Measured steps may choose a hand-picked baseline whose predicted fidelity is below
+    --min-fidelity (the search itself never does): a note says so, and the plan file
+    records the fidelity and the floor, range-checked on load."""
+    import copy
+
+    from bytecomp.search.verify import Verification, _overridden
+
+    planner, _ = planned
+    floor = planner.problem.objective.min_fidelity
+    assert planner.problem.objective.uses_fidelity and floor > 0
+    low = finalist("PowerSGD hook (rank 1)", 50.0, 1.0, fidelity=floor - 0.1)
+    fp32 = finalist("fp32 DDP", 100.0, 1.0)
+    verification = _overridden(Verification([fp32, low], choose([fp32, low]), 60,
+                                            "validation", 1.0, 0.5, 0.01), planner)
+    assert verification.choice.finalist is low
+    assert any(f"below --min-fidelity {floor:g}" in note and "measured steps override" in note
+               for note in verification.notes)
+    recorded = verification.to_meta()["below_min_fidelity"]
+    assert recorded == {"fidelity": pytest.approx(floor - 0.1), "min_fidelity": floor}
+    kept = _overridden(Verification([fp32, low], choose([fp32]), 60, "validation", 1.0, 0.5,
+                                    0.01), planner)
+    assert kept.below_min_fidelity is None and "below_min_fidelity" not in kept.to_meta()
+    finalists = copy.deepcopy(GOOD)
+    data = _plan_with(finalists)
+    data["verification"] = {"steps": 60, "batches": "validation", "seconds": 1.0,
+                            "fp32_improvement": 0.5, "fp32_last_quarter": 0.01,
+                            "chosen": "bytecomp plan", "reason": "r", "stopped_by": "flattened",
+                            "below_min_fidelity": recorded}
+    assert plan_from_dict(data).info["verification"]["below_min_fidelity"] == recorded
+    for key, bad in (("stopped_by", "bored"), ("below_min_fidelity", {"fidelity": 2})):
+        damaged = copy.deepcopy(data)
+        damaged["verification"][key] = bad
+        with pytest.raises(BytecompError, match=f"verification.{key}"):
+            plan_from_dict(damaged)
+
+
+def _train_until_flat(rank, world, flat_fall):
+    """fp32 DDP on a small teacher task for at most 600 steps, evaluated every 10: the
+    steps trained, whether it stopped because the loss flattened, and the curve."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bytecomp.profiler.convergence import ConvergenceConfig, train_curves
+    from bytecomp.profiler.probe import Trainee
+    from bytecomp.profiler.workloads import load_workload
+
+    torch.manual_seed(0)
+    workload = load_workload("mlp:inputs=16,width=32,depth=2")
+    ddp = DistributedDataParallel(workload.model)
+    trainee = Trainee("fp32 DDP", ddp, torch.optim.Adam(workload.model.parameters(), lr=0.01))
+    evidence, _ = workload.evidence_batches(32)
+    config = ConvergenceConfig(600, 10, flat_fall=flat_fall, flat_least=50)
+    training = train_curves([trainee], workload, 32, torch.device("cpu"), config, evidence)
+    return training.steps, training.stopped_flat, training.curves["fp32 DDP"]
+
+
+@pytest.mark.multirank
+def test_training_stops_once_fp32s_loss_has_flattened():
+    """With a flatness threshold the run stops at the first evaluation (after the least
+    steps) where fp32's loss fell by at most it over the last quarter, on every rank
+    alike; without one it trains every step."""
+    from bytecomp.profiler.convergence import flat
+
+    from ranks import run_ranks
+
+    (steps, stopped, curve), other = run_ranks(_train_until_flat, 2, 0.03)
+    assert other == (steps, stopped, curve)
+    assert stopped and 50 <= steps < 600 and curve[-1][0] == steps
+    assert flat(curve, steps, 0.03)
+    earlier = [s for s, _ in curve if 50 <= s < steps]  # no evaluation before it was flat
+    assert not any(flat([p for p in curve if p[0] <= s], s, 0.03) for s in earlier)
+    (steps, stopped, curve), _ = run_ranks(_train_until_flat, 2, None)
+    assert steps == 600 and not stopped
