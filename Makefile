@@ -1,11 +1,13 @@
 # Quick start: `make run` (install + main job), `make test` (install + the fast tests),
 # `make test-all` (every test), `make check` (what CI runs: lint and types, every test, the
 # built wheel in a fresh venv).
-# Everything goes into a virtual environment in .venv; with no torch there, the
-# CPU build torch==2.13.0 is installed first (set TORCH=... to choose another).
+# Everything goes into a virtual environment in .venv; with no torch there, torch==2.13.0
+# is installed first (set TORCH=... to choose another), from pip's configured index: on Linux,
+# PyPI's is a CUDA build; TORCH_INDEX=https://download.pytorch.org/whl/cpu gets the CPU build.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 BIN := $(VENV)/bin
 
 .PHONY: install install-dev run test test-all lint wheel-check check bench gpu-check docs
@@ -24,7 +26,8 @@ PIP_INSTALL := $(BIN)/pip install -q --no-compile
 COMPILE := $(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP_INSTALL) "$(TORCH)"
+	$(BIN)/python -c "import torch" 2>/dev/null || \
+		$(PIP_INSTALL) "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
 	$(PIP_INSTALL) -e .
 	$(COMPILE)
 	touch $@

@@ -129,7 +129,7 @@ def options_block(name: str) -> str:
                       *(_argument(p) for p in arguments)]).replace("  ", " ")
     if name == "emulate":
         usage += " -- COMMAND [ARGS]..."
-    lines = ["```", usage, "```", ""]
+    lines = ["```text", usage, "```", ""]
     if arguments:
         lines += ["| argument | what it is |", "|---|---|"]
         for param in arguments:
@@ -350,9 +350,9 @@ SIMULATE_COMMAND = f"bytecomp simulate {SAMPLE_PROFILE} plan.yaml --cluster {SAM
 def sample_block(kind: str) -> str:
     found = samples()
     if kind == "plan":
-        return f"```\n$ {PLAN_COMMAND}\n{found.plan}```\n"
+        return f"```console\n$ {PLAN_COMMAND}\n{found.plan}```\n"
     if kind == "simulate":
-        return f"```\n$ {SIMULATE_COMMAND}\n{found.simulate}```\n"
+        return f"```console\n$ {SIMULATE_COMMAND}\n{found.simulate}```\n"
     if kind == "plan-file":
         return "```yaml\n" + plan_file_excerpt(found.plan_file) + "```\n"
     if kind == "plan-head":
@@ -361,7 +361,7 @@ def sample_block(kind: str) -> str:
         last_row = next(i for i, line in enumerate(lines) if "PowerSGD hook" in line)
         start = next(i for i, line in enumerate(lines) if line.startswith("plan: "))
         end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("search: "))
-        return "```\n$ " + PLAN_COMMAND + "\n" + "\n".join(
+        return "```console\n$ " + PLAN_COMMAND + "\n" + "\n".join(
             [*lines[:last_row + 1], "  ... (every compressor on every tensor)",
              *lines[start:end]]) + "\n```\n"
     raise ValueError(f"unknown sample {kind!r}")

@@ -104,15 +104,52 @@ ISSUE = re.compile(r"\bissues?\s+#?\d+|\(#\d+\)", re.IGNORECASE)
 CONV_RUN = re.compile(r"\bconv\d+[a-z]?\b")
 
 
+# Dates ("2026-11-27", "Nov 27") and a run's own machine ("this VM", "this project's 2-core
+# machine", "2 min here"): a reference page names the benchmark machine
+# (benchmarks.md#how-these-were-measured), not the one a diary was written on.
+DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|"
+                  r"Nov|Dec)[a-z]*\.?\s+[0-3]?\d\b(?!\.\d)")
+THIS_MACHINE = re.compile(r"\bthis\s+(?:project's\s+)?(?:[\w-]+\s+){0,2}?(?:VM|machine|box|"
+                          r"computer|laptop|host)\b|\b(?:\d[\d.,-]*\s*(?:ms|s|min|minutes|"
+                          r"seconds|hours)|(?:a|one|two|three|a few)\s+minutes?)\s+here\b",
+                          re.IGNORECASE)
+# Where a date is a name, not a diary: a link's target, a results file's path (a link's text
+# that is its file's name), a generated quote of a results file.
+NAMES = re.compile(r"\]\([^)]*\)|\[[\w./-]+\.md(?=\]\()|benchmarks/results/[\w./:=,+*<>-]*"
+                   r"|<!-- BEGIN GENERATED: quote .*?<!-- END GENERATED -->", re.DOTALL)
+
+
+def diary_marks(text: str) -> list[str]:
+    """What in ``text`` belongs to a diary: issue numbers, conv runs' names, dates, and
+    phrases about the machine a run was written on."""
+    found = [*ISSUE.finditer(text), *CONV_RUN.finditer(text)]
+    named = NAMES.sub(lambda m: " " * len(m.group(0)), text)
+    found += [*DATE.finditer(named), *THIS_MACHINE.finditer(named)]
+    return sorted({" ".join(m.group(0).split()) for m in found})
+
+
+def test_the_diary_check_finds_each_kind():
+    """The check itself, on sentences of each kind (and on names that are not diaries)."""
+    assert diary_marks("Fixed in issue 18 (#12); conv22 diverged.") == \
+        ["(#12)", "conv22", "issue 18"]
+    assert diary_marks("On 2026-11-27, and again on Nov 28, this VM took 245 s.") == \
+        ["2026-11-27", "Nov 28", "this VM"]
+    assert diary_marks("on this project's 2-core machine, about 13 s here") == \
+        ["13 s here", "this project's 2-core machine"]
+    assert diary_marks("[search-2026-11-27b.md](../benchmarks/results/search-2026-11-27b.md), "
+                       "`benchmarks/results/gpu-check-2026-11-26b-h200.md`, "
+                       "[history](history.md#runs-to-2026-11-27), the links here") == []
+
+
 @pytest.mark.parametrize("path", [p for p in markdown_files() if p != HISTORY],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_history_stays_on_the_history_page(path):
-    """Issue numbers and the convergence runs' names (conv8..conv22) belong to
-    docs/history.md: a reference page states what holds now."""
-    text = path.read_text()
-    found = sorted({m.group(0) for m in [*ISSUE.finditer(text), *CONV_RUN.finditer(text)]})
-    assert not found, f"{path.relative_to(ROOT)} mentions {found}: run diaries, conv runs " \
-                      f"and issue numbers go to docs/history.md"
+    """Issue numbers, the convergence runs' names (conv8..conv22), dates and phrases about
+    the machine a run was written on ("this VM", "2 min here") belong to docs/history.md:
+    a reference page states what holds now (results files may carry dates in their names)."""
+    found = diary_marks(path.read_text())
+    assert not found, f"{path.relative_to(ROOT)} mentions {found}: run diaries, dates, conv " \
+                      f"runs and issue numbers go to docs/history.md"
 
 
 def test_the_torch_versions_are_explained_in_one_place():

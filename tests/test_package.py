@@ -5,6 +5,7 @@ environment is checked by ``make wheel-check``, part of ``make check``.)"""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,55 @@ def test_the_package_data_rule_ships_every_config():
     for path in (PACKAGE / "configs" / "clusters").iterdir():
         relative = str(path.relative_to(PACKAGE))
         assert any(fnmatch.fnmatch(relative, rule) for rule in rules), relative
+
+
+# ---------------------------------------------------------------- install truth
+
+INSTALL = REPO / "docs" / "install.md"
+README = REPO / "README.md"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # as PyTorch documents its CPU wheels
+
+
+def test_pyproject_the_install_page_and_the_readme_agree_on_torch():
+    """The torch requirement install.md states is pyproject's; the version the Makefile
+    installs satisfies it, and install.md and the README give the same line for its CPU
+    build (PyTorch's CPU index) and say how to get the CUDA build (PyPI's, on Linux)."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    torch = [Requirement(d) for d in project["dependencies"] if Requirement(d).name == "torch"]
+    assert len(torch) == 1, "pyproject.toml must require torch once"
+    install, readme = INSTALL.read_text(), README.read_text()
+    assert f"requires `torch{torch[0].specifier}`" in install, \
+        f"docs/install.md does not say the package requires `torch{torch[0].specifier}`"
+    pinned = re.search(r"^TORCH \?= torch==(\S+)$", (REPO / "Makefile").read_text(), re.M)
+    assert pinned, "the Makefile has no TORCH ?= torch==VERSION"
+    version = pinned.group(1)
+    assert torch[0].specifier.contains(version), \
+        f"the Makefile's torch {version} does not satisfy pyproject's torch{torch[0].specifier}"
+    cpu = f"pip install torch=={version} --index-url {CPU_INDEX}"
+    cuda = f"`pip install torch=={version}`"
+    for name, text in (("docs/install.md", install), ("README.md", readme)):
+        assert cpu in text, f"{name} does not give the CPU build's line: {cpu}"
+        assert cuda in text and "CUDA build" in text, \
+            f"{name} does not say how to get the CUDA build ({cuda} from PyPI)"
+
+
+def test_the_install_page_lists_every_extra():
+    """Every optional dependency set of pyproject.toml is on install.md (and nothing else
+    is named as an extra), and its make install-dev line is the Makefile's."""
+    tomllib = pytest.importorskip("tomllib")
+
+    extras = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+                 ["optional-dependencies"])
+    install = INSTALL.read_text()
+    named = {name for group in re.findall(r"\.\[([\w,]+)\]", install) for name in group.split(",")}
+    assert extras - named == set(), f"docs/install.md does not list the extras " \
+                                    f"{sorted(extras - named)}"
+    assert named - extras == set(), f"docs/install.md names extras pyproject.toml does not " \
+                                    f"declare: {sorted(named - extras)}"
+    dev = re.search(r'-e "(\.\[[\w,]+\])"', (REPO / "Makefile").read_text())
+    assert dev, "the Makefile's install-dev installs no extras"
+    assert f"`make install-dev` installs `{dev.group(1)}`" in install, \
+        f"docs/install.md does not say that make install-dev installs {dev.group(1)}"
