@@ -122,6 +122,22 @@ def test_the_pages_have_blocks_of_every_kind():
     assert any(block.note and block.note.startswith("not run:") for block in ALL_BLOCKS)
 
 
+@pytest.mark.parametrize("note, expected", [
+    ("not run: it needs root and network namespaces", None),
+    ("not run: slow", "does not say why"),
+    ("not run", "is none of"),
+    ("run by tests/test_docs.py::no_such_test", "do not exist"),
+    ("run by tests/test_docs.py", "names no tests/FILE.py::TEST"),
+    ("run: as a --model factory", None),
+    ("run: twice", "no check"),
+    ("figures", None),
+])
+def test_a_mark_is_read_as_the_convention_says(note, expected):
+    """What :func:`problem` says of a python block on README.md under each kind of mark."""
+    found = problem(Block(test_docs.README, 1, "python", "pass\n", note, None))
+    assert (found is None) if expected is None else (expected in found), found
+
+
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_every_block_names_its_language(page):
     wrong = [f"{block.where}: ```{block.language}" for block in blocks(page)
@@ -154,6 +170,9 @@ def problem(block: Block) -> str | None:
         check = block.note.removeprefix("run:").strip()
         if check not in CHECKS:
             return f"no check {check!r} (known: {', '.join(CHECKS)})"
+    elif re.match(r"(?i)(not\s+)?run\b", block.note):
+        return f"{block.note!r} is none of `not run: REASON`, `run by tests/FILE.py::TEST`, " \
+               f"`run: CHECK`"
     else:
         return None  # another comment (a figures marker, say): the block runs
     if not block.is_program:
