@@ -1,7 +1,8 @@
 """bytecomp: per-tensor gradient-compression strategies for PyTorch DDP.
 
-Profile a job (``bytecomp profile``), plan (``bytecomp plan``), and apply the
-plan in the training script::
+Profile a job (``bytecomp profile``, or :func:`bytecomp.profile`), plan
+(``bytecomp plan``, :func:`bytecomp.plan`), and apply the plan in the training
+script::
 
     ddp = DistributedDataParallel(model, bucket_cap_mb=plan.bucket_cap_mb)
     executor = bytecomp.apply_plan(ddp, "plan.yaml")
@@ -10,7 +11,15 @@ plan in the training script::
 __version__ = "0.1.0"
 
 __all__ = ["apply_plan", "comm_hook", "load_plan", "Plan", "Recipe", "BytecompError", "PeerFailure",
-           "__version__"]
+           "profile", "plan", "simulate", "bench", "load_profile", "Profile", "PlanResult",
+           "Simulation", "BenchResult", "ProfileOptions", "PlanOptions", "SimulateOptions",
+           "BenchOptions", "__version__"]
+# The pipeline's names (bytecomp.api, bytecomp.options), by the module that owns them.
+_PIPELINE = {"profile": "api", "plan": "api", "simulate": "api", "bench": "api",
+             "Simulation": "api", "BenchResult": "api", "PlanResult": "search.pipeline",
+             "load_profile": "profile_store", "Profile": "profile_store",
+             "ProfileOptions": "options", "PlanOptions": "options",
+             "SimulateOptions": "options", "BenchOptions": "options"}
 
 
 def __getattr__(name):
@@ -35,4 +44,8 @@ def __getattr__(name):
         from bytecomp.recipe import Recipe
 
         return Recipe
+    if name in _PIPELINE:
+        import importlib
+
+        return getattr(importlib.import_module(f"bytecomp.{_PIPELINE[name]}"), name)
     raise AttributeError(f"module 'bytecomp' has no attribute {name!r}")

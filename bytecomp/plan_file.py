@@ -178,6 +178,11 @@ FINALISTS = "finalists"  # the family of a verified plan's levels (bytecomp.sear
 TIMINGS = ("measured", "predicted")
 
 
+# Turns of the runtime trial with every candidate timed that it needs to measure a gap's
+# spread at all (bytecomp.runtime.trial decides; the planner sizes trial_steps by it).
+MIN_TRIAL_PAIRS = 3
+
+
 @dataclass(frozen=True)
 class Adaptive:
     """How the executor moves along an adaptive plan's levels (see

@@ -26,6 +26,17 @@ console = Console()
 errors = Console(stderr=True)  # notes, warnings and, beside a JSON document, progress
 
 
+def announce(text: str) -> None:
+    """A long stage's opening line on stderr: what it does, how long, how to skip it."""
+    errors.print(escape(text), highlight=False, soft_wrap=True)
+
+
+def warn(warning: str) -> None:
+    """A warning on stderr, one line however narrow the terminal."""
+    errors.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False,
+                 soft_wrap=True)
+
+
 class Fitted:
     """``table`` as printed, its words whole wherever the width allows: narrower than the
     table's natural width (80 columns, piped, in a CI log), every column narrows to its

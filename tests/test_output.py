@@ -100,8 +100,9 @@ def test_compressors_json_lists_the_registry_with_its_traits(cli):
 def test_bench_json_is_bench_csv_with_the_caption_s_errors(tmp_path):
     """``bench --format json`` reads back what rank 0 wrote (the ranks themselves are
     run by the multirank bench tests)."""
+    from bytecomp.api import BenchResult
     from bytecomp.bencher.runner import COMPUTE_ONLY
-    from bytecomp.cli import _bench_json, _plain
+    from bytecomp.cli import _plain
 
     rows = [{"strategy": "fp32 DDP", "measured_ms": 10.0, "error": 0.1,
              "recalibrated_error": -0.05, "compute_drift": 1.2, "speedup_vs_fp32": 1.0},
@@ -110,7 +111,7 @@ def test_bench_json_is_bench_csv_with_the_caption_s_errors(tmp_path):
             {"strategy": COMPUTE_ONLY, "measured_ms": 5.0, "error": float("nan"),
              "recalibrated_error": 0.9, "compute_drift": 1.2, "speedup_vs_fp32": 2.0}]
     pd.DataFrame(rows).to_csv(tmp_path / "bench.csv", index=False)
-    document = json.loads(json.dumps(_plain(_bench_json(tmp_path)), allow_nan=False))
+    document = json.loads(json.dumps(_plain(BenchResult.read(tmp_path).to_dict()), allow_nan=False))
     assert [r["strategy"] for r in document["strategies"]] == [r["strategy"] for r in rows]
     assert document["strategies"][2]["error"] is None  # NaN: null, as JSON has no NaN
     assert document["summary"] == {"compute_drift": 1.2, "error_median": pytest.approx(0.2),

@@ -28,6 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from bytecomp.errors import BytecompError
+from bytecomp.plan_file import MIN_TRIAL_PAIRS as MIN_PAIRS
 
 # How many standard errors of the paired gap (Trial.paired) a candidate must be ahead
 # by to be kept over another: about one wrong call in 700 between identical levels under
@@ -38,7 +39,6 @@ MAX_ROUNDS = 2  # the first comparison and one repeat, then the safer level on a
 # samples), and the standard deviation over the median absolute deviation
 MEDIAN_SE = math.sqrt(math.pi / 2)
 MAD_SIGMA = 1.4826
-MIN_PAIRS = 3  # turns with both timed needed to measure a gap's spread at all
 
 
 @dataclass

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from bytecomp.errors import BytecompError
+from bytecomp.options import ALGORITHMS, MAX_EVALUATIONS  # noqa: E402  (declared with plan's)
 
-ALGORITHMS = ("auto", "greedy", "local", "exact")
-MAX_EVALUATIONS = 10**9  # of the annealing
 # The default margin (a fraction) by objective: what ``bytecomp plan`` asks a searched plan
 # to win by over fp32 DDP and the baselines (Planner.search's own default is 0: the
 # searched plan as it is). Effective time carries two errors, the iteration's (mixed plans

@@ -21,6 +21,7 @@ from pathlib import Path
 from bytecomp.comm.schemes import native_scheme, scheme_of
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
+from bytecomp.options import MAX_VERIFY_STEPS
 from bytecomp.plan_file import (
     NO_COMPRESSION,
     STOPPED_BUDGET,
@@ -34,7 +35,7 @@ from bytecomp.search.options import SearchOptions
 from bytecomp.search.planner import Planner, SearchResult, plan_entries
 from bytecomp.ui import Stage
 
-MAX_STEPS = 100_000
+MAX_STEPS = MAX_VERIFY_STEPS  # --verify-steps' upper bound
 # The runtime trial (bytecomp.runtime.trial): at most 2% of a 1,000-step run, after ten
 # steps of warm-up; finalists within the margin of the chosen one take part: the profile's
 # measured noise or the plan's --min-gain, whichever is wider, at least TRIAL_MARGIN
@@ -365,8 +366,7 @@ def trial_plan(planner: Planner, result: SearchResult, verification: Verificatio
     steps back to on evidence) and the trial's candidates as levels, mildest first, all at
     the chosen finalist's bucket cap (DDP's buckets are fixed); None where only one
     candidate is left (the static plan is the plan)."""
-    from bytecomp.plan_file import FINALISTS, Adaptive, Level
-    from bytecomp.runtime.trial import MIN_PAIRS  # turns the trial needs to see its noise
+    from bytecomp.plan_file import FINALISTS, MIN_TRIAL_PAIRS, Adaptive, Level
     from bytecomp.search.ladder import agreement_interval, level_fidelities
 
     candidates = trial_candidates(planner, verification)
@@ -391,7 +391,7 @@ def trial_plan(planner: Planner, result: SearchResult, verification: Verificatio
                         explore_every=NEVER, start=start,
                         agree_every=agreement_interval(results[start].time_ms, 10),
                         trial=tuple(trial),
-                        trial_steps=max(TRIAL_STEPS, MIN_PAIRS * len(trial)),
+                        trial_steps=max(TRIAL_STEPS, MIN_TRIAL_PAIRS * len(trial)),
                         trial_warmup=TRIAL_WARMUP)
     return Plan(static.model_fingerprint, static.world_size, static.nodes,
                 static.ranks_per_node, cap, levels[0].entries,

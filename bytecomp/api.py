@@ -1,0 +1,264 @@
+"""The pipeline from Python: :func:`profile`, :func:`plan`, :func:`simulate` and
+:func:`bench`, each the library call under its command, on ``bytecomp`` itself::
+
+    import bytecomp
+
+    result = bytecomp.plan("profiles/transformer", cluster="gbe1", verify=False)
+    print(result.strategies.head())
+
+Each takes its command's options as keyword arguments, with the same names (``--min-gain``
+is ``min_gain``) and the same defaults, declared once in :mod:`bytecomp.options`; a
+repeatable option takes a list. Bad input raises :class:`~bytecomp.errors.BytecompError`
+(one line, naming the option as the command spells it), before any work. Progress goes
+to stderr, as the commands show it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bytecomp.errors import BytecompError
+from bytecomp.options import BenchOptions, PlanOptions, ProfileOptions, SimulateOptions
+from bytecomp.search.pipeline import PlanResult, load_cluster, run_plan
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from bytecomp.plan_file import Plan
+    from bytecomp.profile_store import Profile
+
+
+def _tuples(values: dict[str, Any]) -> dict[str, Any]:
+    """Repeatable options as tuples (a list or a single string given for one)."""
+    return {key: (value,) if isinstance(value, str) and key == "compressor" else
+            tuple(value) if isinstance(value, list) else value
+            for key, value in values.items()}
+
+
+def profile(model: str | None = None, *, options: ProfileOptions | None = None,
+            **values: Any) -> Profile | None:
+    """Measure a real DDP job (``bytecomp profile``) and return the profile written.
+
+    ``model``: a built-in workload (``"transformer:layers=2"``) or a
+    ``"pkg.module:factory"`` of yours, imported and built (default ``"mlp"``); the other
+    options are :class:`~bytecomp.options.ProfileOptions`' (``nproc=2``, ``quick=True``,
+    ``out=...``, ``budget=120``, ...). Spawns ``nproc`` local ranks, or runs on the ranks
+    of the torchrun job this process belongs to, where every rank calls it: rank 0
+    returns the profile, the other ranks None.
+    """
+    from bytecomp.launch import check_nproc
+    from bytecomp.profile_store import load_profile
+    from bytecomp.profiler import ProfileConfig, run_profile
+    from bytecomp.profiler.workloads import safe_name
+    from bytecomp.ui import warn
+
+    if model is not None:
+        values["model"] = model
+    chosen = ProfileOptions.build(options, **_tuples(values))
+    for warning in check_nproc(chosen.nproc):
+        warn(warning)
+    name = chosen.model or "mlp"
+    default_out = "profiles/calibration" if chosen.calibrate_only else \
+        f"profiles/{safe_name(name)}"
+    config = ProfileConfig(
+        model=name, out=chosen.out or default_out, batch_size=chosen.batch_size,
+        bucket_cap_mb=chosen.bucket_cap_mb, iterations=chosen.iterations,
+        warmup=chosen.warmup, specs=list(chosen.compressor), quick=chosen.quick,
+        force=chosen.force, device=chosen.device, timeout_s=chosen.timeout,
+        max_mb=chosen.max_mb, machine=chosen.machine,
+        fidelity_iterations=chosen.fidelity_iterations, ladders=list(chosen.ladder),
+        probe_steps=chosen.probe_steps, optimizer=chosen.optimizer, budget_s=chosen.budget,
+        calibration=chosen.calibration, calibrate_only=chosen.calibrate_only)
+    out = run_profile(config, chosen.nproc)
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    if chosen.calibrate_only:  # a calibration's tables: read them with load_calibration
+        return None
+    return load_profile(out)
+
+
+def plan(profile: str | os.PathLike | Profile, *, options: PlanOptions | None = None,
+         announce=None, **values: Any) -> PlanResult:
+    """Plan a profile (``bytecomp plan``): search, train the finalists, choose, write the
+    plan file; return a :class:`~bytecomp.search.pipeline.PlanResult`.
+
+    ``profile``: a profile directory, or a :class:`~bytecomp.profile_store.Profile` read
+    already (to plan one profile for many clusters without reading it each time); the
+    options are
+    :class:`~bytecomp.options.PlanOptions`' (``cluster="gbe1"``, ``verify=False``,
+    ``compressor=["topk:ratio=0.01"]``, ``out=None`` to write no file, ...).
+    ``announce``: called with the opening line of each long stage (default: printed on
+    stderr, as the command does).
+    """
+    from bytecomp.ui import announce as print_line
+
+    chosen = PlanOptions.build(options, **_tuples(values))
+    from bytecomp.profile_store import Profile
+
+    given = profile if isinstance(profile, Profile) else os.fspath(profile)
+    return run_plan(given, chosen, print_line if announce is None else announce)
+
+
+@dataclass
+class Simulation:
+    """One simulated iteration of a plan (:func:`simulate`): the times in ms, the busy time
+    of every resource, and the files written."""
+
+    plan: str
+    level: int | None
+    cluster: str
+    iteration_ms: float
+    compute_ms: float
+    backward_end_ms: float
+    comm_end_ms: float
+    busy_ms: dict[str, float]
+    written: list[str] = field(default_factory=list)
+    timeline: Any = None  # the simulator's result (events, per-group times)
+
+    @property
+    def exposed_ms(self) -> float:
+        """The iteration's time not overlapped with compute."""
+        return self.iteration_ms - self.compute_ms
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The command's table: quantity and ms."""
+        import pandas as pd
+
+        rows = [("iteration", self.iteration_ms),
+                ("compute only (forward + backward + optimizer)", self.compute_ms),
+                ("exposed (not overlapped) time", self.exposed_ms),
+                ("backward ends (after forward)", self.backward_end_ms),
+                ("last group done (after forward)", self.comm_end_ms)]
+        rows += [(f"busy {key.replace(':', ' ')}", value) for key, value in
+                 self.busy_ms.items()]
+        return pd.DataFrame(rows, columns=["quantity", "ms"])
+
+    def to_dict(self) -> dict:
+        """``simulate --format json``."""
+        return {"plan": self.plan, "level": self.level, "cluster": self.cluster,
+                "iteration_ms": self.iteration_ms, "compute_ms": self.compute_ms,
+                "exposed_ms": self.exposed_ms, "backward_end_ms": self.backward_end_ms,
+                "comm_end_ms": self.comm_end_ms, "busy_ms": self.busy_ms,
+                "written": self.written}
+
+
+def simulate(profile: str | os.PathLike, plan: str | os.PathLike, *,
+             options: SimulateOptions | None = None, **values: Any) -> Simulation:
+    """Simulate one iteration of ``plan`` (a plan file) on ``profile``'s measurements
+    (``bytecomp simulate``); ``trace=`` and ``png=`` write a Chrome trace and a Gantt
+    chart, ``cluster=`` another cluster, ``level=`` an adaptive plan's level."""
+    from bytecomp.files import atomic_files, check_output_file, check_outputs_spare_inputs
+    from bytecomp.plan_file import load_plan
+    from bytecomp.profile_store import load_profile
+    from bytecomp.search import Planner, simulate_plan
+    from bytecomp.search.pipeline import input_files
+    from bytecomp.search.planner import check_plan_fits
+    from bytecomp.timeline.render import draw_gantt, write_trace
+
+    chosen = SimulateOptions.build(options, **values)
+    profile, plan = os.fspath(profile), os.fspath(plan)
+    outputs: dict[str, str | None] = {"--trace": chosen.trace, "--png": chosen.png}
+    for option_name, path in outputs.items():
+        if path:
+            check_output_file(path, option_name)
+    check_outputs_spare_inputs(outputs, input_files(profile, plan, chosen.cluster))
+    loaded = load_profile(profile)
+    the_plan: Plan = load_plan(plan)
+    cluster = load_cluster(chosen.cluster)
+    check_plan_fits(the_plan, loaded, cluster)
+    level = chosen.level
+    if level is not None or the_plan.levels:
+        count = len(the_plan.levels or [])
+        if not 0 <= (level or 0) < count:
+            raise BytecompError(f"{plan} has no level {level} (" + (
+                f"levels 0 to {count - 1})" if count else "it is not an adaptive plan)"))
+        level = level or 0
+        the_plan = the_plan.level(level)
+    planner = Planner(loaded, cluster, the_plan.compressors or None, strict=True)
+    result = simulate_plan(planner, the_plan)
+    times = loaded.meta["times"]
+    compute = sum(times[k]["median_ms"] for k in ("forward", "backward_compute", "optimizer"))
+    written = [path for path in (chosen.trace, chosen.png) if path]
+    with atomic_files(written) as temporaries:  # both written, then both renamed
+        staged = dict(zip(written, temporaries))
+        if chosen.trace:
+            with open(staged[chosen.trace], "w") as stream:
+                write_trace(result, stream, plan, planner.problem.tensors)
+        if chosen.png:
+            draw_gantt(result, staged[chosen.png], plan)
+    return Simulation(plan, level, planner.cluster.name, result.iteration_ms, compute,
+                      result.backward_end_ms, result.comm_end_ms,
+                      dict(sorted(result.breakdown().items())), written, result)
+
+
+@dataclass
+class BenchResult:
+    """What :func:`bench` measured: ``strategies`` (bench.csv: measured and predicted ms
+    per strategy), ``convergence`` (convergence.csv, with ``train_steps``), ``summary``
+    (compute drift, prediction errors) and the output folder ``out``."""
+
+    out: Path
+    strategies: pd.DataFrame
+    convergence: pd.DataFrame | None
+    summary: dict[str, float]
+
+    @classmethod
+    def read(cls, folder: Path) -> BenchResult:
+        import pandas as pd
+
+        from bytecomp.bencher.runner import prediction_summary
+
+        results = pd.read_csv(folder / "bench.csv")
+        convergence = folder / "convergence.csv"
+        return cls(folder, results, pd.read_csv(convergence) if convergence.exists() else None,
+                   prediction_summary(results))
+
+    @property
+    def files(self) -> list[str]:
+        return sorted(path.name for path in self.out.iterdir())
+
+    def to_dict(self) -> dict:
+        """``bench --format json``: the rows of bench.csv (and convergence.csv), the
+        table's caption (compute drift, prediction errors) and the files written."""
+        return {"out": str(self.out), "files": self.files,
+                "strategies": self.strategies.to_dict(orient="records"),
+                "summary": self.summary,
+                "convergence": None if self.convergence is None else
+                self.convergence.to_dict(orient="records")}
+
+
+def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
+          options: BenchOptions | None = None, **values: Any) -> BenchResult | None:
+    """Measure ``plans`` (a plan file, or a list: the first is named "bytecomp plan", the
+    others by their files) and the baselines for real, beside the predictions
+    (``bytecomp bench``); ``train_steps=N`` also trains each to a target validation loss.
+    Spawns ``nproc`` ranks or runs on the torchrun job's: rank 0 returns the result, the
+    other ranks None."""
+    from bytecomp.launch import check_nproc
+    from bytecomp.ui import Stage, warn
+
+    chosen = BenchOptions.build(options, **_tuples(values))
+    files = [os.fspath(p) for p in (plans if isinstance(plans, list) else [plans])]
+    if not files:
+        raise BytecompError("bench needs a plan to measure (--plan)")
+    if chosen.cluster is not None:  # checked before any rank starts
+        load_cluster(chosen.cluster)
+    for warning in check_nproc(chosen.nproc):
+        warn(warning)
+    with Stage("loading torch", after_s=0, lines=False):
+        from bytecomp.bencher import BenchConfig, ConvergenceConfig, run_bench
+    convergence = ConvergenceConfig(
+        chosen.train_steps, min(chosen.eval_every, chosen.train_steps), chosen.to_loss,
+        chosen.lr, target_fraction=chosen.target_fraction) if chosen.train_steps else None
+    folder = run_bench(BenchConfig(os.fspath(profile), files[0], chosen.out, files[1:],
+                                   list(chosen.compressor), chosen.cluster, chosen.iterations,
+                                   chosen.warmup, chosen.force, convergence,
+                                   chosen.train_levels, chosen.every, tables=chosen.tables,
+                                   model=chosen.model), chosen.nproc)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 wrote the files
+        return None
+    return BenchResult.read(folder)
