@@ -58,6 +58,47 @@ def test_notebook_runs_from_a_clean_kernel(path: Path, tmp_path: Path):
                            f"\n{cell.source}"
 
 
+# What a notebook may import: the standard library, bytecomp itself (`import bytecomp`, no
+# submodule), and the libraries a reader already has beside it.
+THIRD_PARTY = {"bytecomp", "matplotlib", "pandas", "numpy", "IPython"}
+
+
+def _bytecomp_use(source: str) -> tuple[set[str], set[str]]:
+    """The modules ``source`` imports (top-level names, bytecomp's in full) and the names
+    it reads from ``bytecomp``."""
+    import ast
+
+    tree = ast.parse("\n".join(line for line in source.splitlines()
+                                if not line.lstrip().startswith(("%", "!"))))
+    imported, used = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module or "")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id == "bytecomp":
+            used.add(node.attr)
+    return imported, used
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_names(NOTEBOOKS))
+def test_notebook_uses_only_bytecomp_s_public_names(path: Path):
+    """Imports: ``import bytecomp`` (no submodule), the standard library, pandas,
+    matplotlib, numpy, IPython; from bytecomp, only the names of ``bytecomp.__all__``."""
+    import bytecomp
+
+    notebook = nbformat.read(path, as_version=4)
+    source = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+    imported, used = _bytecomp_use(source)
+    outside = sorted(name for name in imported if name.split(".")[0] not in
+                     sys.stdlib_module_names | THIRD_PARTY or name.startswith("bytecomp."))
+    assert not outside, f"{path.name} imports {outside}: a notebook uses bytecomp's public API"
+    private = sorted(name for name in used - set(bytecomp.__all__) if not name.startswith("__"))
+    assert not private, f"{path.name} uses bytecomp.{private}, which bytecomp.__all__ lacks"
+
+
 def _unstripped(notebook) -> list[str]:
     """What keeps ``notebook`` from being stored stripped, one line per cell."""
     problems = []

@@ -245,12 +245,17 @@ def _kept(rank, world, start, slow_level, runs):
 def test_identical_levels_keep_the_safer_one_every_time(start):
     """Two identical levels timed by the machine: their medians differ by its noise only,
     and every trial keeps the safer (lower) level, on every rank, whichever is the plan's
-    choice; the verdict says it was a tie."""
+    choice. The verdict is a tie after the repeat, or, where a stall of the busy machine
+    put one level outside the other's noise (3 standard errors are not a promise against
+    stalls), level 1 ahead: either way level 1, never the other twin."""
     ranks = run_ranks(_kept, 2, start, None, 4)
     assert ranks[0] == ranks[1]
     for chosen, rounds, verdict, level in ranks[0]:
-        assert chosen == 1 and level == 1 and rounds == 2, ranks[0]
-        assert "the safer, level 1, is kept" in verdict
+        assert chosen == 1 and level == 1, ranks[0]
+        assert ("the safer, level 1, is kept" in verdict and rounds == 2) or \
+            "level 1 is ahead" in verdict, verdict
+    ties = sum("the safer, level 1, is kept" in verdict for _c, _r, verdict, _l in ranks[0])
+    assert ties >= len(ranks[0]) - 1, ranks[0]  # at most one stall-made call in four
 
 
 @pytest.mark.multirank
