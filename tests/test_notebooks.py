@@ -27,7 +27,7 @@ pytestmark = pytest.mark.notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-TIMEOUT_S = 600  # a whole notebook; the walkthrough takes about 1.5-2 min on a 2-core CPU
+TIMEOUT_S = 600  # a whole notebook; the walkthrough takes about a minute on a 2-core CPU
 SHOWS_A_FIGURE = ("plt.show()", "display(Image(")
 
 
