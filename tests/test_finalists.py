@@ -218,6 +218,27 @@ def test_finalists_the_prediction_cannot_separate_become_a_runtime_trial(planned
                       static) is None
 
 
+@pytest.mark.parametrize("step_ms, candidates, expected", [
+    (10.0, 2, 9), (10.0, 3, 10), (25.0, 2, 3), (20.0, 5, 4), (50.0, 2, 1), (500.0, 4, 1)])
+def test_a_trial_s_agreement_never_falls_on_one_candidate_s_steps_alone(step_ms, candidates,
+                                                                        expected):
+    """The candidates take turns step by step and the agreement's allreduce slows the step
+    after it: its interval is coprime with their number, so that cost visits each in turn
+    (the ladder's interval, 100 ms of steps at most 10, otherwise)."""
+    import math
+
+    from bytecomp.search.ladder import agreement_interval
+    from bytecomp.search.verify import trial_agreement
+
+    interval = trial_agreement(step_ms, candidates)
+    assert interval == expected and math.gcd(interval, candidates) == 1
+    assert interval <= agreement_interval(step_ms, 10)
+    steps = range(1, candidates * interval * 3 + 1)  # the steps after an agreement
+    slowed = [(step - 1) % candidates for step in steps if (step - 1) % interval == 0]
+    assert {turn: slowed.count(turn) for turn in range(candidates)} == \
+        {turn: len(slowed) // candidates for turn in range(candidates)}
+
+
 @pytest.mark.multirank
 def test_the_budgets_are_held_on_the_clock(cli, monkeypatch, tmp_path):
     """A recipe whose every step sleeps (as on a busy machine): profile --budget 60 ends

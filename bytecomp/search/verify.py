@@ -367,7 +367,7 @@ def trial_plan(planner: Planner, result: SearchResult, verification: Verificatio
     the chosen finalist's bucket cap (DDP's buckets are fixed); None where only one
     candidate is left (the static plan is the plan)."""
     from bytecomp.plan_file import FINALISTS, MIN_TRIAL_PAIRS, Adaptive, Level
-    from bytecomp.search.ladder import agreement_interval, level_fidelities
+    from bytecomp.search.ladder import level_fidelities
 
     candidates = trial_candidates(planner, verification)
     if len(candidates) < 2:
@@ -389,7 +389,7 @@ def trial_plan(planner: Planner, result: SearchResult, verification: Verificatio
     floor = min((lv.fidelity for lv in levels if lv.fidelity), default=1.0)
     adaptive = Adaptive(FINALISTS, threshold=round(min(0.75, 0.9 * floor), 4),
                         explore_every=NEVER, start=start,
-                        agree_every=agreement_interval(results[start].time_ms, 10),
+                        agree_every=trial_agreement(results[start].time_ms, len(trial)),
                         trial=tuple(trial),
                         trial_steps=max(TRIAL_STEPS, MIN_TRIAL_PAIRS * len(trial)),
                         trial_warmup=TRIAL_WARMUP)
@@ -398,6 +398,20 @@ def trial_plan(planner: Planner, result: SearchResult, verification: Verificatio
                 {**static.predicted_ms, "levels": [lv.predicted_ms for lv in levels]},
                 dict(static.search), dict(static.info), levels=levels, adaptive=adaptive,
                 host_workers=static.host_workers)
+
+
+def trial_agreement(step_ms: float, candidates: int) -> int:
+    """Steps per agreement of a trial plan: :func:`~bytecomp.search.ladder.
+    agreement_interval`'s, made coprime with the number of ``candidates``. The agreement's
+    allreduce slows the step after it is issued; the candidates take turns step by step,
+    so an interval that is a multiple of their number would put that cost on the same
+    candidate's steps every time, a bias the trial would read as a gap."""
+    from bytecomp.search.ladder import agreement_interval
+
+    interval = agreement_interval(step_ms, 10)
+    while math.gcd(interval, candidates) != 1:
+        interval -= 1
+    return interval
 
 
 def chosen_result(result: SearchResult, verification: Verification) -> SearchResult:
