@@ -16,7 +16,7 @@ from __future__ import annotations
 from bytecomp.errors import BytecompError
 
 # The built-in workloads (bytecomp.profiler.workloads.BUILTINS, which checks it holds these).
-BUILTIN_MODELS = ("mlp", "cnn", "transformer", "lstm", "digits", "resnet18", "resnet50", "vgg16")
+BUILTIN_MODELS = ("mlp", "cnn", "transformer", "lstm", "digits", "bow", "resnet18", "resnet50", "vgg16")
 
 
 def builtin_name(spec: str) -> str | None:

@@ -101,7 +101,8 @@ class ProfileOptions(Options):
     command = "profile"
 
     model: str | None = option(None, "Built-in workload (mlp, cnn, transformer[:layers=4,"
-                               "width=256,seq_len=128], lstm, resnet18, resnet50, vgg16) or "
+                               "width=256,seq_len=128], lstm, digits, bow[:vocab=20000], resnet18, "
+                               "resnet50, vgg16) or "
                                "pkg.module:factory [default: mlp].")
     nproc: int | None = option(None, "Local ranks to spawn (default 1; leave out under "
                                "torchrun, which sets the ranks).")

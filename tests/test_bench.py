@@ -87,6 +87,36 @@ def test_the_order_of_the_strategies_changes_no_curve():
         assert len(curves[True]["fp16"]) == 3  # steps 0, 3 and 6
 
 
+def _curves_on_two_data_orders(rank, world):
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bytecomp.bencher.runner import Strategy
+    from bytecomp.profiler.convergence import train_curves
+
+    workload = load_workload(MLP)
+    strategies = []
+    for name, seed in (("fp32", None), ("fp32 again", None), ("seed 1", 1),
+                       ("seed 1 again", 1)):
+        model = copy.deepcopy(workload.model)
+        strategies.append(Strategy(name, name, DistributedDataParallel(model),
+                                   torch.optim.Adam(model.parameters(), 1e-3), data_seed=seed))
+    return train_curves(strategies, workload, 8, torch.device("cpu"), ConvergenceConfig(6, 3),
+                        workload.validation(8, 2)).curves
+
+
+@pytest.mark.multirank
+def test_a_reference_run_trains_on_a_second_data_order():
+    """The noise floor's second fp32 run: its batches come from its own seed (the same
+    for two copies of it, not the run's), from the same initial weights."""
+    for curves in run_ranks(_curves_on_two_data_orders, 2):
+        assert curves["fp32"] == curves["fp32 again"]
+        assert curves["seed 1"] == curves["seed 1 again"]
+        assert curves["seed 1"][0] == curves["fp32"][0]  # one initial model
+        assert curves["seed 1"][1:] != curves["fp32"][1:]  # other batches
+
+
 def test_only_workloads_with_real_data_validate():
     assert load_workload(MLP).validation(8, 2) is not None  # the teacher task
     assert load_workload("transformer:layers=1,width=32,heads=2,seq_len=16").validation(4, 2)

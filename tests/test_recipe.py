@@ -140,6 +140,43 @@ def test_every_vocabulary_trains_on_text(vocab):
     assert workload.validation(4, 2) is not None
 
 
+def test_the_bag_of_words_workload_touches_few_embedding_rows_and_learns():
+    """``bow``: a batch's words are a small share of the vocabulary (so most rows of the
+    embedding's gradient are zero), drawn under torch's seed; fixed validation
+    documents; its recipe (SGD with momentum) lowers the loss on them."""
+    workload = load_workload("bow")
+    assert workload.optimizer_spec.startswith("sgd:") and workload.batch_size == 32
+    rows = workload.model.embedding.weight.shape[0]
+    torch.manual_seed(7)
+    first = workload.make_batch(32)
+    torch.manual_seed(7)
+    assert torch.equal(first[0], workload.make_batch(32)[0])  # the seed governs the data
+    touched = [workload.make_batch(32)[0].unique().numel() / rows for _ in range(20)]
+    assert max(touched) < 0.10, touched  # a few percent of the 20,000 rows
+    words, labels = first
+    loss = workload.loss(workload.model(words), labels)
+    loss.backward()
+    gradient = workload.model.embedding.weight.grad
+    nonzero = int((gradient.abs().sum(dim=1) > 0).sum())
+    assert nonzero == words.unique().numel()  # exactly the rows of the batch's words
+    assert workload.model.fc2.weight.grad.count_nonzero() > 0.5 * workload.model.fc2.weight.numel()
+    validation = workload.validation(32, 4)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(validation, workload.validation(32, 4)))
+
+    def held_out() -> float:
+        with torch.no_grad():
+            return sum(float(workload.loss(workload.model(x), y)) for x, y in validation) / 4
+    optimizer = workload.make_optimizer(workload.model.parameters())
+    optimizer.zero_grad()
+    before = held_out()
+    for _ in range(150):
+        words, labels = workload.make_batch(32)
+        workload.loss(workload.model(words), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert held_out() < 0.9 * before  # it learns: the classes are in the words
+
+
 # -- fit quality -----------------------------------------------------------------------------
 
 

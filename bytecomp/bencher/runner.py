@@ -15,7 +15,9 @@ initial weights:
   one as static plans (``... level 2 (topk:ratio=0.025)``), since the plan
   itself moves between them;
 * compute only: DDP with communication off (``no_sync``), the reference for
-  how fast this machine computes now.
+  how fast this machine computes now;
+* in training, with ``ConvergenceConfig.reference_seed``: fp32 DDP again, on a second
+  data order (``fp32 DDP, data seed S``): how far two equally good runs end apart.
 
 Iterations are interleaved round-robin (every other round reversed) after a
 warm-up; an iteration's time is the slowest rank's, after a barrier. The
@@ -60,6 +62,7 @@ from bytecomp.profile_store import Profile, load_profile
 from bytecomp.profiler.convergence import (
     ConvergenceConfig,
     Training,
+    reference_name,
     steps_to,
     target_loss,
     time_at,
@@ -111,6 +114,7 @@ class Strategy:
     optimizer: torch.optim.Optimizer
     executor: Executor | None = None
     compute_only: bool = False
+    data_seed: int | None = None  # its batches' seed, where not the run's (train_curves)
 
 
 @dataclass
@@ -213,11 +217,13 @@ def scaled_compute(profile: Profile, factor: float) -> Profile:
 
 def build_strategies(workload, device, profile, plans: list[BenchedPlan], specs: list[str],
                      rank, world, nodes, make_optimizer,
-                     timing: bool = True, levels: bool | None = None) -> list[Strategy]:
+                     timing: bool = True, levels: bool | None = None,
+                     reference_seed: int | None = None) -> list[Strategy]:
     """One DDP copy of the workload's model per strategy, all with its initial weights:
     fp32 DDP, the fp16 and PowerSGD hooks, each of ``specs`` on every tensor, the
     plans, adaptive plans' levels one by one (``levels``, by default when
-    ``timing``) and, for ``timing``, DDP with communication off."""
+    ``timing``), fp32 DDP again on the batches of ``reference_seed`` (where given)
+    and, for ``timing``, DDP with communication off."""
     cap = profile.bucket_cap_mb
     order = list(profile.tensors["name"])
     device_ids = [device.index] if device.type == "cuda" else None
@@ -256,6 +262,10 @@ def build_strategies(workload, device, profile, plans: list[BenchedPlan], specs:
             ddp, optimizer = fresh(level.bucket_cap_mb)
             strategies.append(Strategy(name, name, ddp, optimizer,
                                        bytecomp.apply_plan(ddp, level)))
+    if reference_seed is not None:
+        ddp, optimizer = fresh(cap)
+        strategies.append(Strategy(reference_name(reference_seed), "fp32 DDP", ddp, optimizer,
+                                   data_seed=reference_seed))
     if timing:
         ddp, optimizer = fresh(cap)
         strategies.append(Strategy(COMPUTE_ONLY, "compute", ddp, optimizer, compute_only=True))
@@ -424,7 +434,8 @@ def _converge(settings: ConvergenceConfig, workload, device, profile, plans, spe
     optimizer = workload.make_optimizer if settings.lr is None else \
         training_optimizer(settings.lr)
     strategies = build_strategies(workload, device, profile, plans, specs, rank, world, nodes,
-                                  optimizer, timing=False, levels=train_levels)
+                                  optimizer, timing=False, levels=train_levels,
+                                  reference_seed=settings.reference_seed)
     with reporter.session():
         progress = reporter.phase(f"training {len(strategies)} strategies",
                                   settings.train_steps)

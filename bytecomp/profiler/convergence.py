@@ -3,7 +3,8 @@
 Every strategy (fp32 DDP, the fp16 and PowerSGD hooks, each compressor on every
 tensor, the plan) trains from the same initial weights on the same batches (the
 batch of step s on rank r is drawn after seeding with (seed, r, s), whatever the
-strategy), strategies interleaved step by step, each step timed (after a
+strategy; with ``reference_seed``, fp32 DDP also trains on a second data order, as a
+strategy of its own), strategies interleaved step by step, each step timed (after a
 barrier; the slowest rank's time). Each step takes the strategies in an order
 of its own (:func:`step_order`, the same on every rank), so that no strategy
 always follows the same one: a step's time can depend on the step before it,
@@ -81,6 +82,15 @@ class ConvergenceConfig:
     # this in all and by at most this over the last quarter of the steps so far
     flat_fall: float | None = None
     flat_least: int = 0
+    # also train fp32 DDP on a second data order, its batches drawn under this seed
+    # instead of ``seed`` (:func:`reference_name`): how far apart two equally good runs
+    # end, the loss's noise floor
+    reference_seed: int | None = None
+
+
+def reference_name(seed: int) -> str:
+    """The strategy name of fp32 DDP trained on the batches of data seed ``seed``."""
+    return f"fp32 DDP, data seed {seed}"
 
 
 def improvement(curve: list[tuple[int, float]]) -> float:
@@ -263,10 +273,13 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
         s.name: [] for s in strategies if s.executor is not None and
         s.executor.measures_gain and not s.executor.controller}
     alive = [True] * len(strategies)
+    # each strategy's data seed: the run's, or its own (the reference run's second order)
+    seeds = [config.seed if getattr(s, "data_seed", None) is None else s.data_seed
+             for s in strategies]
     step = 0
     while step < planned:
         step += 1
-        inputs, target = _batch(workload, batch_size, device, config.seed, step)
+        drawn = {seed: _batch(workload, batch_size, device, seed, step) for seed in set(seeds)}
         # one per strategy (its loss is finite), and last: this rank is within the budget
         finite = torch.ones(len(strategies) + 1)
         order = step_order(len(strategies), config.seed, step) if config.shuffle \
@@ -275,6 +288,7 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
             strategy = strategies[index]
             if not alive[index]:
                 continue
+            inputs, target = drawn[seeds[index]]
             dist.barrier()
             started = _clock(device)
             loss = workload.loss(strategy.ddp(*inputs), target)

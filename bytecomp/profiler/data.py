@@ -153,3 +153,60 @@ def digits() -> ExampleBatches:
     held_out = torch.arange(len(labels)) % 5 == 0
     return ExampleBatches(images[~held_out], labels[~held_out], images[held_out],
                           labels[held_out])
+
+
+class TopicBags:
+    """Documents of a synthetic topic model, generated offline: ``make_batch(n)`` gives
+    ``n`` documents of ``length`` word ids (inputs ``(n, length)``) and their classes.
+
+    Words follow Zipf's law, as in real text: a word's background frequency falls as
+    one over its rank in a ``vocab``-word vocabulary. Each of the ``classes`` has its
+    own ``topic_words`` (drawn once, under ``topic_seed``), Zipf-weighted among
+    themselves; each word of a document of that class is one of them with probability
+    ``topic_share``, else a background word. ``label_noise`` of the labels are then
+    replaced by random classes (the loss has a floor above zero). A batch therefore
+    touches a few percent of the vocabulary, mostly the frequent words: the rows of an
+    embedding over it are mostly untouched by any one batch. Draws come from torch's
+    global generator, as every built-in workload's."""
+
+    def __init__(self, vocab: int, classes: int, length: int, topic_words: int = 400,
+                 topic_share: float = 0.25, label_noise: float = 0.1,
+                 topic_seed: int = 1234) -> None:
+        if topic_words > vocab:
+            raise BytecompError(f"{topic_words} topic words do not fit a vocabulary of "
+                                f"{vocab}")
+        topics = torch.Generator().manual_seed(topic_seed)
+        self.background = _zipf(vocab)
+        self.topic_weights = _zipf(topic_words)
+        self.topics = torch.stack([torch.randperm(vocab, generator=topics)[:topic_words]
+                                   for _ in range(classes)])
+        self.vocab, self.classes, self.length = vocab, classes, length
+        self.topic_share, self.label_noise = topic_share, label_noise
+
+    def draw(self, n: int, generator: torch.Generator | None = None):
+        """``n`` labelled documents from ``generator`` (default: the global one)."""
+        labels = torch.randint(0, self.classes, (n,), generator=generator)
+        words = torch.multinomial(self.background, n * self.length, replacement=True,
+                                  generator=generator).view(n, self.length)
+        topical = torch.multinomial(self.topic_weights, n * self.length, replacement=True,
+                                    generator=generator).view(n, self.length)
+        topical = self.topics[labels[:, None], topical]
+        words = torch.where(torch.rand(n, self.length, generator=generator) < self.topic_share,
+                            topical, words)
+        flip = torch.rand(n, generator=generator) < self.label_noise
+        noise = torch.randint(0, self.classes, (n,), generator=generator)
+        return words, torch.where(flip, noise, labels)
+
+    def __call__(self, n: int):
+        return self.draw(n)
+
+    def validation(self, batch_size: int, count: int, seed: int = 4321) -> list[tuple]:
+        """Fixed held-out documents (the same on every call)."""
+        generator = torch.Generator().manual_seed(seed)
+        return [self.draw(batch_size, generator) for _ in range(count)]
+
+
+def _zipf(size: int) -> torch.Tensor:
+    """Zipf's law over ``size`` ranks: weights proportional to 1 / rank."""
+    weights = 1.0 / torch.arange(1, size + 1, dtype=torch.float64)
+    return weights / weights.sum()
