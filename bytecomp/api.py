@@ -105,7 +105,8 @@ def plan(profile: str | os.PathLike | Profile, *, options: PlanOptions | None = 
 @dataclass
 class Simulation:
     """One simulated iteration of a plan (:func:`simulate`): the times in ms, the busy time
-    of every resource, and the files written."""
+    of every resource, the files written, the command's :attr:`table` and, group by
+    group, when each was encoded, on the wire and done (:attr:`groups`)."""
 
     plan: str
     level: int | None
@@ -117,6 +118,34 @@ class Simulation:
     busy_ms: dict[str, float]
     written: list[str] = field(default_factory=list)
     timeline: Any = None  # the simulator's result (events, per-group times)
+    group_tensors: list[list[str]] = field(default_factory=list)  # per simulated group
+
+    @property
+    def groups(self) -> pd.DataFrame:
+        """Per simulated group, in launch order: its tensors, its strategy, and when (ms,
+        on the simulation's clock) it began (its first event), was encoded, went on the
+        wire, came off it and was decoded: what ``Executor.record_group_times`` measures
+        on a real run."""
+        import pandas as pd
+
+        spans: dict[int, dict[str, list[float]]] = {}
+        for event in self.timeline.events if self.timeline is not None else []:
+            if event.group >= 0:
+                ops = spans.setdefault(event.group, {})
+                ops.setdefault(event.op, []).extend((event.start, event.end))
+        rows = []
+        for index, ops in sorted(spans.items()):
+            begun = min(t for times in ops.values() for t in times)
+            encoded = max(ops.get("encode", [begun]))
+            sent = min(ops.get("collective", [encoded]))
+            received = max(ops.get("collective", [sent]))
+            rows.append({"group": index, "tensors": self.group_tensors[index]
+                         if index < len(self.group_tensors) else [],
+                         "strategy": self.timeline.groups[index].label,
+                         "launched_ms": begun, "encoded_ms": encoded, "sent_ms": sent,
+                         "received_ms": received,
+                         "done_ms": max(ops.get("decode", [received]) + [received])})
+        return pd.DataFrame(rows)
 
     @property
     def exposed_ms(self) -> float:
@@ -190,9 +219,11 @@ def simulate(profile: str | os.PathLike, plan: str | os.PathLike, *,
                 write_trace(result, stream, plan, planner.problem.tensors)
         if chosen.png:
             draw_gantt(result, staged[chosen.png], plan)
+    names = [tensor.name for tensor in planner.problem.tensors]
     return Simulation(plan, level, planner.cluster.name, result.iteration_ms, compute,
                       result.backward_end_ms, result.comm_end_ms,
-                      dict(sorted(result.breakdown().items())), written, result)
+                      dict(sorted(result.breakdown().items())), written, result,
+                      [[names[i] for i in group.members] for group in result.groups])
 
 
 @dataclass

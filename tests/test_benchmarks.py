@@ -45,6 +45,34 @@ def test_the_busy_collectives_benchmark_runs():
     assert "busy_collective_ms as the profile computes it" in result.stdout
 
 
+def test_the_group_times_benchmark_runs(tmp_path):
+    """Two ranks on loopback, the shipped cnn profile's model with a plan of one group
+    per tensor: every plan group has its simulated and measured times."""
+    import pandas as pd
+
+    import bytecomp
+    from bytecomp.launch import free_port
+
+    plan = tmp_path / "plan.yaml"
+    bytecomp.plan(ROOT / "profiles" / "cnn", verify=False, compressor=["int8"], min_gain=0,
+                  bucket_cap_mb=[0], out=plan)
+    out = tmp_path / "groups.csv"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(free_port()), str(ROOT / "benchmarks" / "group_times.py"),
+         str(ROOT / "profiles" / "cnn"), str(plan), "--steps", "4", "--warmup", "2",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step: measured" in result.stdout
+    table = pd.read_csv(out)
+    groups = {entry.group for entry in bytecomp.load_plan(plan).entries}
+    assert set(table["group"]) == groups
+    assert table.filter(like="measured_").notna().all().all()
+    assert (table["measured_done_ms"] >= 0).all() and (table["predicted_done_ms"] >= 0).all()
+
+
 def test_the_interleaving_order_benchmark_runs():
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "interleaving_order.py"), "--steps", "8",

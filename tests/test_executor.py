@@ -571,3 +571,37 @@ def test_one_bucket_per_tensor_equals_each_tensors_reference(world, nodes, optio
     for rank, worst in enumerate(run_ranks(per_tensor_plan_differences, world, nodes, options)):
         bad = {name: error for name, error in worst.items() if error > 2e-3}
         assert not bad, f"rank {rank}: relative differences from the reference {bad}"
+
+
+def _group_times(rank, world):
+    """Three steps recorded after two: int8 on the device (one collective, issued from the
+    hook), PowerSGD staged on the FIFO thread, top-k on the host; one group per tensor."""
+    workload = load_workload("mlp:inputs=16,width=32,depth=2")
+    options = [Option("int8", "device", "allgather"), Option("powersgd:rank=2", "device",
+                                                               "allreduce"),
+               Option("topk:ratio=0.5", "host", "allgather")]
+    names = [name for name, _ in workload.model.named_parameters()]
+    plan = plan_for_model(workload.model, lambda n, p: options[names.index(n) % 3], world, 1,
+                          bucket_cap_mb=0)
+    ddp = DistributedDataParallel(workload.model, bucket_cap_mb=0.001)
+    with bytecomp.apply_plan(ddp, plan, native=False) as executor:
+        with pytest.raises(BytecompError, match="whole number of steps"):
+            executor.record_group_times(0)
+        for step in range(5):
+            if step == 2:
+                recorder = executor.record_group_times(3)
+            x, y = workload.make_batch(8)
+            workload.loss(ddp(x), y).backward()
+    return recorder.rows, len({entry.group for entry in plan.entries}), recorder.steps_left
+
+
+@pytest.mark.multirank
+def test_group_times_are_recorded_for_the_steps_asked_in_phase_order():
+    for rows, groups, left in run_ranks(_group_times, 2):
+        assert left == 0 and len(rows) == 3 * groups
+        assert sorted({row["step"] for row in rows}) == [2, 3, 4]
+        for row in rows:
+            phases = [row[f"{phase}_ms"] for phase in ("launched", "encoded", "sent",
+                                                       "received", "done")]
+            assert phases == sorted(phases) and phases[0] >= 0, row
+        assert all(row["done_ms"] > row["launched_ms"] for row in rows)

@@ -38,7 +38,7 @@ from bytecomp.runtime.groups import GroupSpec
 from bytecomp.runtime.native import BUCKET_HOOKS, POWERSGD_KEY, bucket_hook, sent_bytes
 from bytecomp.runtime.paths import DevicePath, HostPath
 from bytecomp.runtime.peers import Heartbeats, ReportsPeerFailures, job_store
-from bytecomp.runtime.state import GroupLayout, GroupStates, Stats
+from bytecomp.runtime.state import GroupLayout, GroupStates, GroupTimes, Stats
 from bytecomp.runtime.steps import Step, WaitingBucket
 
 # close() waits this long at most for gloo's threads to let go of the groups: they do
@@ -73,6 +73,7 @@ class Executor(ReportsPeerFailures):
         self.worker = CommWorker()
         self._fp32_bytes = sum(p.numel() * p.element_size() for p in params.values())
         self._current = Step()
+        self.group_times: GroupTimes | None = None  # record_group_times' recorder
         # groups of its own, so its traffic never interleaves with DDP's
         self.topologies = [Topology.build(plan.nodes, plan.ranks_per_node)]
         self.device_path: DevicePath | None = DevicePath(self.topologies[0], self.worker,
@@ -168,6 +169,9 @@ class Executor(ReportsPeerFailures):
             raise BytecompError("this executor is closed: apply the plan again to train on")
         started = time.perf_counter()
         step = self._current
+        if step.origin is None and self.group_times is not None and \
+                self.group_times.steps_left > 0:
+            step.origin = started
         if self.adaptation is not None and not step.started:  # the first bucket of a step
             step.started = True
             self.adaptation.boundary()
@@ -224,6 +228,8 @@ class Executor(ReportsPeerFailures):
         return torch.futures.Future()
 
     def _end_step(self, step: Step) -> None:
+        if step.origin is not None and self.group_times is not None:
+            self.group_times.steps_left -= 1
         missing = [g for g in self.groups if g.index not in step.launched]
         self._current = Step()
         self.states.step += 1
@@ -248,7 +254,30 @@ class Executor(ReportsPeerFailures):
         state = self.states.of(group.key, group.shapes)
         path = self.host_path if group.place == "host" else self.device_path
         assert path is not None  # a host path exists whenever a group is on the host
-        path.launch(group, views, state, done)
+        step, times = self._current, None
+        if step.origin is not None and self.group_times is not None:
+            times, recorder, origin = {"launched": time.perf_counter()}, self.group_times, \
+                step.origin
+            step_number, finished = self.states.step, done
+
+            def done(error: BaseException | None = None) -> None:
+                times["done"] = time.perf_counter()
+                if error is None:
+                    recorder.add(step_number, group.index, origin, times)
+                finished(error)
+        path.launch(group, views, state, done, times)
+
+    def record_group_times(self, steps: int) -> GroupTimes:
+        """Record, for the next ``steps`` steps, when each group was launched, encoded, on
+        the wire, off it and written back (:class:`~bytecomp.runtime.state.GroupTimes`:
+        ``rows``, ms after each step's first bucket), to compare with the simulated
+        iteration group by group (``benchmarks/group_times.py``). It costs a few clock
+        reads per group; the last recorder's rows stay in :attr:`group_times`."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise BytecompError(f"record_group_times takes a whole number of steps >= 1, got "
+                                f"{steps!r}")
+        self.group_times = GroupTimes(steps)
+        return self.group_times
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -69,7 +69,11 @@ class DevicePath:
         release_groups(self.direct)
 
     def launch(self, group: GroupSpec, views: list[torch.Tensor], state: dict,
-               done: Done) -> None:
+               done: Done, times: dict[str, float] | None = None) -> None:
+        """Encode ``group`` here and exchange it: one collective issued now, or staged on
+        the FIFO thread. ``times`` (where group times are recorded) takes when it was
+        encoded, sent and received."""
+        times = {} if times is None else times
         try:
             started = time.perf_counter()
             x, in_bucket = flat_input(views)
@@ -78,24 +82,26 @@ class DevicePath:
                 flat = FlatExchange(x, group.compressor, state, self.direct,
                                     scheme.flat_rounds(group.compressor), self.direct_peers)
                 flat.encode()
-                issued = time.perf_counter()
+                issued = times["encoded"] = times["sent"] = time.perf_counter()
                 self.stats.add(encode_s=issued - started)
                 self.callbacks = [c for c in self.callbacks if not c.done()]
                 self.callbacks.append(flat.communicate_async().then(
-                    lambda future: self._finish(future, flat, views, x, in_bucket, done, issued)))
+                    lambda future: self._finish(future, flat, views, x, in_bucket, done, issued,
+                                                times)))
                 return
             staged = make_exchange(x, group.compressor, state, self.topology, group.scheme)
             staged.encode()
-            self.stats.add(encode_s=time.perf_counter() - started)
+            times["encoded"] = time.perf_counter()
+            self.stats.add(encode_s=times["encoded"] - started)
         except BaseException as error:
             done(error)
             return
 
         def communicate_and_decode() -> None:
             try:
-                started = time.perf_counter()
+                started = times["sent"] = time.perf_counter()
                 staged.communicate()
-                middle = time.perf_counter()
+                middle = times["received"] = time.perf_counter()
                 _deliver(staged, views, x, in_bucket)
                 self.stats.add(communicate_s=middle - started,
                                decode_s=time.perf_counter() - middle,
@@ -107,13 +113,14 @@ class DevicePath:
         self.worker.submit(communicate_and_decode, device=self.device)
 
     def _finish(self, future: torch.futures.Future, staged: Exchange, views: list[torch.Tensor],
-                x: torch.Tensor, in_bucket: bool, done: Done, issued: float) -> None:
+                x: torch.Tensor, in_bucket: bool, done: Done, issued: float,
+                times: dict[str, float]) -> None:
         """Completion of an asynchronous collective: decode, write back, release."""
         try:
             for inner in future.value():  # raises if the collective failed
                 if isinstance(inner, torch.futures.Future):
                     inner.value()
-            middle = time.perf_counter()
+            middle = times["received"] = time.perf_counter()
             _deliver(staged, views, x, in_bucket)
             self.stats.add(communicate_s=middle - issued, decode_s=time.perf_counter() - middle,
                            sent_bytes=staged.sent_bytes)
@@ -134,8 +141,11 @@ class HostPath:
         self.device = device
 
     def launch(self, group: GroupSpec, views: list[torch.Tensor], state: dict,
-               done: Done) -> None:
+               done: Done, times: dict[str, float] | None = None) -> None:
+        """Encode ``group`` on a host worker, exchange it on the FIFO thread, decode it on a
+        host worker; ``times`` as :meth:`DevicePath.launch`'s."""
         cuda = self.device.type == "cuda"
+        times = {} if times is None else times
 
         def encode() -> Exchange:
             started = time.perf_counter()
@@ -146,7 +156,8 @@ class HostPath:
                 x = host
             staged = make_exchange(x, group.compressor, state, self.topology, group.scheme)
             staged.encode()
-            self.stats.add(encode_s=time.perf_counter() - started)
+            times["encoded"] = time.perf_counter()
+            self.stats.add(encode_s=times["encoded"] - started)
             return staged
 
         encoded = self.pool.submit(encode)
@@ -165,9 +176,10 @@ class HostPath:
         def communicate() -> None:  # on the FIFO thread, in launch order
             try:
                 staged = encoded.result()
-                started = time.perf_counter()
+                started = times["sent"] = time.perf_counter()
                 staged.communicate()
-                self.stats.add(communicate_s=time.perf_counter() - started,
+                times["received"] = time.perf_counter()
+                self.stats.add(communicate_s=times["received"] - started,
                                sent_bytes=staged.sent_bytes)
                 self.pool.submit(decode, staged)
             except BaseException as error:

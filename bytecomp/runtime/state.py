@@ -111,6 +111,31 @@ def _emit(sink, figures: dict, step: int) -> None:
         sink(figures, step)
 
 
+class GroupTimes:
+    """Per-group timestamps of the next ``steps`` steps (:meth:`Executor.record_group_times`):
+    when each group was launched (its last gradient arrived), encoded, put on the wire,
+    off it, and written back, in ms after the step's first bucket came to the hook."""
+
+    PHASES = ("launched", "encoded", "sent", "received", "done")
+
+    def __init__(self, steps: int) -> None:
+        self.steps_left = steps
+        self.rows: list[dict] = []
+        self.lock = threading.Lock()
+
+    def add(self, step: int, group: int, origin: float, times: dict[str, float]) -> None:
+        """One group's timestamps (``perf_counter`` seconds) of step ``step``, whose first
+        bucket came at ``origin``; a phase its path does not have (the host path's wire
+        start is its FIFO turn) is taken from the phase before."""
+        row: dict = {"step": step, "group": group}
+        last = times["launched"]
+        for phase in self.PHASES:
+            last = times.get(phase, last)
+            row[f"{phase}_ms"] = 1000 * (last - origin)
+        with self.lock:
+            self.rows.append(row)
+
+
 @dataclass(frozen=True)
 class GroupLayout:
     """What a group's saved state must fit: its tensors' shapes, their total size and the

@@ -23,6 +23,7 @@ class Step:
 
     def __init__(self) -> None:
         self.started = False  # its first bucket has come
+        self.origin: float | None = None  # when (perf_counter), where group times are recorded
         self.arrived: dict[int, dict[str, torch.Tensor]] = {}
         self.waiting: dict[int, list[WaitingBucket]] = {}
         self.launched: set[int] = set()
