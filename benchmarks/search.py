@@ -41,7 +41,23 @@ evaluations and no margin instead; ``--clusters`` and ``--allowed`` pick instanc
   then the exact search (time, proven or the caps it searched through, its plan
   against the default's).
 
-    python benchmarks/search.py [--set classic|scale|exact] [--repeats 3] [--long-seconds 60]
+* ``real``: per-tensor lists of real architectures in ready order, each tensor ready
+  after the backward time its layers take on a V100 (from their FLOPs and the bytes
+  they move; ``bytecomp/testing/architectures.py`` says how): VGG-16 (32 tensors),
+  ResNet-101 (314), BERT-base pretraining (206), GPT-2 small (148), a U-GAT-IT-like
+  pair of generators and discriminators (208, most of them small) and a 2-layer LSTM
+  language model (11), planned for the shipped ``v100-nvlink-100g`` and
+  ``v100-pcie-25g`` (8 x 8) with one compressor (top-k 1%) and with every compressor,
+  by iteration time (a profile without fidelity) and by effective time (the synthetic
+  fidelity table: the default objective of a profile that measured gains).
+  For each: the default search (median time of ``--repeats``; its plan, lower bound
+  and the gap it prints, whether it proved its plan optimal); with
+  ``--long-evaluations N`` the long search (``--algorithm local``, N evaluations, no
+  margin) and, on problems of at most 30 tensors, ``--algorithm exact`` (``--exact-cap``
+  seconds). The default run (no long search) takes about a minute; ``--long-evaluations
+  40000`` a few minutes (each results file has its command and its duration).
+
+    python benchmarks/search.py [--set classic|scale|exact|real] [--repeats 3] [--long-seconds 60]
                                 [--long-evaluations 40000] [--clusters "8x8 V100 25G"]
                                 [--long-from benchmarks/results/search-scale.md]
                                 [--models LSTM VGG-16 ...] [--markdown out.md]
@@ -50,9 +66,11 @@ evaluations and no margin instead; ``--clusters`` and ``--allowed`` pick instanc
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,6 +81,8 @@ from bytecomp.buckets import cap_label
 from bytecomp.model.clusters import load_cluster
 from bytecomp.search import Planner
 from bytecomp.search.options import BaselineKind
+from bytecomp.search.planner import EXACT_AUTO_TENSORS
+from bytecomp.testing.architectures import REAL, real_profile
 from bytecomp.testing.synthetic import (
     bert_shapes,
     gan_shapes,
@@ -378,9 +398,110 @@ def exact(args, console: Console) -> list[str]:
     return lines + ["", summary]
 
 
+REAL_CLUSTERS = ("v100-nvlink-100g", "v100-pcie-25g")
+
+
+def real_instances(models=None, cluster_names=None, allowed_only=None, objectives=None):
+    """(name, net, profile, cluster, allowed, specs, objective) of the real set, in its
+    order; ``models``, ``cluster_names``, ``allowed_only``, ``objectives`` pick a part.
+    Objective ``time``: a profile without a fidelity table (iteration time alone);
+    ``effective``: with the synthetic one, so the default objective is effective time
+    with its minimum fidelity, as on a profile that measured gains."""
+    for name, generator in REAL:
+        if models and name not in models:
+            continue
+        net = generator()
+        for objective in ("time", "effective"):
+            if objectives and objective not in objectives:
+                continue
+            profile = real_profile(net, fidelity=objective == "effective")
+            for cluster_name in REAL_CLUSTERS:
+                if cluster_names and cluster_name not in cluster_names:
+                    continue
+                cluster = load_cluster(cluster_name)
+                for allowed, specs in (("top-k", ONE), ("all", None)):
+                    if allowed_only and allowed != allowed_only:
+                        continue
+                    yield name, net, profile, cluster, allowed, specs, objective
+
+
+def real_row(name, net, profile, cluster, allowed, specs, objective, args) -> dict:
+    """One instance of the real set: the default search, and with ``--long-evaluations``
+    the long search and (small problems) the exact search."""
+    search_ms, default, planner, same = timed(profile, cluster, specs, args.repeats)
+    row = {"model": name, "tensors": len(planner.problem.tensors), "cluster": cluster.name,
+           "allowed": allowed, "objective": default.objective.name, "options": len(planner.searchable), "search_ms": search_ms,
+           "backward_ms": sum(net.ms), "plan_ms": default.value,
+           "cap": cap_label(default.cap_mb), "evaluations": default.evaluations, "same": same,
+           "bound_ms": default.lower_bound_ms, "printed": default.gap_text(),
+           "proven": default.exact, "exact": None}
+    if args.long_evaluations:
+        long = Planner(profile, cluster, specs).search(algorithm="local", min_gain=0.0,
+                                                       evaluations=args.long_evaluations)
+        row.update(long_ms=long.value, long_evaluations=long.evaluations)
+        if row["tensors"] <= EXACT_AUTO_TENSORS and not default.exact:
+            found = Planner(profile, cluster, specs).search(algorithm="exact",
+                                                            budget_s=args.exact_cap)
+            row["exact"] = (found.exact, found.value, found.search_ms / 1000)
+    fp32 = default.baseline(BaselineKind.FP32_DDP)
+    row["fp32_ms"] = fp32.value if fp32 else math.nan
+    assert row["objective"] == objective  # the profile's table decides it
+    return row
+
+
+def real(args, console: Console) -> list[str]:
+    """The real set (see the module docstring)."""
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    long_header = f"{args.long_evaluations:,}-evaluation search ms" if args.long_evaluations \
+        else "long search ms (none run)"
+    headers = ["model", "tensors", "backward ms", "cluster", "allowed", "objective", "options",
+               "search ms", "evaluations", "same plan each repeat", "plan ms", "cap",
+               long_header, "default vs long", "lower bound ms", "printed",
+               "exact proved optimal", "fp32 DDP ms"]
+    table = Table(title=f"search on real architectures' shapes (V100 backward times from "
+                        f"FLOPs), default search time: median of {args.repeats}")
+    for header in headers:
+        table.add_column(header)
+    lines = [f"`{' '.join(['python', *sys.argv])}`", "",
+             "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    gaps = []
+    for instance in real_instances(args.models, args.clusters, args.allowed, args.objectives):
+        row = real_row(*instance, args)
+        long = row.get("long_ms")
+        if long:
+            gaps.append((row["plan_ms"] / long - 1, f"{row['model']} / {row['cluster']} / "
+                                                    f"{row['allowed']} / {row['objective']}"))
+        exact = row["exact"]
+        proved = "yes (default search)" if row["proven"] else "-" if exact is None else \
+            (f"yes ({exact[2]:.1f} s, plan {exact[1]:.2f})" if exact[0] else
+             f"no ({args.exact_cap:g} s cap, plan {exact[1]:.2f})")
+        cells = [row["model"], str(row["tensors"]), f"{row['backward_ms']:.1f}",
+                 row["cluster"], row["allowed"], row["objective"], str(row["options"]),
+                 f"{row['search_ms']:.0f}", f"{row['evaluations']:,}",
+                 "yes" if row["same"] else "NO", f"{row['plan_ms']:.2f}", row["cap"],
+                 f"{long:.2f}" if long else "-",
+                 f"{100 * (row['plan_ms'] / long - 1):+.2f}%" if long else "-",
+                 f"{row['bound_ms']:.2f}", row["printed"], proved, f"{row['fp32_ms']:.2f}"]
+        console.print(" | ".join(cells))
+        table.add_row(*cells)
+        lines.append("| " + " | ".join(cells) + " |")
+    console.print(table)
+    summary = []
+    if gaps:
+        worst = max(gaps)
+        summary.append(f"default vs long: worst {100 * worst[0]:+.2f}% ({worst[1]}), median "
+                       f"{100 * statistics.median(g for g, _ in gaps):+.2f}%, above 1%: "
+                       f"{sum(g > 0.01 for g, _ in gaps)} of {len(gaps)}")
+    summary.append(f"{time.perf_counter() - started:.0f} s in all; load average (1 minute) "
+                   f"{load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
+    for line in summary:
+        console.print(line)
+    return lines + [""] + summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=("classic", "scale", "exact"), default="classic")
+    parser.add_argument("--set", choices=("classic", "scale", "exact", "real"), default="classic")
     parser.add_argument("--exact-cap", type=float, default=10.0,
                         help="exact set: the exact search's time cap in seconds")
     parser.add_argument("--repeats", type=int, default=3)
@@ -389,18 +510,21 @@ def main() -> None:
     parser.add_argument("--long-evaluations", type=int, default=0,
                         help="scale set: the long search is --algorithm local with this many "
                         "evaluations and no margin (e.g. 40000) instead of --long-seconds")
-    parser.add_argument("--clusters", nargs="*", help="only these clusters (scale set), "
+    parser.add_argument("--clusters", nargs="*", help="only these clusters (scale and real sets), "
                         "e.g. '8x8 V100 25G'")
     parser.add_argument("--allowed", choices=("top-k", "all"), help="only this choice "
                         "of compressors (scale set)")
     parser.add_argument("--long-from", help="scale set: the long searches' results from this "
                         "earlier --markdown table instead of running them")
-    parser.add_argument("--models", nargs="*", help="only these models (scale set)")
+    parser.add_argument("--models", nargs="*", help="only these models (scale and real sets)")
+    parser.add_argument("--objectives", nargs="*", choices=("time", "effective"),
+                        help="only these objectives (real set)")
     parser.add_argument("--markdown", help="also write the table as markdown here")
     args = parser.parse_args()
     args.earlier = None
     console = Console(width=220)
-    lines = {"scale": scale, "classic": classic, "exact": exact}[args.set](args, console)
+    lines = {"scale": scale, "classic": classic, "exact": exact,
+             "real": real}[args.set](args, console)
     if args.markdown:
         with open(args.markdown, "w") as handle:
             handle.write("\n".join(lines) + "\n")

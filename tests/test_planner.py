@@ -892,7 +892,7 @@ def test_the_printed_bound_claims_only_what_it_can():
 
     profile = synthetic_profile(mlp_shapes(1, 64), world_size=4, nodes=2, bandwidth_gbps=1.0)
     result = Planner(profile, None, ["topk:ratio=0.01"]).search()
-    assert result.exact and result.gap_text() == "optimal (branch and bound)"
+    assert result.exact and result.gap_text() == "optimal"
     assert to_plan(result, profile).search["gap_known"] is True
     guessed = replace(result, exact=False, lower_bound_ms=result.value / (1 + LOOSE_GAP / 2))
     assert guessed.gap_known and guessed.gap_text() == f"gap <= {100 * LOOSE_GAP / 2:.1f}%"

@@ -149,9 +149,10 @@ class SearchResult:
         return self.exact or self.gap <= LOOSE_GAP
 
     def gap_text(self) -> str:
-        """The optimality claim, in words: "optimal", "gap <= x%" or "gap unknown"."""
+        """The optimality claim, in words: "optimal" (proven: nothing beside it, as the
+        search line names the algorithm that proved it), "gap <= x%" or "gap unknown"."""
         if self.exact:
-            return "optimal (branch and bound)"
+            return "optimal"
         if self.gap_known:
             return f"gap <= {100 * self.gap:.1f}%"
         return f"gap unknown: the bound is loose here ({100 * self.gap:.0f}% below the plan)"

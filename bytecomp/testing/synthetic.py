@@ -1,8 +1,8 @@
 """Synthetic profiles: model-shaped tensor lists with modelled times, for tests and
 the search benchmark (no ranks needed).
 
-Backward time is spread over the tensors in proportion to their size (plus a
-fixed cost per tensor), the last layer's gradients first. Collective sweeps
+Backward time is spread over the tensors in proportion to their size, or to given
+weights (plus a fixed cost per tensor), the last layer's gradients first. Collective sweeps
 follow the ring formulas on one link; compressor sweeps follow
 ``a + numel / throughput`` per spec. Every number is a parameter, and the
 profile says ``synthetic: true``.
@@ -180,8 +180,12 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
                       device: str = "cuda", name: str = "synthetic",
                       bucket_cap_mb: float = 25.0, interference: float = 0.0,
                       intra_interference: float | None = None,
-                      fidelity: bool = False, probe: dict[str, float] | None = None) -> Profile:
-    """A profile of a model with these parameter ``shapes`` (forward order); with
+                      fidelity: bool = False, probe: dict[str, float] | None = None,
+                      weights: list[float] | None = None) -> Profile:
+    """A profile of a model with these parameter ``shapes`` (forward order); ``weights``
+    (forward order, default each tensor's size): the share of the backward time spent
+    before each tensor is ready, after the one behind it (see
+    :mod:`bytecomp.testing.architectures`, which derives them from FLOPs); with
     ``fidelity``, a fidelity table from :func:`synthetic_gain` and norm shares that
     grow with the square root of a tensor's size; with ``probe``, these steps factors
     by spec as its convergence probe's."""
@@ -189,10 +193,13 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
     total = sum(numels)
     backward_ms = backward_ms if backward_ms is not None else 5.0 + total / 2e6
     per_tensor = 0.01
-    scale = (backward_ms - per_tensor * len(shapes)) / total
+    spread = numels if weights is None else list(weights)
+    if len(spread) != len(shapes):
+        raise ValueError(f"{len(spread)} weights for {len(shapes)} tensors")
+    scale = (backward_ms - per_tensor * len(shapes)) / sum(spread)
     rows, ready = [], 0.0
-    for (tensor, shape), numel in reversed(list(zip(shapes, numels))):
-        ready += per_tensor + numel * scale
+    for (tensor, shape), numel, share in reversed(list(zip(shapes, numels, spread))):
+        ready += per_tensor + share * scale
         rows.append({"name": tensor, "shape": "x".join(map(str, shape)), "numel": numel,
                      "dtype": "float32", "bytes": 4 * numel, "ready_ms": round(ready, 6),
                      "bucket": 0})
