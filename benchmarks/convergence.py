@@ -61,17 +61,19 @@ def run(command: list[str], log: Path, check: bool = True) -> bool:
 
 
 def emulated_profile(folder: Path, bandwidth: str, profile_args: list[str],
-                     reuse: bool) -> tuple[Path, list[str], Path]:
-    """``bytecomp profile`` on 2 x 1 emulated nodes at ``bandwidth`` into folder/profile
-    (kept where ``reuse`` and it exists); the profile, the emulate prefix and the log."""
+                     reuse: bool, ranks_per_node: int = 1) -> tuple[Path, list[str], Path]:
+    """``bytecomp profile`` on 2 emulated nodes of ``ranks_per_node`` ranks (loopback
+    between a node's ranks, ``bandwidth`` between the nodes) into folder/profile (kept
+    where ``reuse`` and it exists); the profile, the emulate prefix and the log."""
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / "log.txt"
-    emulate = [*BYTECOMP, "emulate", "--nodes", "2", "--bandwidth", bandwidth, "--"]
+    emulate = [*BYTECOMP, "emulate", "--nodes", "2", "--ranks-per-node", str(ranks_per_node),
+               "--bandwidth", bandwidth, "--"]
     profile = folder / "profile"
     if not (reuse and (profile / "profile.yaml").exists()):
         run([*emulate, *BYTECOMP, "profile", *profile_args, "--out", str(profile), "--force",
-             "--warmup", "2", "--max-mb", "16",
-             "--machine", f"emulated 2x1 at {bandwidth} on this project's CI machine"], log)
+             "--warmup", "2", "--max-mb", "16", "--machine",
+             f"emulated 2x{ranks_per_node} at {bandwidth} on this project's CI machine"], log)
     return profile, emulate, log
 
 

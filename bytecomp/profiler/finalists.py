@@ -57,7 +57,7 @@ REFERENCE = "fp32 DDP"  # the finalist every factor is measured against
 class FinalistsJob:
     """What every rank trains: the profile's workload and recipe, one plan file per
     finalist (``names``, in order; one of them is :data:`REFERENCE`), how long, and
-    where rank 0 writes the results."""
+    where every rank writes the results."""
 
     model: str
     optimizer: str | None
@@ -81,8 +81,8 @@ class FinalistsJob:
 
 
 def train_finalists(job: FinalistsJob, nodes: int, ranks_per_node: int) -> None:
-    """On every rank (``bytecomp.launch.run_job``'s target): train the finalists; rank 0
-    writes ``job.out`` (see :func:`results`)."""
+    """On every rank (``bytecomp.launch.run_job``'s target): train the finalists; every
+    rank writes ``job.out`` (see :func:`results`)."""
     rank = dist.get_rank()
     device = pick_device(job.device, rank % ranks_per_node)
     if device.type == "cuda":
@@ -116,11 +116,14 @@ def train_finalists(job: FinalistsJob, nodes: int, ranks_per_node: int) -> None:
                                 progress)
     for trainee in trainees:
         trainee.executor.close()
-    if rank == 0:
-        out = results(training.curves, training.step_ms, training.steps, batches)
-        out.update(planned=training.planned, stopped_by_budget=training.stopped_by_budget,
-                   stopped_by=stopped_by(training), training_seconds=round(training.seconds, 3))
-        write_text_atomic(job.out, json.dumps(out))
+    # Every rank writes the results, the same on all (the losses and step times are
+    # agreed by collectives): under torchrun or bytecomp emulate each rank's plan made
+    # job.out in a temporary folder of its own and reads it back; spawned ranks share
+    # one, which the atomic write leaves whole.
+    out = results(training.curves, training.step_ms, training.steps, batches)
+    out.update(planned=training.planned, stopped_by_budget=training.stopped_by_budget,
+               stopped_by=stopped_by(training), training_seconds=round(training.seconds, 3))
+    write_text_atomic(job.out, json.dumps(out))
 
 
 def stopped_by(training) -> str:
