@@ -19,9 +19,9 @@ loopback inside them (a hierarchical cluster: the profile measures both links an
 the search offers two-level exchanges). Per cell: ``bytecomp profile`` (with the
 convergence probe), ``bytecomp plan`` (the default: finalists trained and chosen by
 measured steps, a runtime trial where they cannot be separated) and ``bytecomp plan
---static``, then one bench (``reference_bench.py``: ``bytecomp bench --train-steps
-1.5N --target-fraction 0.6667 --no-every`` and a second fp32 DDP run on another data
-order): every strategy trains 1.5N steps from the same weights on the same batches,
+--static``, then one ``bytecomp bench --train-steps
+1.5N --target-fraction 0.6667 --no-every --reference-seed 1`` (fp32 DDP a second time,
+on another data order): every strategy trains 1.5N steps from the same weights on the same batches,
 interleaved step by step on the shaped links; the target is fp32 DDP's validation
 loss after N steps (its final loss; N = ``--steps``, 600), so a strategy has 1.5x
 fp32's steps to reach it.
@@ -149,9 +149,10 @@ def cell(task: str, layout: str, bandwidth: str, out: Path, args) -> Path:
         log)
     run([*where, *BYTECOMP, "plan", str(profile), "--out", str(plans[1]), "--static", *model,
          *verify], log)
-    run([*emulate, sys.executable, str(Path(__file__).parent / "reference_bench.py"),
-         str(profile), *model, *[flag for path in plans for flag in ("--plan", str(path))],
-         "--out", str(folder / "bench"), "--iterations", "3" if args.smoke else "6",
+    run([*emulate, *BYTECOMP, "bench", str(profile), *model,
+         *[flag for path in plans for flag in ("--plan", str(path))],
+         "--out", str(folder / "bench"), "--force", "--no-every",
+         "--iterations", "3" if args.smoke else "6",
          "--train-steps", str(int(steps * 1.5)), "--target-fraction", f"{1 / 1.5:.6f}",
          "--eval-every", str(args.eval_every), "--reference-seed", str(REFERENCE_SEED)], log)
     print(f"{folder.name}: done in {(time.monotonic() - started) / 60:.1f} min", flush=True)

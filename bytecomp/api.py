@@ -284,7 +284,8 @@ def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
         from bytecomp.bencher import BenchConfig, ConvergenceConfig, run_bench
     convergence = ConvergenceConfig(
         chosen.train_steps, min(chosen.eval_every, chosen.train_steps), chosen.to_loss,
-        chosen.lr, target_fraction=chosen.target_fraction) if chosen.train_steps else None
+        chosen.lr, target_fraction=chosen.target_fraction,
+        reference_seed=chosen.reference_seed) if chosen.train_steps else None
     folder = run_bench(BenchConfig(os.fspath(profile), files[0], chosen.out, files[1:],
                                    list(chosen.compressor), chosen.cluster, chosen.iterations,
                                    chosen.warmup, chosen.force, convergence,

@@ -377,6 +377,11 @@ class BenchOptions(Options):
                          "PyTorch's hooks and the plans.")
     train_levels: bool = option(False, "With --train-steps: also train every level of an "
                                 "adaptive plan as a static plan of its own.")
+    reference_seed: int | None = option(None, "With --train-steps: also train fp32 DDP on a "
+                                        "second data order, drawn with this seed (the "
+                                        "run's own is 0), from the same weights: how far "
+                                        "two equally good runs end apart, the loss's noise "
+                                        "floor ('fp32 DDP, data seed S').", min=1)
     model: str | None = option(None, "The profile's model spec, where it is a "
                                "pkg.module:factory: bench builds it only when you name it here "
                                "(a profile file never makes bytecomp run code).")
@@ -400,3 +405,10 @@ class BenchOptions(Options):
         if self.cluster is not None and not self.cluster.strip():
             raise BytecompError("--cluster is empty: name a shipped cluster or a config file "
                                 "(leave it out for the profiled cluster)")
+        if self.reference_seed is not None and (isinstance(self.reference_seed, bool) or
+                                                not isinstance(self.reference_seed, int) or
+                                                self.reference_seed < 1):
+            raise BytecompError(f"--reference-seed must be a whole number >= 1 (0 is the "
+                                f"run's own data order), got {self.reference_seed!r}")
+        refuse_unused(not self.train_steps, "without --train-steps (nothing is trained)",
+                      {"--reference-seed": self.reference_seed})

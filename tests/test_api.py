@@ -104,6 +104,9 @@ def test_simulate_from_python_is_the_command_s_json(tmp_path, cli):
     (lambda: bytecomp.simulate(TRANSFORMER, "no-such-plan.yaml"), "no-such-plan.yaml"),
     (lambda: bytecomp.bench(TRANSFORMER, "plan.yaml", to_loss=math.inf), "--to-loss"),
     (lambda: bytecomp.bench(TRANSFORMER, "plan.yaml", iterations=0), "--iterations"),
+    (lambda: bytecomp.bench(TRANSFORMER, "plan.yaml", reference_seed=1), "--train-steps"),
+    (lambda: bytecomp.bench(TRANSFORMER, "plan.yaml", train_steps=10, reference_seed=0),
+     "--reference-seed must be"),
     (lambda: bytecomp.profile("mlp", device="tpu"), "--device must be"),
     (lambda: bytecomp.profile("mlp", calibrate_only=True), "--model"),
 ], ids=lambda value: value if isinstance(value, str) else "")
