@@ -500,6 +500,16 @@ SETS = [
         "The default search and --algorithm exact (10 s cap) on the LSTM (10 tensors, 4 "
         "GPU cluster configs), the classic MLP (10 tensors, 2 links), one compressor and "
         "every compressor, and the shipped cnn (20 tensors): times, proven or not."),
+    Set(r"search-real-40k", "Search quality on real architectures' shapes against "
+        "40,000-evaluation searches",
+        "python benchmarks/search.py --set real --repeats 3 --long-evaluations 40000 "
+        "--markdown benchmarks/results/search-real-40k.md",
+        "VGG-16, ResNet-101, BERT-base, GPT-2 small, a U-GAT-IT-like GAN pair and a 2-layer "
+        "LSTM LM, each tensor ready after its layers' backward time from FLOPs on a V100, on "
+        "v100-nvlink-100g and v100-pcie-25g, top-k or every compressor, by time or effective "
+        "time: the default search against a local search of 40,000 evaluations, the printed "
+        "bound and gap, and the exact search up to 30 tensors (10 s cap); the run's duration "
+        "and load at the end."),
     Set(r"search(-\d{4}-\d\d-\d\d[a-z]?)?\.md", "Search time, classic set",
         "python benchmarks/search.py --repeats 5 --markdown FILE",
         "10, 161 and 1,500 tensors, one compressor or all, two links, both objectives."),
