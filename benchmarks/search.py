@@ -54,8 +54,9 @@ evaluations and no margin instead; ``--clusters`` and ``--allowed`` pick instanc
   and the gap it prints, whether it proved its plan optimal); with
   ``--long-evaluations N`` the long search (``--algorithm local``, N evaluations, no
   margin) and, on problems of at most 30 tensors, ``--algorithm exact`` (``--exact-cap``
-  seconds). The default run (no long search) takes about a minute; ``--long-evaluations
-  40000`` a few minutes (each results file has its command and its duration).
+  seconds). The default run (no long search) takes about 20 s; ``--long-evaluations
+  40000`` about 3 minutes (measured on 2 cores beside others' jobs; each results file
+  has its command, its duration and the load).
 
     python benchmarks/search.py [--set classic|scale|exact|real] [--repeats 3] [--long-seconds 60]
                                 [--long-evaluations 40000] [--clusters "8x8 V100 25G"]

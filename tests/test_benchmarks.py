@@ -158,3 +158,28 @@ def test_a_forced_backend_is_checked(monkeypatch):
     monkeypatch.setenv("BYTECOMP_BACKEND", "mpi")
     with pytest.raises(BytecompError, match="BYTECOMP_BACKEND='mpi' is not one of"):
         backend_for("cpu")
+
+
+def test_the_real_search_set_runs(tmp_path):
+    """benchmarks/search.py --set real on one model, with its long and exact searches: the
+    table has the command, a row per instance with the printed gap and the exact search's
+    outcome, and the summary with the gap to the long search."""
+    table = tmp_path / "real.md"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "search.py"), "--set", "real", "--models",
+         "LSTM LM", "--objectives", "time", "--allowed", "top-k", "--repeats", "1",
+         "--long-evaluations", "500", "--exact-cap", "0.5", "--markdown", str(table)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    text = table.read_text()
+    assert text.startswith("`python ") and "--set real" in text.splitlines()[0]
+    header = next(line for line in text.splitlines() if line.startswith("| model"))
+    names = [cell.strip() for cell in header.strip("|").split("|")]
+    rows = [dict(zip(names, (cell.strip() for cell in line.strip("|").split("|"))))
+            for line in text.splitlines() if line.startswith("| LSTM LM")]
+    assert [row["cluster"] for row in rows] == ["v100-nvlink-100g", "v100-pcie-25g"]
+    for row in rows:
+        assert row["printed"] == "optimal" or row["printed"].startswith("gap ")
+        assert row["exact proved optimal"].startswith(("yes (", "no (0.5 s cap"))
+        assert row["default vs long"].endswith("%")
+    assert "default vs long: worst " in text and "s in all; load average" in text
