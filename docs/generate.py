@@ -481,6 +481,12 @@ SETS = [
     Set(r"lowrank-products-", "Low-rank products on the CPU",
         "python benchmarks/lowrank_products.py", "PowerSGD's products as written and thin "
         "factor first."),
+    Set(r"group-times-", "Group times: a mixed plan measured against its simulation",
+        "sudo bytecomp emulate --nodes 2 --bandwidth 1gbit -- python "
+        "benchmarks/group_times.py PROFILE PLAN --model bench_factories:charlstm --steps 40",
+        "The convergence matrix's charlstm-sgd plan at 1 Gbit/s, run alone group by group "
+        "against its simulated iteration, and measured in bytecomp bench beside the "
+        "baselines (twice each, one run of bench)."),
     Set(r"search-scale-40k", "Search quality on the scale set against 40,000-evaluation searches",
         "python benchmarks/search.py --set scale --repeats 3 --long-evaluations 40000 "
         "--markdown benchmarks/results/search-scale-40k.md",

@@ -104,11 +104,12 @@ def test_the_bound_is_below_every_plan_on_real_shapes(net, specs, cluster):
 @pytest.mark.slow
 def test_the_bound_is_below_every_plan_over_the_real_set():
     """The whole real set (benchmarks/search.py --set real), each instance with a local
-    search of 2,000 evaluations and, up to 30 tensors, the exact search for 2 s."""
+    search of 2,000 evaluations and, up to 30 tensors, the exact search for 0.5 s (cut
+    short or not, what it found is a plan the bound must be below)."""
     names = [name for name, _ in REAL]
     seen = []
     for name, _, profile, cluster, _, specs, _ in real_instances():
-        default, found = _plans(profile, cluster, specs, 2000, 2.0)
+        default, found = _plans(profile, cluster, specs, 2000, 0.5)
         _check(default, found)
         seen.append(name)
     assert sorted(set(seen)) == sorted(names) and len(seen) == 8 * len(names)
