@@ -429,6 +429,14 @@ SETS = [
         "plan with the earlier default's step count, each with its finalists' evidence "
         "(`*.finalists.csv`, `*.curves.csv`, `*.curves.png`), and the log; `summary.md` "
         "and `pipeline_cost.csv` collect the times, stages and targets."),
+    Set(r"convergence-bow/", "Time to fp32 DDP's final loss: the sparse-embedding cell",
+        "sudo python benchmarks/convergence_matrix.py --task bow-sgd --bandwidth 100mbit "
+        "--out benchmarks/results/convergence-bow",
+        "The matrix's bow-sgd cell alone (a bag-of-words classifier, 20,000-row embedding "
+        "beside dense layers, SGD; 2 x 1 emulated ranks at 100 Mbit/s; 900 steps, fp32's "
+        "loss at step 600 the target, fp32 DDP also on a second data order): its profile, "
+        "the default and static plans with their finalists' evidence, the bench, "
+        "matrix.csv and summary.md with the cell's noise floors."),
     Set(r"convergence_matrix/", "Time to fp32 DDP's final loss: the matrix",
         "sudo python benchmarks/convergence_matrix.py",
         "Four tasks x two emulated links: per cell the profile (`profile/`, by `bytecomp "
