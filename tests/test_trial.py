@@ -246,7 +246,7 @@ def test_identical_levels_keep_the_safer_one_every_time(start):
     """Two identical levels timed by the machine: their medians differ by its noise only,
     and every trial keeps the safer (lower) level, on every rank, whichever is the plan's
     choice. The verdict is a tie after the repeat, or, where a stall of the busy machine
-    put one level outside the other's noise (3 standard errors are not a promise against
+    put one level outside the other's noise (the t threshold is not a promise against
     stalls), level 1 ahead: either way level 1, never the other twin."""
     ranks = run_ranks(_kept, 2, start, None, 4)
     assert ranks[0] == ranks[1]

@@ -10,7 +10,8 @@ the candidates in turn, one a step; every step's time is the one the ranks agree
 step's time is agreed, each candidate's score is its median step time x its plan's
 steps factor, and the trial decides only outside its measured noise
 (:meth:`Trial.decide`): the best is kept where every other candidate is behind it by
-more than :data:`NOISE_Z` standard errors, measured turn by turn on the trial's own
+more than :func:`critical` standard errors (:data:`NOISE_Z`'s level, Student's t for
+the turns measured), measured turn by turn on the trial's own
 steps (:meth:`Trial.paired`); where some are not, the comparison is repeated once over another
 ``trial_steps`` steps (all samples pooled), and where they are still tied the safer
 of the tied levels is kept (the lowest: a verified plan's levels go from fp32 DDP
@@ -34,6 +35,19 @@ from bytecomp.plan_file import MIN_TRIAL_PAIRS as MIN_PAIRS
 # by to be kept over another: about one wrong call in 700 between identical levels under
 # normal noise (one-sided, per comparison), and the MAD is robust to the machine's stalls.
 NOISE_Z = 3.0
+
+
+def critical(pairs: int) -> float:
+    """How many standard errors a gap measured over ``pairs`` turns must exceed: Student's
+    t at :data:`NOISE_Z`'s one-sided level with ``pairs - 1`` degrees of freedom. The
+    standard error is itself estimated from those few turns: with 6 of them, 3 of its
+    errors let identical levels be told apart several times in a hundred trials (a
+    twin was kept over the safer one on a quiet machine), t's 5.5 do not."""
+    if pairs < 2:
+        return math.inf
+    from scipy.special import ndtr, stdtrit  # at a decision only: not on a step's path
+
+    return max(NOISE_Z, float(stdtrit(pairs - 1, float(ndtr(NOISE_Z)))))
 MAX_ROUNDS = 2  # the first comparison and one repeat, then the safer level on a tie
 # a sample median's standard error over the samples' standard deviation x sqrt(n) (normal
 # samples), and the standard deviation over the median absolute deviation
@@ -119,8 +133,11 @@ class Trial:
             return self.chosen
         best = min(scored, key=lambda level: (scored[level], level))
         gaps = {level: self.paired(best, level) for level in scored if level != best}
+        needed = {level: critical(min(len(self.samples.get(best, [])),
+                                      len(self.samples.get(level, []))))
+                  for level in gaps}
         tied = sorted([best] + [level for level, (gap, error) in gaps.items()
-                                if not gap > NOISE_Z * error])
+                                if not gap > needed[level] * error])
         detail = self._detail(scored, best, gaps)
         if len(scored) == 1:
             self.chosen = best
@@ -128,16 +145,17 @@ class Trial:
         elif tied == [best]:
             self.chosen = best
             self.verdict = (f"level {best} is ahead of the others by more than "
-                            f"{NOISE_Z:g} standard errors ({detail})")
+                            f"{max(needed.values()):.1f} standard errors (Student's t over "
+                            f"the turns; {detail})")
         elif self.rounds < MAX_ROUNDS:
             self.rounds += 1
             self.verdict = None
             return None
         else:
             self.chosen = tied[0]
-            self.verdict = (f"levels {tied} are within {NOISE_Z:g} standard errors of each "
-                            f"other after {self.rounds} rounds: the safer, level {tied[0]}, "
-                            f"is kept ({detail})")
+            self.verdict = (f"levels {tied} are within {max(needed.values()):.1f} standard "
+                            f"errors of each other after {self.rounds} rounds: the safer, "
+                            f"level {tied[0]}, is kept ({detail})")
         return self.chosen
 
     @staticmethod
