@@ -31,13 +31,6 @@ if TYPE_CHECKING:
     from bytecomp.profile_store import Profile
 
 
-def _tuples(values: dict[str, Any]) -> dict[str, Any]:
-    """Repeatable options as tuples (a list or a single string given for one)."""
-    return {key: (value,) if isinstance(value, str) and key == "compressor" else
-            tuple(value) if isinstance(value, list) else value
-            for key, value in values.items()}
-
-
 def profile(model: str | None = None, *, options: ProfileOptions | None = None,
             **values: Any) -> Profile | None:
     """Measure a real DDP job (``bytecomp profile``) and return the profile written.
@@ -57,7 +50,7 @@ def profile(model: str | None = None, *, options: ProfileOptions | None = None,
 
     if model is not None:
         values["model"] = model
-    chosen = ProfileOptions.build(options, **_tuples(values))
+    chosen = ProfileOptions.build(options, **values)
     for warning in check_nproc(chosen.nproc):
         warn(warning)
     name = chosen.model or "mlp"
@@ -95,7 +88,7 @@ def plan(profile: str | os.PathLike | Profile, *, options: PlanOptions | None = 
     """
     from bytecomp.ui import announce as print_line
 
-    chosen = PlanOptions.build(options, **_tuples(values))
+    chosen = PlanOptions.build(options, **values)
     from bytecomp.profile_store import Profile
 
     given = profile if isinstance(profile, Profile) else os.fspath(profile)
@@ -272,7 +265,7 @@ def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
     from bytecomp.launch import check_nproc
     from bytecomp.ui import Stage, warn
 
-    chosen = BenchOptions.build(options, **_tuples(values))
+    chosen = BenchOptions.build(options, **values)
     files = [os.fspath(p) for p in (plans if isinstance(plans, list) else [plans])]
     if not files:
         raise BytecompError("bench needs a plan to measure (--plan)")

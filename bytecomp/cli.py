@@ -195,10 +195,7 @@ def _command(options_class, *leading: inspect.Parameter, trailing: tuple = ()):
         names = {item.name for item in own}
 
         def command(**given):
-            values = {name: tuple(value) if isinstance(value, list) else
-                      () if value is None and hints[name] is not None and
-                      typing.get_origin(hints[name]) is tuple else value
-                      for name, value in given.items() if name in names}
+            values = {name: value for name, value in given.items() if name in names}
             rest = {name: value for name, value in given.items() if name not in names}
             return body(options_class.build(**values), **rest)
 

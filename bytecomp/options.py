@@ -48,7 +48,8 @@ class Options:
     @classmethod
     def build(cls, given: Options | dict[str, Any] | None = None, **values: Any):
         """``cls`` from ``given`` (an instance or a mapping, or None) overridden by
-        ``values``; one line naming any unknown option."""
+        ``values``, a repeatable option as a tuple (from a list, one string or None);
+        one line naming any unknown option."""
         base = dict(given.__dict__ if isinstance(given, Options) else given or {})
         base.update(values)
         known = {item.name for item in fields(cls)}  # type: ignore[arg-type]
@@ -57,6 +58,12 @@ class Options:
             raise BytecompError(f"bytecomp.{cls.command}() has no option "
                                 f"{', '.join(map(repr, unknown))} (its options: "
                                 f"{', '.join(sorted(known))})")
+        repeatable = {item.name for item in fields(cls)  # type: ignore[arg-type]
+                      if str(item.type).startswith("tuple[")}
+        for name in repeatable & set(base):  # a list, one string, or None (the CLI's none)
+            value = base[name]
+            base[name] = () if value is None else (value,) if isinstance(value, str) \
+                else tuple(value)
         built = cls(**base)
         built.check()
         return built
@@ -80,6 +87,13 @@ def refuse_unused(unused: bool, why: str, options: dict[str, Any]) -> None:
     if unused and given:
         raise BytecompError(f"{' and '.join(given)} {'has' if len(given) == 1 else 'have'} "
                             f"no effect {why}; leave {'it' if len(given) == 1 else 'them'} out")
+
+
+def check_cluster(cluster: str | None) -> None:
+    """One line for an empty --cluster (None: the profiled cluster)."""
+    if cluster is not None and not cluster.strip():
+        raise BytecompError("--cluster is empty: name a shipped cluster or a config file "
+                            "(leave it out for the profiled cluster)")
 
 
 def require_positive(option_name: str, value: float) -> None:
@@ -271,9 +285,7 @@ class PlanOptions(Options):
         self._check_adaptive()
         refuse_unused(self.objective == "time", "with --objective time (fidelity is not "
                       "scored)", {"--min-fidelity": self.min_fidelity})
-        if self.cluster is not None and not self.cluster.strip():
-            raise BytecompError("--cluster is empty: name a shipped cluster or a config file "
-                                "(leave it out for the profiled cluster)")
+        check_cluster(self.cluster)
 
     def _check_verification(self) -> None:
         if self.verify_steps is not None and not 1 <= self.verify_steps <= MAX_VERIFY_STEPS:
@@ -336,9 +348,7 @@ class SimulateOptions(Options):
     level: int | None = option(None, "An adaptive plan's level to simulate (default 0).")
 
     def check(self) -> None:
-        if self.cluster is not None and not self.cluster.strip():
-            raise BytecompError("--cluster is empty: name a shipped cluster or a config file "
-                                "(leave it out for the profiled cluster)")
+        check_cluster(self.cluster)
 
 
 @dataclass(frozen=True)
@@ -402,9 +412,7 @@ class BenchOptions(Options):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise BytecompError(f"{cli_name(BenchOptions, name)} must be an integer of "
                                     f"at least {least}, got {value!r}")
-        if self.cluster is not None and not self.cluster.strip():
-            raise BytecompError("--cluster is empty: name a shipped cluster or a config file "
-                                "(leave it out for the profiled cluster)")
+        check_cluster(self.cluster)
         if self.reference_seed is not None and (isinstance(self.reference_seed, bool) or
                                                 not isinstance(self.reference_seed, int) or
                                                 self.reference_seed < 1):

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bytecomp.errors import BytecompError
 from bytecomp.files import atomic_files, check_output_file, check_outputs_spare_inputs
 from bytecomp.options import (
     DEFAULT_GAIN_THRESHOLD,
     DEFAULT_TIMING,
     DEFAULT_WINDOW,
     PlanOptions,
+    check_cluster,
 )
 from bytecomp.plan_file import Plan
 from bytecomp.ui import Stage
@@ -154,9 +154,7 @@ def load_cluster(cluster: str | None):
     """A cluster config by shipped name or file (None: the profiled cluster)."""
     from bytecomp.model.clusters import load_cluster as load
 
-    if cluster is not None and not cluster.strip():
-        raise BytecompError("--cluster is empty: name a shipped cluster or a config file "
-                            "(leave it out for the profiled cluster)")
+    check_cluster(cluster)
     return load(cluster) if cluster is not None else None
 
 
