@@ -100,6 +100,9 @@ def _version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """Gradient-compression strategy optimizer for PyTorch DDP: profile, plan, apply."""
+    from bytecomp.files import remove_stale_scratch
+
+    remove_stale_scratch()  # what a run killed outright left in the scratch root
 
 
 @app.command()
@@ -370,6 +373,9 @@ def _print_plan(planned) -> None:
     _warn(planned.warnings)
     if planned.written is not None:
         console.print(f"wrote {planned.written}")
+    if planned.evidence:  # files beside the plan the user did not name: say which
+        console.print("wrote the finalists' evidence beside it: "
+                      + ", ".join(str(path) for path in planned.evidence), soft_wrap=True)
 
 
 @_command(SimulateOptions, _argument("profile", "Profile directory."),

@@ -5,10 +5,15 @@
   valid UTF-8. YAML is parsed by :func:`load_yaml`: ``yaml.safe_load``'s types,
   no anchors or aliases (a "billion laughs" file cannot expand), a bounded
   nesting depth and no duplicate keys.
-* Outputs are written to temporaries named ``.<name>.<pid>.<random>.tmp`` beside
-  them and renamed into place; a run removes the temporaries that runs killed
-  outright (their process is gone) left beside its outputs. An output path that
-  is a symbolic link is followed: the file it points to is replaced, the link stays.
+* Outputs are written in private temporary directories named
+  ``.<name>.<pid>.<random>.tmp`` beside them (holding bytecomp's marker file) and
+  renamed into place; a run removes the temporaries that runs killed outright (their
+  process is gone) left beside its outputs, and nothing else named like them. An output
+  path the user named that is a symbolic link is followed (the file it points to is
+  replaced, the link stays); a side file the user did not name (a plan's evidence) that
+  is a link is refused.
+* Files that live only while a run does go to :func:`scratch_directory`, under
+  ``$TMPDIR/bytecomp-<uid>/``; what a killed run left there the next run removes.
 * :func:`check_output_file`, :func:`check_new_directory` and
   :func:`check_outputs_spare_inputs` run before any work: a path that cannot be
   written, or an output that would overwrite one of the command's inputs, is a
@@ -303,6 +308,15 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 # -- temporaries ----------------------------------------------------------------------------
+#
+# Every temporary of a run lives in a private directory of its own beside the output,
+# ``.<name>.<pid>.<random>.tmp/`` (0700, made by mkdtemp), whose first entry is a marker
+# file bytecomp wrote. A stale one (its process gone) is recognised by that marker and by
+# holding nothing but bytecomp's own entries; anything else named like one is a user's and
+# is never removed, restored or emptied.
+
+MARKER = ".bytecomp-temporary"
+_NEW, _PREVIOUS = "new", "previous"  # a directory swap's new output and the one it replaces
 
 
 def _alive(pid: int) -> bool:
@@ -315,53 +329,123 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _marker_text(purpose: str) -> str:
+    return f"bytecomp temporary: {purpose}, process {os.getpid()}\n"
+
+
+def _private_directory(parent: Path, prefix: str, purpose: str) -> Path:
+    """A new directory ``<prefix><random>.tmp`` in ``parent`` holding bytecomp's marker."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
+    handle = os.open(folder / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+    with open(handle, "w") as stream:
+        stream.write(_marker_text(purpose))
+    return folder
+
+
+def _is_ours(folder: Path, allowed: set[str]) -> bool:
+    """Whether ``folder`` is a private directory bytecomp made: a real directory (not a
+    link) of this user, holding a regular marker file in bytecomp's words and no entry
+    but the marker and ``allowed``."""
+    try:
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return False
+        names = set(os.listdir(folder))
+        if MARKER not in names or not names <= allowed | {MARKER}:
+            return False
+        handle = os.open(folder / MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC)
+        with open(handle, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(handle).st_mode):
+                return False
+            return stream.read(256).startswith(b"bytecomp temporary: ")
+    except OSError:
+        return False
+
+
+def _remove_private(folder: Path) -> None:
+    """Remove a private directory this process made, with whatever it still holds."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _temporary_prefix(path: Path) -> str:
     return f".{path.name}.{os.getpid()}."
 
 
 def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
-    """Remove the temporaries beside ``path`` that a run killed outright left behind
-    (bytecomp's naming, ``.<name>.<pid>.<random>.tmp`` or ``.old``, whose process is
-    gone); a directory's stale backup is restored if ``path`` itself is missing.
-    Returns what was removed."""
+    """Remove the private temporary directories beside ``path`` that runs killed outright
+    left (named ``.<name>.<pid>.<random>.tmp``, their process gone, holding bytecomp's
+    marker and nothing else of anyone's); where one was killed between a directory swap's
+    two renames and ``path`` is missing, the directory it was replacing is put back.
+    Returns what was removed. An entry named so that is not provably bytecomp's (no
+    marker, a user's file inside, a link, another user's) is left alone."""
     path = Path(path)
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)\.[A-Za-z0-9_]+\.(tmp|old)")
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)\.[A-Za-z0-9_]+\.tmp")
     removed: list[Path] = []
     try:
         entries = list(path.parent.iterdir()) if path.parent.is_dir() else []
     except OSError:
         return removed
-    for entry in sorted(entries, key=lambda e: e.name.endswith(".tmp")):  # backups first
+    for entry in sorted(entries):
         match = pattern.fullmatch(entry.name)
         if match is None or _alive(int(match.group(1))):
             continue
-        if match.group(2) == "old" and not path.exists() and entry.is_dir():
-            os.replace(entry, path)  # killed between its two renames: put the old one back
+        if not _is_ours(entry, {path.name, _NEW, _PREVIOUS}):
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+        previous = entry / _PREVIOUS
+        try:
+            if previous.is_dir() and not previous.is_symlink() and not os.path.lexists(path):
+                os.replace(previous, path)  # killed between its two renames: put it back
+        except OSError:
+            continue
+        _remove_private(entry)
         removed.append(entry)
     return removed
 
 
+def check_side_file(path: str | os.PathLike, option: str = "output") -> Path:
+    """Check before any work that ``path``, a file bytecomp writes beside an output the
+    user named (``option``), can be written: never a symbolic link, which could point
+    anywhere (a planted link would overwrite any file the user can write). Returns
+    ``path`` itself."""
+    path = Path(path)
+    if path.is_symlink():
+        raise BytecompError(f"{path}, written beside {option}, is a symbolic link; bytecomp "
+                            f"does not write through links to files it was not given: "
+                            f"remove the link or choose another {option}")
+    check_output_file(path, option)
+    return path
+
+
 @contextlib.contextmanager
-def atomic_files(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
-    """Yield a temporary path beside each of ``paths`` (links followed); when the block
-    succeeds, rename every temporary into place, else remove them all. A failure while
-    writing any of them (a full disk) leaves every output as it was. Files get the
-    usual permissions (0666 less the umask)."""
-    targets = [check_output_file(path) for path in paths]
+def atomic_files(paths: Sequence[str | os.PathLike],
+                 follow_links: bool = True) -> Iterator[list[Path]]:
+    """Yield a temporary path beside each of ``paths``; when the block succeeds, rename
+    every temporary into place, else remove them all. A failure while writing any of
+    them (a full disk) leaves every output as it was. Files get the usual permissions
+    (0666 less the umask).
+
+    ``follow_links``: a path the user named may be a link (the file it points to is
+    replaced, the link stays); with False (the files written beside an output, which
+    the user never named) a path that is a link is a one-line error, and the final
+    rename replaces the directory entry itself, never a file a link planted after the
+    check points to."""
+    targets = [check_output_file(path) if follow_links
+               else check_side_file(path) for path in paths]
+    folders: list[Path] = []
     temporaries: list[Path] = []
     try:
         for target in targets:
             target.parent.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(target)
-            handle, name = tempfile.mkstemp(prefix=_temporary_prefix(target), suffix=".tmp",
-                                            dir=target.parent)
-            os.close(handle)
-            temporaries.append(Path(name))
+            folder = _private_directory(target.parent, _temporary_prefix(target),
+                                        f"writing {target.name}")
+            folders.append(folder)
+            temporary = folder / target.name
+            os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600))  # empty, as mkstemp left it
+            temporaries.append(temporary)
         yield temporaries
         for temporary in temporaries:
             os.chmod(temporary, 0o666 & ~_umask())
@@ -373,9 +457,8 @@ def atomic_files(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
             " and ".join(str(target) for target in targets)
         raise BytecompError(f"cannot write {failed}: {error.strerror or error}") from None
     finally:
-        for temporary in temporaries:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
+        for folder in folders:
+            _remove_private(folder)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -399,21 +482,94 @@ def directory_atomic(path: str | os.PathLike, force: bool = False) -> Iterator[P
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(path)
-        temporary = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), suffix=".tmp",
-                                          dir=path.parent))
+        folder = _private_directory(path.parent, _temporary_prefix(path),
+                                    f"writing directory {path.name}")
     except OSError as error:
         raise BytecompError(f"cannot write {path}: {error.strerror}") from None
+    temporary = folder / _NEW
     try:
+        temporary.mkdir()
         yield temporary
         os.chmod(temporary, 0o777 & ~_umask())
         if path.exists():
-            backup = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), suffix=".old",
-                                           dir=path.parent))
-            os.rmdir(backup)
-            os.replace(path, backup)
-            os.replace(temporary, path)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.replace(temporary, path)
+            # both renames inside one file system; a kill between them leaves the old
+            # directory in the private folder, which the next run puts back
+            os.replace(path, folder / _PREVIOUS)
+        os.replace(temporary, path)
     finally:
-        shutil.rmtree(temporary, ignore_errors=True)
+        _remove_private(folder)
+
+
+# -- scratch directories ---------------------------------------------------------------------
+#
+# What a run keeps only while it runs (a plan's finalist files, results from its ranks)
+# lives under one private directory per user, ``$TMPDIR/bytecomp-<uid>/``, in a folder per
+# run named ``<purpose>.<pid>.<random>.tmp`` with the marker. A run killed outright cannot
+# remove its folder; the next run of any bytecomp command does (remove_stale_scratch).
+
+
+def _scratch_root() -> Path | None:
+    """``$TMPDIR/bytecomp-<uid>``, made 0700 if missing; None where it exists but is not
+    provably this user's private directory (a link, another owner, open to others)."""
+    root = Path(tempfile.gettempdir()) / f"bytecomp-{os.getuid()}"
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        info = os.lstat(root)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return None
+    return root
+
+
+def remove_stale_scratch() -> list[Path]:
+    """Remove the scratch folders (see :func:`scratch_directory`) of runs whose process is
+    gone; returns them. Cheap: one listing of the user's scratch root."""
+    root = _scratch_root()
+    removed: list[Path] = []
+    if root is None:
+        return removed
+    pattern = re.compile(r"[a-z-]+\.(\d+)\.[A-Za-z0-9_]+\.tmp")
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        marker = entry / MARKER
+        if entry.is_symlink() or not entry.is_dir() or marker.is_symlink() \
+                or not marker.is_file():
+            continue
+        _remove_private(entry)
+        removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def scratch_directory(purpose: str) -> Iterator[Path]:
+    """A private folder for files that live only while this run does, removed when the
+    block ends; if the run is killed outright, the next bytecomp run removes it.
+    ``purpose``: lower-case letters and dashes (``finalists``), part of its name."""
+    if not re.fullmatch(r"[a-z-]+", purpose):
+        raise ValueError(f"scratch purpose {purpose!r}: lower-case letters and dashes")
+    remove_stale_scratch()
+    root = _scratch_root()
+    try:
+        if root is None:  # not ours to use: a folder of this run alone in the temp dir
+            folder = Path(tempfile.mkdtemp(prefix=f"bytecomp-{purpose}-"))
+        else:
+            folder = _private_directory(root, f"{purpose}.{os.getpid()}.", purpose)
+    except OSError as error:
+        raise BytecompError(f"cannot make a scratch directory in {tempfile.gettempdir()}: "
+                            f"{error.strerror}") from None
+    try:
+        yield folder
+    finally:
+        _remove_private(folder)

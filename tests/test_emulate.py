@@ -90,11 +90,35 @@ def _sleepers(pattern: str) -> list[str]:
     return found.stdout.split()
 
 
+def _janitors(run_id: str) -> list[str]:
+    return _sleepers(f"bytecomp.emulate.janitor {run_id}")
+
+
 @netns
-def test_the_next_run_removes_what_a_killed_run_left_behind():
-    """Killed outright, emulate cannot clean up: its ranks die with it (the parent-death
-    signal), their children run on in the namespaces until the next run kills them and
-    removes the namespaces and links."""
+@pytest.mark.parametrize("after_s", [0.5, 3.0])
+def test_a_killed_emulate_leaves_nothing_its_janitor_does_not_remove(after_s):
+    """Killed outright (at start-up or while its ranks run), emulate cannot clean up: its
+    ranks die with it (the parent-death signal) and its janitor kills their children and
+    removes the namespaces, links and qdiscs within seconds."""
+    pattern = f"^sleep 30.{int(after_s * 10)}25"  # the ranks' children (sh -c "sleep ...")
+    before = set(leftovers())
+    process = subprocess.Popen([*BYTECOMP, "emulate", "--nodes", "2", "--", "sh", "-c",
+                                f"{pattern[1:]}; true"], stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    time.sleep(after_s)
+    process.kill()  # emulate alone, no chance to clean up
+    process.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    while (set(leftovers()) - before or _sleepers(pattern)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(leftovers()) - before == set()
+    assert _sleepers(pattern) == [], "a rank's child outlived its emulate"
+
+
+@netns
+def test_the_next_run_removes_what_a_killed_run_and_its_janitor_left_behind():
+    """Should the janitor be killed too, the run's owner file lets the next run kill what
+    still runs in its namespaces and remove them."""
     pattern = "^sleep 30.125"  # the ranks' children, not the ranks (sh -c "sleep ...; true")
     process = subprocess.Popen([*BYTECOMP, "emulate", "--nodes", "2", "--", "sh", "-c",
                                 "sleep 30.125; true"], stderr=subprocess.PIPE, text=True,
@@ -104,8 +128,10 @@ def test_the_next_run_removes_what_a_killed_run_left_behind():
     while (len(leftovers(run_id)) < 3 or len(_sleepers(pattern)) < 2) and \
             time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(_sleepers(pattern)) == 2
-    process.kill()  # emulate alone, no chance to clean up
+    assert len(_sleepers(pattern)) == 2 and len(_janitors(run_id)) == 1
+    for pid in _janitors(run_id):
+        os.kill(int(pid), signal.SIGKILL)
+    process.kill()
     process.wait(timeout=10)
     assert len(leftovers(run_id)) >= 3
     reaped = reap_abandoned()

@@ -10,8 +10,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,8 +21,6 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import (
     load_yaml,
     read_text_file,
-    remove_stale_temporaries,
-    write_text_atomic,
 )
 from bytecomp.plan_file import load_plan
 from bytecomp.profiler import load_profile
@@ -435,33 +431,4 @@ def test_a_too_long_output_name_is_one_line(cli, tmp_path):
     one_line(cli("plan", "--no-verify", PROFILE, "--out", tmp_path / ("p" * 300), *FAST), "too long")
 
 
-def _dead_pid() -> int:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
-
-
-@pytest.mark.multirank
-def test_the_next_run_removes_stale_temporaries_of_its_own_naming(tmp_path):
-    dead, alive = _dead_pid(), os.getpid()
-    stale_file = tmp_path / f".plan.yaml.{dead}.abcd1234.tmp"
-    stale_dir = tmp_path / f".prof.{dead}.abcd1234.tmp"
-    live_file = tmp_path / f".plan.yaml.{alive}.abcd1234.tmp"
-    other = tmp_path / ".plan.yaml.notapid.tmp"
-    for path in (stale_file, live_file, other):
-        path.write_text("x")
-    stale_dir.mkdir()
-    (stale_dir / "tensors.csv").write_text("x")
-    write_text_atomic(tmp_path / "plan.yaml", "a: 1\n")
-    assert not stale_file.exists() and live_file.exists() and other.exists()
-    remove_stale_temporaries(tmp_path / "prof")
-    assert not stale_dir.exists()
-
-
-@pytest.mark.multirank
-def test_a_killed_directory_swap_restores_the_old_directory(tmp_path):
-    backup = tmp_path / f".prof.{_dead_pid()}.abcd1234.old"
-    backup.mkdir()
-    (backup / "profile.yaml").write_text("old")
-    remove_stale_temporaries(tmp_path / "prof")
-    assert (tmp_path / "prof" / "profile.yaml").read_text() == "old"
+# Stale temporaries, bytecomp's own and a user's named like them: tests/hostile/test_side_files.py

@@ -8,8 +8,10 @@ namespace, so their traffic to each other stays on loopback. Addresses are
 private (10.x.y.0/24, chosen per run) and exist only inside the namespaces;
 the bridge has none. Names carry a random run id, so runs do not collide, and
 everything is removed on exit, error or interrupt. A run killed outright
-(SIGKILL) cannot clean up; its owner file in ``OWNERS`` lets the next run
-remove what it left (``reap_abandoned``).
+(SIGKILL) cannot clean up: its janitor (:mod:`bytecomp.emulate.janitor`, a process
+started with the cluster that waits for the run to end) removes what it left, and
+should the janitor be killed too, the run's owner file in ``OWNERS`` lets the next
+run remove it (``reap_abandoned``).
 
 Needs root (CAP_NET_ADMIN) and iproute2 (``ip``, ``tc``).
 """
@@ -22,6 +24,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,6 +129,7 @@ class EmulatedCluster:
     burst_bytes: int | None = None  # the token bucket's depth; None: tbf_burst_bytes(rate)
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
     created: list[tuple[str, str]] = field(default_factory=list)
+    janitor: subprocess.Popen | None = None
 
     def __post_init__(self) -> None:
         self.subnet = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}"
@@ -160,6 +164,7 @@ class EmulatedCluster:
         try:
             OWNERS.mkdir(parents=True, exist_ok=True)
             (OWNERS / self.run_id).write_text(str(os.getpid()))
+            self._start_janitor()
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             self.created.append(("link", self.bridge))
             _run("ip", "link", "set", self.bridge, "up")
@@ -183,9 +188,29 @@ class EmulatedCluster:
             raise
         return self
 
+    def _start_janitor(self) -> None:
+        """The process that tears this run down if this one dies (see the janitor's
+        docstring): its standard input is a pipe only this process holds open."""
+        self.janitor = subprocess.Popen(
+            [sys.executable, "-m", "bytecomp.emulate.janitor", self.run_id],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True)
+
+    def _stop_janitor(self) -> None:
+        janitor, self.janitor = self.janitor, None
+        if janitor is None:
+            return
+        assert janitor.stdin is not None
+        janitor.stdin.close()  # its cue: it finds nothing left and exits
+        try:
+            janitor.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            janitor.kill()
+            janitor.wait()
+
     def teardown(self) -> None:
         """Remove everything this run created (deleting a namespace removes its veth pair
-        and qdiscs); safe to call twice."""
+        and qdiscs), then let the janitor go; safe to call twice."""
         for kind, name in reversed(self.created):
             if kind == "netns":
                 subprocess.run(["ip", "netns", "del", name], capture_output=True)
@@ -193,6 +218,7 @@ class EmulatedCluster:
                 subprocess.run(["ip", "link", "del", name], capture_output=True)
         self.created.clear()
         (OWNERS / self.run_id).unlink(missing_ok=True)
+        self._stop_janitor()
 
     def __exit__(self, *exc) -> None:
         self.teardown()
@@ -244,15 +270,21 @@ def reap_abandoned() -> dict[str, list[str]]:
             pid = -1
         if pid > 0 and _alive(pid):
             continue
-        names = leftovers(owner.name)
-        namespaces = [n for n in names if n[len(PREFIX) + len(owner.name):].startswith("n")]
-        for name in namespaces:  # its ranks first: they would run on, unreachable
-            kill_processes_in(name)
-        for name in namespaces:  # then namespaces: deleting one removes its veth pair
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-        for name in names:
-            if not name[len(PREFIX) + len(owner.name):].startswith("n"):
-                subprocess.run(["ip", "link", "del", name], capture_output=True)
-        owner.unlink(missing_ok=True)
-        reaped[owner.name] = names
+        reaped[owner.name] = reap_run(owner.name)
     return reaped
+
+
+def reap_run(run_id: str) -> list[str]:
+    """Remove run ``run_id``'s namespaces (killing what runs in them first), links and
+    owner file; returns the names removed (none after a clean teardown)."""
+    names = leftovers(run_id)
+    namespaces = [n for n in names if n[len(PREFIX) + len(run_id):].startswith("n")]
+    for name in namespaces:  # its ranks first: they would run on, unreachable
+        kill_processes_in(name)
+    for name in namespaces:  # then namespaces: deleting one removes its veth pair
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    for name in names:
+        if not name[len(PREFIX) + len(run_id):].startswith("n"):
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
+    (OWNERS / run_id).unlink(missing_ok=True)
+    return names

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bytecomp.files import atomic_files, check_output_file, check_outputs_spare_inputs
+from bytecomp.files import (
+    atomic_files,
+    check_output_file,
+    check_outputs_spare_inputs,
+    check_side_file,
+)
 from bytecomp.options import (
     DEFAULT_GAIN_THRESHOLD,
     DEFAULT_TIMING,
@@ -179,8 +184,8 @@ def _check_outputs(profile: str | None, options: PlanOptions, static: bool) -> l
     check_output_file(out, "--out")
     evidence = [str(path) for path in evidence_paths(out)] if options.verify and static \
         else []
-    for path in evidence:  # written beside the plan: checked before any work too
-        check_output_file(path, "--out")
+    for path in evidence:  # written beside the plan, never named: checked, never a link
+        check_side_file(path, "--out")
     check_outputs_spare_inputs({"--out": out, **{f"--out ({Path(e).name})": e
                                                  for e in evidence}},
                                input_files(profile, None, options.cluster))
@@ -296,7 +301,7 @@ def _plan_static(profile: str, loaded, options: PlanOptions, evidence: list[str]
         from bytecomp.search.evidence import write_evidence
 
         with Stage(f"writing the finalists' curves beside {options.out}"), \
-                atomic_files(evidence) as staged:  # the curves the factors were read from
+                atomic_files(evidence, follow_links=False) as staged:  # the factors' curves
             write_evidence(verification, staged, f"finalists of {options.out}")
         written_evidence = [Path(path) for path in evidence]
     written = plan_file.save(options.out) if options.out is not None else None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,7 @@ from pathlib import Path
 from bytecomp.comm.schemes import native_scheme, scheme_of
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
+from bytecomp.files import scratch_directory
 from bytecomp.options import MAX_VERIFY_STEPS
 from bytecomp.plan_file import (
     NO_COMPRESSION,
@@ -290,7 +290,7 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
     with Stage(f"building {profile.meta['model'].get('spec')} (loading torch)", after_s=0,
                lines=False, enabled=announce is not None):
         spec, world = _check_runnable(planner, nproc, spec)
-    with tempfile.TemporaryDirectory(prefix="bytecomp-finalists-") as folder:
+    with scratch_directory("finalists") as folder:
         paths = []
         for index, finalist in enumerate(trained):
             plan = Plan(profile.fingerprint, profile.world_size, profile.nodes,

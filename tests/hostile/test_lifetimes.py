@@ -46,9 +46,10 @@ def _children(pid: int) -> list[int]:
     return [p for p in _session(pid) if p != pid and (_stat(p) or ["", "0"])[1] == str(pid)]
 
 
-def _start(args: list, tmp_path: Path) -> subprocess.Popen:
+def _start(args: list, tmp_path: Path, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([*BYTECOMP, *map(str, args)], cwd=tmp_path, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=None if env is None else {**os.environ, **env})
 
 
 def _wait_for_ranks(process: subprocess.Popen, count: int, timeout_s: float) -> None:
@@ -86,12 +87,22 @@ def test_profile_ranks_die_with_their_parent_during_start_up(tmp_path, sig):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
 def test_plan_ranks_die_with_their_parent_while_finalists_train(tmp_path, sig):
+    """... and the finalists' scratch folder goes with a handled stop; killed outright,
+    the next bytecomp command (any) removes it."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {"TMPDIR": str(scratch)}
     process = _start(["plan", ROOT / "profiles" / "cnn", "--cluster", "gbe1", "--out",
-                      tmp_path / "plan.yaml", "--verify-steps", "1000"], tmp_path)
+                      tmp_path / "plan.yaml", "--verify-steps", "1000"], tmp_path, env)
     _wait_for_ranks(process, 2, 120)
     time.sleep(3)  # training
     _assert_none_left(process, sig)
     assert not (tmp_path / "plan.yaml").exists()
+    folders = list(scratch.glob("bytecomp-*/finalists.*"))
+    assert len(folders) == (1 if sig == signal.SIGKILL else 0), folders
+    subprocess.run([*BYTECOMP, "compressors", "fp16"], env={**os.environ, **env}, check=True,
+                   stdout=subprocess.DEVNULL)
+    assert list(scratch.glob("bytecomp-*/finalists.*")) == []
 
 
 def _report(path: str) -> None:
