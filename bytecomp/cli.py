@@ -364,7 +364,7 @@ def _print_plan(planned) -> None:
         table.add_row(*cells)
     _show(table)
     # one line however narrow the terminal: CI logs grep it
-    console.print("plan: " + planned.composition, soft_wrap=True)
+    console.print("plan: " + planned.summary, soft_wrap=True)
     console.print(f"search: {result.algorithm}, {result.search_ms:.0f} ms, "
                   f"{result.evaluations} simulations; lower bound {result.lower_bound_ms:.2f} ms "
                   f"({result.gap_text()})")

@@ -178,7 +178,8 @@ def test_bytecomp_plan_trains_the_finalists_and_records_them(cli, monkeypatch, t
         assert plan.adaptive.family == "finalists" and plan.levels[0].setting == "fp32 DDP"
         assert plan.levels[plan.adaptive.start].setting == chosen["name"]
         assert plan.adaptive.start in plan.adaptive.trial
-        assert "the running job times" in " ".join(done.stderr.split())  # a note: stderr
+        assert "the running job first times" in " ".join(done.stderr.split())  # a note
+    assert plan.bucket_cap_mb == chosen["bucket_cap_mb"]  # the chosen level's cap
 
 
 def test_finalists_the_prediction_cannot_separate_become_a_runtime_trial(planned):
@@ -210,12 +211,107 @@ def test_finalists_the_prediction_cannot_separate_become_a_runtime_trial(planned
     assert sorted(names[i] for i in plan.adaptive.trial) == sorted([best.name, second.name])
     assert plan.adaptive.trial_steps >= 2 and plan.adaptive.explore_every >= 10**9
     assert plan.bucket_cap_mb == best.cap_mb
+    from bytecomp.search.pipeline import PlanResult, trial_summary
+
+    summary = PlanResult(plan, None, search=chosen).summary  # the command's plan: line
+    assert summary.startswith(chosen.composition() + "; the running job first times 2 ")
+    assert summary.endswith(trial_summary(plan)) and best.name in summary
+    assert f"for {plan.adaptive.trial_steps} steps after {plan.adaptive.trial_warmup}" in summary
+    assert PlanResult(static, None, search=chosen).summary == chosen.composition()
     again = plan_from_dict(plan.to_dict())  # a valid plan file
     assert again.adaptive == plan.adaptive and again.digest() == plan.digest()
     second.steps_factor = 2.0  # now clearly behind
     assert trial_plan(planner, chosen, Verification(finalists, choose(finalists), 50,
                                                     "validation", 1.0, 0.5, 0.0),
                       static) is None
+
+
+def _fp32_chosen(planner, result):
+    """Finalists where the search's plan is fp32 allreduce on every tensor at cap 0, chosen
+    (predicted faster than fp32 DDP's buckets), with a compressed finalist 2% behind it:
+    within the trial's margin. The verification and the plan written from it."""
+    from bytecomp.search.planner import to_plan
+    from bytecomp.search.verify import Verification, chosen_result, trial_plan
+
+    finalists = shortlist(planner, result)
+    fp32, *others = finalists
+    fp32.steps_factor = 1.0
+    searched = Finalist("the search's plan", "search", list(fp32.assignment), 0.0,
+                        0.8 * fp32.time_ms, 1.0, 1.0)
+    near, *rest = sorted(others, key=lambda f: f.time_ms)
+    near.steps_factor = 1.02 * searched.time_ms / near.time_ms
+    for other in rest:  # diverged: out of the choice and of the trial
+        other.steps_factor = math.inf
+    finalists = [fp32, searched, near, *rest]
+    verification = Verification(finalists, choose(finalists), 50, "validation", 1.0, 0.5, 0.0)
+    assert verification.choice.finalist is searched
+    chosen = chosen_result(result, verification)
+    static = to_plan(chosen, planner.profile)
+    return verification, chosen, trial_plan(planner, chosen, verification, static), static
+
+
+def test_a_verified_plan_that_chose_fp32_has_no_trial_and_the_chosen_cap(planned):
+    """The chosen finalist sends every tensor uncompressed: the plan is that plan, static,
+    at its own bucket cap (no trial rotating compressed levels behind a summary that says
+    fp32), and the search's "the plan is that baseline" note no longer claims otherwise."""
+    from bytecomp.search.verify import trial_candidates
+
+    planner, result = planned
+    verification, chosen, with_trial, static = _fp32_chosen(planner, result)
+    assert len(trial_candidates(planner, verification)) == 2  # a trial was possible
+    assert with_trial is None and static.adaptive is None and not static.levels
+    assert static.bucket_cap_mb == 0.0 and chosen.cap_mb == 0.0
+    assert {entry.compressor for entry in static.entries} == {None}
+    assert not any(note.endswith(": the plan is that baseline") for note in chosen.notes)
+
+
+def _train_fp32_plan(rank, world, data):
+    """15 steps (past the trial's 10 of warm-up) of a 3-layer MLP of the synthetic
+    profile's tensors with ``data``'s plan: its moves, its switches, its trial lines."""
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    import bytecomp
+    from bytecomp.plan_file import fingerprint
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(512, 512) for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+            return x
+
+    torch.manual_seed(0)
+    model = Net()
+    plan = plan_from_dict({**data, "model_fingerprint": fingerprint(model)})
+    ddp = DistributedDataParallel(model, bucket_cap_mb=plan.bucket_cap_mb)
+    executor = bytecomp.apply_plan(ddp, plan)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(15):
+        generator = torch.Generator().manual_seed(100 * rank + step)
+        ddp(torch.randn(4, 512, generator=generator)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    said = (len(executor.switches), executor.stats.summary()["switches"],
+            list(getattr(executor.stats, "trial", [])))
+    executor.close()
+    return said
+
+
+@pytest.mark.multirank
+def test_a_verified_fp32_plan_trains_with_no_switches(planned):
+    """The plan written where fp32 was chosen, trained past the trial's warm-up on 2 ranks:
+    no move, no switch, no trial line."""
+    from ranks import run_ranks
+
+    planner, result = planned
+    _verification, _chosen, with_trial, static = _fp32_chosen(planner, result)
+    assert with_trial is None
+    assert run_ranks(_train_fp32_plan, 2, static.to_dict()) == [(0, 0, [])] * 2
 
 
 @pytest.mark.parametrize("step_ms, candidates, expected", [

@@ -267,3 +267,52 @@ def test_a_clearly_faster_level_still_wins():
     for chosen, rounds, verdict, level in ranks[0]:
         assert chosen == 2 and level == 2 and rounds == 1, ranks[0]
         assert "level 2 is ahead" in verdict
+
+
+def _announced(rank, world):
+    """The finalists' plan trained 16 steps (the trial decides at step 10), rank 0's
+    stderr captured: what it printed, what the stats and the logger kept."""
+    import contextlib
+    import logging
+
+    from bytecomp.profiler.workloads import load_workload
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore
+    logger = logging.getLogger("bytecomp")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    torch.manual_seed(0)
+    workload = load_workload("mlp:inputs=32,width=64,depth=2")
+    ddp = DistributedDataParallel(workload.model, bucket_cap_mb=0.01)
+    executor = bytecomp.apply_plan(ddp, _finalists(workload.model, world))
+    optimizer = torch.optim.SGD(workload.model.parameters(), lr=0.05)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            for step in range(16):
+                inputs, target = _batch(rank, step)
+                workload.loss(ddp(inputs), target).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                executor.report_step_ms({0: 20.0, 1: 10.0, 2: 7.0}[executor.level])
+    finally:
+        logger.removeHandler(handler)
+    said = list(executor.stats.trial)
+    executor.close()
+    return printed.getvalue(), said, [r for r in records if "runtime trial" in r]
+
+
+@pytest.mark.multirank
+def test_the_trial_says_when_it_starts_and_what_it_kept():
+    """One line on rank 0's stderr as the trial starts (its candidates by level and name,
+    its steps) and one as it decides (the level kept, why); the same two lines on every
+    rank's ``bytecomp`` logger and in the executor's stats; nothing printed elsewhere."""
+    (printed, said, logged), (printed_1, said_1, logged_1) = run_ranks(_announced, 2)
+    assert len(said) == 2 and said == said_1 == logged == logged_1
+    start, decision = said
+    assert "step 2: the runtime trial times levels 1 (" in start and "for 6 steps" in start
+    assert "powersgd" in start.lower() and "topk" in start.lower()
+    assert "the runtime trial keeps level 1 (" in decision and "ahead" in decision
+    assert printed.splitlines() == said and printed_1 == ""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable
 
@@ -122,6 +123,11 @@ class Adaptation:
         for level, _, time_ms in due:
             self.trial.observe(level, time_ms)
         step, before, rounds = self.states.step, self.controller.level, self.trial.rounds
+        if step == max(1, self.trial.warmup):
+            names = ", ".join(f"{level} ({self._name(level)})" for level in self.trial.candidates)
+            self._announce(f"bytecomp: step {step}: the runtime trial times levels {names} "
+                           f"in turn for {self.trial.steps} steps ({self.trial.steps} more "
+                           f"where they tie), then keeps the best")
         chosen = self.trial.decide()
         if self.trial.rounds != rounds:
             log.info("bytecomp: step %d: the trial's candidates are within its measured noise "
@@ -129,8 +135,8 @@ class Adaptation:
                      step, 100 * self.trial.noise(), self.trial.steps)
         if chosen is not None:
             reason = f"the trial: {self.trial.verdict}"
-            log.info("bytecomp: step %d: the trial keeps level %d (%s)", step, chosen,
-                     self.trial.verdict)
+            self._announce(f"bytecomp: step {step}: the runtime trial keeps level {chosen} "
+                           f"({self._name(chosen)}): {self.trial.verdict}")
             self.controller.move_to(step, chosen, reason)
         else:
             target = self.trial.level_for(step, self.plan.adaptive.start)  # type: ignore[union-attr]
@@ -138,6 +144,17 @@ class Adaptation:
                 self.controller.move_to(step, target, "the trial's turn", settle=False)
         if self.controller.level != before:
             self._switch(before, self.controller.level)
+
+    def _name(self, level: int) -> str:
+        return self.plan.levels[level].setting
+
+    def _announce(self, line: str) -> None:
+        """One line of the runtime trial's (its start, its decision): printed on rank 0's
+        stderr, logged on the ``bytecomp.runtime`` logger and kept in the stats."""
+        if dist.get_rank() == 0:
+            print(line, file=sys.stderr, flush=True)
+        log.info("%s", line)
+        self.stats.trial.append(line)
 
     def _share(self, async_op: bool) -> tuple:
         """Allreduce the batch's measurements (squared gain, ms, measured) over the ranks:

@@ -39,6 +39,9 @@ class Stats:
     # False where PyTorch's own hook runs the exchange (bytecomp.runtime.native): bytes
     # are counted, times are not measured, and the figures say None rather than 0.0
     timed: bool = True
+    # a verified plan's runtime trial, in words: the line it said when it started and the
+    # one when it decided (Adaptation._announce)
+    trial: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _read: dict = field(default_factory=lambda: dict.fromkeys(TOTALS, 0), repr=False)
     _log: tuple | None = field(default=None, repr=False)  # (every, sink)

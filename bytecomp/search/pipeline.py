@@ -80,6 +80,13 @@ class PlanResult:
         return self.ladder.levels[self.ladder.adaptive.start].composition()
 
     @property
+    def summary(self) -> str:
+        """The command's ``plan:`` line: :attr:`composition`, and the runtime trial where
+        the plan has one (what the running job then does, level by level)."""
+        trial = trial_summary(self.plan) if self.search is not None else None
+        return self.composition if trial is None else f"{self.composition}; {trial}"
+
+    @property
     def strategies(self) -> pd.DataFrame:
         """The command's table: a static plan's row first, then every baseline
         (strategy, bucket_cap_mb, iteration_ms, fidelity, effective_ms,
@@ -133,8 +140,21 @@ class PlanResult:
         if self.search is None:
             return {**document, "ladder": self._rows(), "notes": self.notes}
         return {**document, "strategies": self._rows(), "composition": self.composition,
+                "summary": self.summary,
                 "evidence": self.search.evidence, "notes": self.notes,
                 "warnings": self.warnings}
+
+
+def trial_summary(plan: Plan) -> str | None:
+    """What a plan's runtime trial runs, in one clause (None: the plan has none): its
+    levels by name, how many steps after how many."""
+    adaptive = plan.adaptive
+    if adaptive is None or not adaptive.trial or not plan.levels:
+        return None
+    names = ", ".join(f"{level} {plan.levels[level].setting}" for level in adaptive.trial)
+    return (f"the running job first times {len(adaptive.trial)} finalists the prediction "
+            f"cannot separate (levels {names}) in turn for {adaptive.trial_steps} steps "
+            f"after {adaptive.trial_warmup} ({adaptive.trial_steps} more where they tie)")
 
 
 def starting_entries(plan: Plan) -> list:
@@ -275,7 +295,13 @@ def _plan_static(profile: str, loaded, options: PlanOptions, evidence: list[str]
         plan_file = to_plan(result, loaded)
         written = plan_file.save(options.out) if options.out is not None else None
         return PlanResult(plan_file, written, search=result, planner=planner)
-    from bytecomp.search.verify import chosen_result, trial_plan, verify
+    from bytecomp.search.verify import (
+        chosen_result,
+        trial_candidates,
+        trial_plan,
+        uncompressed,
+        verify,
+    )
 
     verification = verify(planner, result, search_options, options.verify_steps,
                           options.nproc, budget_s=options.verify_budget_s,
@@ -289,13 +315,13 @@ def _plan_static(profile: str, loaded, options: PlanOptions, evidence: list[str]
                                                         plan_file)
     if with_trial is not None:
         plan_file = with_trial
-        assert plan_file.adaptive is not None
-        result.notes.append(
-            f"the running job times {len(plan_file.adaptive.trial)} finalists the prediction "
-            f"cannot separate (levels {list(plan_file.adaptive.trial)}) for "
-            f"{plan_file.adaptive.trial_steps} steps after {plan_file.adaptive.trial_warmup}, "
-            f"then keeps the best outside its measured noise (the safer on a tie); --static "
-            f"writes the chosen plan alone")
+        result.notes.append(f"{trial_summary(plan_file)}, then keeps the best outside its "
+                            f"measured noise (the safer on a tie); --static writes the "
+                            f"chosen plan alone")
+    elif not options.static and uncompressed(planner, verification.choice.finalist) and \
+            len(trial_candidates(planner, verification)) > 1:
+        result.notes.append("the chosen plan is uncompressed: it runs as written, with no "
+                            "runtime trial of the compressed finalists near it")
     written_evidence: list[Path] = []
     if verification.curves and evidence:
         from bytecomp.search.evidence import write_evidence

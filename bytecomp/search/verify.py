@@ -55,6 +55,7 @@ DEFAULT_BUDGET_S = 180.0  # wall-clock seconds of finalist training a plan spend
 # (and by more than this in all): flat, so the run stops and its factors are settled.
 SETTLED_FALL = 0.03
 REFERENCE = "fp32 DDP"
+KEPT_BASELINE = ": the plan is that baseline"  # the search's --min-gain note ends so
 
 
 @dataclass
@@ -365,12 +366,14 @@ def trial_plan(planner: Planner, result: SearchResult, verification: Verificatio
     """The verified plan with its runtime trial: fp32 DDP as level 0 (where the controller
     steps back to on evidence) and the trial's candidates as levels, mildest first, all at
     the chosen finalist's bucket cap (DDP's buckets are fixed); None where only one
-    candidate is left (the static plan is the plan)."""
+    candidate is left, or where the chosen finalist is uncompressed (:func:`uncompressed`:
+    a plan that says fp32 runs fp32, and the trial would run compressed levels the
+    choice ruled out): the static plan is the plan."""
     from bytecomp.plan_file import FINALISTS, MIN_TRIAL_PAIRS, Adaptive, Level
     from bytecomp.search.ladder import level_fidelities
 
     candidates = trial_candidates(planner, verification)
-    if len(candidates) < 2:
+    if len(candidates) < 2 or uncompressed(planner, verification.choice.finalist):
         return None
     cap, problem = verification.choice.finalist.cap_mb, planner.problem
     fp32 = next(f for f in verification.finalists if f.name == REFERENCE)
@@ -400,6 +403,11 @@ def trial_plan(planner: Planner, result: SearchResult, verification: Verificatio
                 host_workers=static.host_workers)
 
 
+def uncompressed(planner: Planner, finalist: Finalist) -> bool:
+    """Whether ``finalist`` sends every tensor uncompressed (fp32 allreduce, at any cap)."""
+    return not any(planner.problem.options[o].compressed for o in finalist.assignment)
+
+
 def trial_agreement(step_ms: float, candidates: int) -> int:
     """Steps per agreement of a trial plan: :func:`~bytecomp.search.ladder.
     agreement_interval`'s, made coprime with the number of ``candidates``. The agreement's
@@ -426,9 +434,15 @@ def chosen_result(result: SearchResult, verification: Verification) -> SearchRes
         warnings = [w for w in result.warnings if w != result.evidence]
     else:
         evidence, warnings = f"{result.evidence}; {verification.choice.reason}", result.warnings
+    notes = result.notes
+    if (list(finalist.assignment), finalist.cap_mb) != (list(result.assignment), result.cap_mb):
+        # the search's "the plan is that baseline" (--min-gain) no longer says what the plan is
+        notes = [note.replace(KEPT_BASELINE, f": the search kept that baseline, then the "
+                                             f"finalists' training chose {finalist.name}")
+                 for note in notes]
     return replace(result, assignment=list(finalist.assignment), cap_mb=finalist.cap_mb,
                    time_ms=finalist.time_ms, fidelity=finalist.fidelity, value=value,
-                   notes=result.notes + verification.notes, warnings=warnings,
+                   notes=notes + verification.notes, warnings=warnings,
                    evidence=evidence,
                    algorithm=result.algorithm + f", then {len(verification.finalists)} "
                                                 f"finalists trained")
