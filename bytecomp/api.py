@@ -8,9 +8,12 @@
 
 Each takes its command's options as keyword arguments, with the same names (``--min-gain``
 is ``min_gain``) and the same defaults, declared once in :mod:`bytecomp.options`; a
-repeatable option takes a list. Bad input raises :class:`~bytecomp.errors.BytecompError`
-(one line, naming the option as the command spells it), before any work. Progress goes
-to stderr, as the commands show it.
+repeatable option takes a list. Every value is checked against its option's declared
+type (a bool is no number, a string no flag; a path may be an ``os.PathLike``), and a
+:class:`~bytecomp.errors.BytecompError` (one line, naming the option as the command
+spells it) comes before any work, as for a bad file; so does one for a
+:class:`~bytecomp.profile_store.Profile` given to :func:`plan`, which is checked as a
+profile directory is when read. Progress goes to stderr, as the commands show it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bytecomp.errors import BytecompError
-from bytecomp.options import BenchOptions, PlanOptions, ProfileOptions, SimulateOptions
+from bytecomp.options import (
+    BenchOptions,
+    PlanOptions,
+    ProfileOptions,
+    SimulateOptions,
+    describe,
+    path_argument,
+)
 from bytecomp.search.pipeline import PlanResult, load_cluster, run_plan
 
 if TYPE_CHECKING:
@@ -64,7 +74,8 @@ def profile(model: str | None = None, *, options: ProfileOptions | None = None,
         max_mb=chosen.max_mb, machine=chosen.machine,
         fidelity_iterations=chosen.fidelity_iterations, ladders=list(chosen.ladder),
         probe_steps=chosen.probe_steps, optimizer=chosen.optimizer, budget_s=chosen.budget,
-        calibration=chosen.calibration, calibrate_only=chosen.calibrate_only)
+        calibration=chosen.calibration, calibrate_only=chosen.calibrate_only,
+        cache=chosen.cache)
     out = run_profile(config, chosen.nproc)
     if os.environ.get("RANK", "0") != "0":
         return None
@@ -89,9 +100,14 @@ def plan(profile: str | os.PathLike | Profile, *, options: PlanOptions | None = 
     from bytecomp.ui import announce as print_line
 
     chosen = PlanOptions.build(options, **values)
-    from bytecomp.profile_store import Profile
+    from bytecomp.profile_store import Profile, check_profile
 
-    given = profile if isinstance(profile, Profile) else os.fspath(profile)
+    if announce is not None and not callable(announce):
+        raise BytecompError(f"bytecomp.plan(): announce must be a function of the line, "
+                            f"got {describe(announce)}")
+    # a Profile edited in memory is checked as its directory would be when read
+    given = check_profile(profile) if isinstance(profile, Profile) else \
+        path_argument(profile, "plan", "the profile (a directory, or a Profile)")
     return run_plan(given, chosen, print_line if announce is None else announce)
 
 
@@ -182,7 +198,8 @@ def simulate(profile: str | os.PathLike, plan: str | os.PathLike, *,
     from bytecomp.timeline.render import draw_gantt, write_trace
 
     chosen = SimulateOptions.build(options, **values)
-    profile, plan = os.fspath(profile), os.fspath(plan)
+    profile = path_argument(profile, "simulate", "the profile directory")
+    plan = path_argument(plan, "simulate", "the plan file")
     outputs: dict[str, str | None] = {"--trace": chosen.trace, "--png": chosen.png}
     for option_name, path in outputs.items():
         if path:
@@ -266,7 +283,9 @@ def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
     from bytecomp.ui import Stage, warn
 
     chosen = BenchOptions.build(options, **values)
-    files = [os.fspath(p) for p in (plans if isinstance(plans, list) else [plans])]
+    profile = path_argument(profile, "bench", "the profile directory")
+    files = [path_argument(p, "bench", "a plan file")
+             for p in (plans if isinstance(plans, (list, tuple)) else [plans])]
     if not files:
         raise BytecompError("bench needs a plan to measure (--plan)")
     if chosen.cluster is not None:  # checked before any rank starts
@@ -279,7 +298,7 @@ def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
         chosen.train_steps, min(chosen.eval_every, chosen.train_steps), chosen.to_loss,
         chosen.lr, target_fraction=chosen.target_fraction,
         reference_seed=chosen.reference_seed) if chosen.train_steps else None
-    folder = run_bench(BenchConfig(os.fspath(profile), files[0], chosen.out, files[1:],
+    folder = run_bench(BenchConfig(profile, files[0], chosen.out, files[1:],
                                    list(chosen.compressor), chosen.cluster, chosen.iterations,
                                    chosen.warmup, chosen.force, convergence,
                                    chosen.train_levels, chosen.every, tables=chosen.tables,

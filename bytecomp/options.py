@@ -6,17 +6,26 @@ the fields, and the library functions (:func:`bytecomp.profile`, :func:`bytecomp
 :func:`bytecomp.simulate`, :func:`bytecomp.bench`) take the same names as keyword
 arguments. A field's ``names`` metadata are its command-line spellings where they are
 not ``--field-name`` (a flag with no ``--no-`` form, a short name); ``min`` is click's
-lower bound; ``cli`` False keeps a field out of the command line (a Python-only option).
+lower bound; ``path`` marks a file or directory (an ``os.PathLike`` is taken too); ``cli``
+False keeps a field out of the command line (a Python-only option).
 
-``check()`` range-checks the values (one :class:`~bytecomp.errors.BytecompError` line,
-naming the option as the command line spells it) before any work; checks that need the
-profile or torch stay with the stage that owns them.
+:meth:`Options.build` checks every value against its field's declared type first
+(:func:`checked_value`: a bool is no number, a string no flag, every number finite and
+at most :data:`MAX_NUMBER` in size, at least ``min``), then ``check()`` range-checks
+them; either way one :class:`~bytecomp.errors.BytecompError` line, naming the option as
+the command line spells it, before any work. Checks that need the profile or torch stay
+with the stage that owns them.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+import numbers
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from bytecomp.buckets import SEARCHED_CAPS_MB
@@ -29,14 +38,94 @@ DEFAULT_VERIFY_BUDGET_S = 180.0  # plan --verify-budget
 DEFAULT_GAIN_THRESHOLD = 0.75  # plan --gain-threshold (GraVAC's)
 DEFAULT_WINDOW = 10  # plan --window
 DEFAULT_TIMING = "measured"  # plan --timing
+MAX_NUMBER = 10**9  # every number option's magnitude (seconds, MB, steps, counts, ...)
 
 
 def option(default: Any, help: str, *names: str, min: int | None = None,
-           cli: bool = True) -> Any:
+           cli: bool = True, path: bool = False) -> Any:
     """A command's option: its default, its help, and where they differ from the field's
-    name, its command-line spellings."""
+    name, its command-line spellings; ``path``: a file or directory."""
     return field(default=default, metadata={"help": help, "names": names, "min": min,
-                                            "cli": cli})
+                                            "cli": cli, "path": path})
+
+
+def describe(value: Any) -> str:
+    """A value as a message shows it: its type and a short repr (a huge int by its size:
+    Python will not print one of more than 4,300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**15:
+        return f"an int of {value.bit_length()} bits"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _number(name: str, kind: type, value: Any, least: float | None) -> int | float:
+    """``value`` as an option of type ``kind`` (int or float), in range; else one line."""
+    lowest = -MAX_NUMBER if least is None else least
+    span = f"from {lowest:,} to {MAX_NUMBER:,}" if least is not None \
+        else f"of at most {MAX_NUMBER:,} in size"
+    if kind is int:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise BytecompError(f"{name} must be an integer (not a bool, a float or a "
+                                f"string), got {describe(value)}")
+        if not lowest <= value <= MAX_NUMBER:
+            raise BytecompError(f"{name} must be an integer {span}, got {describe(value)}")
+        return int(value)
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise BytecompError(f"{name} must be a number (an int or a float; not a bool or a "
+                            f"string), got {describe(value)}")
+    try:
+        number = float(value) + 0.0  # + 0.0: -0.0 is 0
+    except OverflowError:  # an int beyond the floats
+        number = math.inf
+    if not (math.isfinite(number) and lowest <= number <= MAX_NUMBER):
+        raise BytecompError(f"{name} must be a finite number {span}, got {describe(value)}")
+    return number
+
+
+def _scalar(name: str, kind: Any, value: Any, meta: Mapping) -> Any:
+    if kind is bool:
+        if value is not True and value is not False:
+            raise BytecompError(f"{name} is a flag: True or False, got {describe(value)}")
+        return value
+    if kind in (int, float):
+        return _number(name, kind, value, meta.get("min"))
+    if kind is not str:  # a type no option has had: its rule goes here
+        raise TypeError(f"{name}: no check for options of type {kind!r}")
+    if meta.get("path") and isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        what = "a path (a str or an os.PathLike)" if meta.get("path") else "a string"
+        raise BytecompError(f"{name} must be {what}, got {describe(value)}")
+    return value
+
+
+def checked_value(name: str, hint: Any, value: Any, meta: Mapping) -> Any:
+    """``value`` checked against an option's declared type ``hint`` (``int``,
+    ``float | None``, ``tuple[str, ...]``: a repeatable option takes one value or a
+    list) and its metadata (``min``, ``path``), as the option is stored (an int as a
+    float where a float is declared, a path as a str); else one line naming ``name``."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    members = typing.get_args(hint) if union else (hint,)
+    if value is None and type(None) in members:
+        return None
+    kind = next(member for member in members if member is not type(None))
+    if typing.get_origin(kind) is not tuple:
+        return _scalar(name, kind, value, meta)
+    element = typing.get_args(kind)[0]
+    if value is None:  # the command line's "not given"
+        return ()
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    return tuple(_scalar(name, element, item, meta) for item in items)
+
+
+def path_argument(value: Any, command: str, what: str) -> str:
+    """A positional path of ``bytecomp.<command>()`` (``what``: its name in the message)
+    as a str, from a str or an os.PathLike; else one line."""
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str):
+        raise BytecompError(f"bytecomp.{command}(): {what} must be a path (a str or an "
+                            f"os.PathLike), got {describe(value)}")
+    return path
 
 
 class Options:
@@ -46,25 +135,27 @@ class Options:
     command = ""
 
     @classmethod
-    def build(cls, given: Options | dict[str, Any] | None = None, **values: Any):
+    def build(cls, given: Options | Mapping[str, Any] | None = None, **values: Any):
         """``cls`` from ``given`` (an instance or a mapping, or None) overridden by
-        ``values``, a repeatable option as a tuple (from a list, one string or None);
-        one line naming any unknown option."""
+        ``values``, each value checked against its field's declared type
+        (:func:`checked_value`: a repeatable option as a tuple, from a list, one value or
+        None), then :meth:`check`; one line naming any unknown option or bad value."""
+        if given is not None and not isinstance(given, (cls, Mapping)):
+            raise BytecompError(f"bytecomp.{cls.command}(): options must be a {cls.__name__} "
+                                f"or a dict of its options, got {describe(given)}")
         base = dict(given.__dict__ if isinstance(given, Options) else given or {})
         base.update(values)
-        known = {item.name for item in fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(base) - known)
+        declared: dict[str, Field] = {item.name: item for item in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(repr(name) for name in set(base) - set(declared))
         if unknown:
             raise BytecompError(f"bytecomp.{cls.command}() has no option "
-                                f"{', '.join(map(repr, unknown))} (its options: "
-                                f"{', '.join(sorted(known))})")
-        repeatable = {item.name for item in fields(cls)  # type: ignore[arg-type]
-                      if str(item.type).startswith("tuple[")}
-        for name in repeatable & set(base):  # a list, one string, or None (the CLI's none)
-            value = base[name]
-            base[name] = () if value is None else (value,) if isinstance(value, str) \
-                else tuple(value)
-        built = cls(**base)
+                                f"{', '.join(unknown)} (its options: "
+                                f"{', '.join(sorted(declared))})")
+        hints = typing.get_type_hints(cls)
+        checked = {name: checked_value(cli_name(cls, name), hints[name], value,
+                                       declared[name].metadata)
+                   for name, value in base.items()}
+        built = cls(**checked)
         built.check()
         return built
 
@@ -120,7 +211,7 @@ class ProfileOptions(Options):
                                "pkg.module:factory [default: mlp].")
     nproc: int | None = option(None, "Local ranks to spawn (default 1; leave out under "
                                "torchrun, which sets the ranks).")
-    out: str | None = option(None, "Profile directory (default profiles/<model>).")
+    out: str | None = option(None, "Profile directory (default profiles/<model>).", path=True)
     batch_size: int | None = option(None, "Batch per rank (default: the workload's).", min=1)
     bucket_cap_mb: float = option(25.0, "DDP bucket cap used while profiling.")
     iterations: int = option(20, "Timed iterations per phase.", min=1)
@@ -155,7 +246,8 @@ class ProfileOptions(Options):
                                      "(--calibrate-only) or profile directory: collective, "
                                      "compressor, aggregation and copy sweeps, the executor's "
                                      "fixed costs. Refused in one line unless its world, "
-                                     "backend, device and link match this job's.")
+                                     "backend, device and link match this job's.",
+                                     path=True)
     calibrate_only: bool = option(False, "Measure the cluster's tables alone, no model: a "
                                   "calibration directory (--out, default "
                                   "profiles/calibration) for --calibration.",
@@ -181,11 +273,11 @@ class PlanOptions(Options):
     command = "plan"
 
     cluster: str | None = option(None, "Cluster config name or YAML file (default: the "
-                                 "profiled cluster).")
+                                 "profiled cluster).", path=True)
     compressor: tuple[str, ...] = option((), "Allowed compressor spec (repeatable; default: "
                                          "every compressor in the profile).")
     out: str | None = option("plan.yaml", "Where to write the plan (from Python, None: "
-                             "nowhere).")
+                             "nowhere).", path=True)
     bucket_cap_mb: tuple[float, ...] = option(
         (), "Candidate DDP bucket cap (repeatable; 0: one bucket per tensor, no merging; "
         "default: the profiled cap, " + ", ".join(f"{c:g}" for c in SEARCHED_CAPS_MB) + ").")
@@ -342,9 +434,10 @@ class SimulateOptions(Options):
 
     command = "simulate"
 
-    cluster: str | None = option(None, "Cluster config (default: the profiled cluster).")
-    trace: str | None = option(None, "Write a Chrome trace (open it in Perfetto).")
-    png: str | None = option(None, "Write a Gantt chart PNG.")
+    cluster: str | None = option(None, "Cluster config (default: the profiled cluster).",
+                                 path=True)
+    trace: str | None = option(None, "Write a Chrome trace (open it in Perfetto).", path=True)
+    png: str | None = option(None, "Write a Gantt chart PNG.", path=True)
     level: int | None = option(None, "An adaptive plan's level to simulate (default 0).")
 
     def check(self) -> None:
@@ -360,13 +453,13 @@ class BenchOptions(Options):
     command = "bench"
 
     out: str = option("bench", "Output directory (bench.csv, bench.md; with --train-steps "
-                      "also curves.csv, convergence.csv, convergence.png).")
+                      "also curves.csv, convergence.csv, convergence.png).", path=True)
     compressor: tuple[str, ...] = option((), "Compressor for an 'on every tensor' baseline "
                                          "(repeatable; default: the plan's first, else "
                                          "topk:ratio=0.01; with --train-steps every compressor "
                                          "in the profile).")
     cluster: str | None = option(None, "Cluster config of this job, for the predictions "
-                                 "(default: the profiled cluster).")
+                                 "(default: the profiled cluster).", path=True)
     iterations: int = option(10, "Measured iterations per strategy.", min=1)
     warmup: int = option(3, "Iterations before measuring.", min=2)
     nproc: int | None = option(None, "Local ranks to spawn (leave out under torchrun or "
@@ -406,17 +499,6 @@ class BenchOptions(Options):
                                 f"{self.target_fraction:g}")
         if self.to_loss is not None and not math.isfinite(self.to_loss):
             raise BytecompError(f"--to-loss must be a finite number, got {self.to_loss:g}")
-        for name, least in (("iterations", 1), ("warmup", 2), ("train_steps", 0),
-                            ("eval_every", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise BytecompError(f"{cli_name(BenchOptions, name)} must be an integer of "
-                                    f"at least {least}, got {value!r}")
         check_cluster(self.cluster)
-        if self.reference_seed is not None and (isinstance(self.reference_seed, bool) or
-                                                not isinstance(self.reference_seed, int) or
-                                                self.reference_seed < 1):
-            raise BytecompError(f"--reference-seed must be a whole number >= 1 (0 is the "
-                                f"run's own data order), got {self.reference_seed!r}")
         refuse_unused(not self.train_steps, "without --train-steps (nothing is trained)",
                       {"--reference-seed": self.reference_seed})

@@ -1,7 +1,9 @@
 """The profile directory: ``profile.yaml`` plus CSV tables (docs/formats.md).
 
 ``save_profile`` writes it atomically; ``load_profile`` validates every file
-and reports a bad one with its path, the column or field and the reason.
+and reports a bad one with its path, the column or field and the reason;
+``check_profile`` validates a :class:`Profile` held in memory (perhaps edited) with the
+same checks, naming the attribute instead of the file.
 
 It sits beside :mod:`bytecomp.plan_file` rather than in a stage: the profiler writes
 profiles, the models and the planner read them, and neither stage imports the other
@@ -196,7 +198,7 @@ def save_profile(profile: Profile, directory, force: bool = False) -> Path:
     return Path(directory)
 
 
-def _fail(path: Path, message: str):
+def _fail(path: Path | str, message: str):
     raise BytecompError(f"{path}: {message}")
 
 
@@ -510,7 +512,11 @@ def read_document(path: Path, what: str, required: dict) -> dict:
     """A bytecomp YAML document (profile.yaml, calibration.yaml): a mapping with the
     ``required`` fields of their types (a bool is no number), every number finite, of
     this bytecomp's format version; else one line naming ``path``."""
-    meta = read_yaml_file(path, what)
+    return check_document(path, read_yaml_file(path, what), required)
+
+
+def check_document(path: Path | str, meta, required: dict) -> dict:
+    """:func:`read_document`'s checks of a document already read (``meta``)."""
     if not isinstance(meta, dict):
         _fail(path, "must be a YAML mapping")
     for key, kind in required.items():
@@ -529,6 +535,13 @@ def _load_meta(path: Path) -> dict:
     if not path.exists():
         _fail(path, "missing (is this a profile directory made by bytecomp profile?)")
     meta = read_document(path, "profile file", REQUIRED_FIELDS)
+    _check_meta(path, meta)
+    return meta
+
+
+def _check_meta(path: Path | str, meta: dict) -> None:
+    """profile.yaml's fields, after :func:`check_document`: each in range, and consistent
+    with each other."""
     for key in ("world_size", "nodes", "ranks_per_node", "batch_size"):
         if not 1 <= meta[key] <= MAX_COUNT:
             _fail(path, f"field '{key}' must be between 1 and {MAX_COUNT:,}")
@@ -543,6 +556,13 @@ def _load_meta(path: Path) -> dict:
     if not isinstance(fingerprint, str) or not fingerprint.strip():
         _fail(path, f"field 'model.fingerprint' must be the model's fingerprint (a string of "
                     f"hex digits), got {type(fingerprint).__name__} {fingerprint!r}")
+    for key in ("name", "spec"):  # what the plan records, and the finalists build
+        value = meta["model"].get(key)
+        if value is None:
+            _fail(path, f"field 'model.{key}' is missing")
+        if not isinstance(value, str) or not value.strip() or control_character(value):
+            _fail(path, f"field 'model.{key}' must be the model's {key} (printable text), "
+                        f"got {type(value).__name__} {str(value)[:100]!r}")
     for key in ("tensors", "parameters"):
         value = meta["model"].get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -562,7 +582,6 @@ def _load_meta(path: Path) -> dict:
     _check_calibration(path, meta.get("calibration"), meta)
     _check_times(path, meta["times"])
     _check_phases(path, meta["times"])
-    return meta
 
 
 def _row_fail(path: Path, table: pd.DataFrame, mask, column: str, reason: str,
@@ -590,13 +609,21 @@ def _load_table(directory: Path, name: str, required: bool = True) -> pd.DataFra
     except Exception as error:  # pandas raises several kinds for a malformed table
         _fail(path, f"not a readable CSV table ({type(error).__name__}: "
                     f"{str(error).splitlines()[0] if str(error) else ''})")
+    return _typed_table(path, name, table)
+
+
+def _typed_table(path: Path | str, name: str, table: pd.DataFrame) -> pd.DataFrame:
+    """Table ``name``'s columns there, each value of its column's type and in range, the
+    numbers as numbers (``table`` is changed: a copy where it is the caller's)."""
     optional = OPTIONAL_COLUMNS.get(name, {})
     for column, kind in {**TABLES[name], **optional}.items():
         if column not in table.columns:
             if column in optional:
                 continue
             _fail(path, f"missing column '{column}'")
-        if kind is str:
+        if kind is str:  # always so as read; a table edited in memory may hold anything
+            strings = table[column].map(lambda value: isinstance(value, str)).astype(bool)
+            _row_fail(path, table, ~strings, column, "is not a string")
             continue
         numbers = pd.to_numeric(table[column], errors="coerce").astype(float)
         _row_fail(path, table, ~np.isfinite(numbers), column, "is not a number")
@@ -699,26 +726,54 @@ def load_profile(directory) -> Profile:
     if not (directory / "profile.yaml").exists() and (directory / "calibration.yaml").exists():
         raise BytecompError(f"{directory} is a calibration (bytecomp profile --calibrate-only), "
                             f"not a profile: profile a model with --calibration {directory}")
-    meta = _load_meta(directory / "profile.yaml")
-    tensors = _load_table(directory, "tensors")
-    _check_tensors(directory / "tensors.csv", tensors, meta)
-    collectives = _load_table(directory, "collectives")
-    _check_collectives(directory / "collectives.csv", collectives, meta)
-    compressors = _load_table(directory, "compressors")
-    _check_sweep(directory / "compressors.csv", compressors)
-    _check_quality_fits(directory / "profile.yaml", meta.get("quality"), collectives,
-                        compressors)
-    copies = _load_table(directory, "copies", required=False)
-    _row_fail(directory / "copies.csv", copies, ~copies["direction"].isin(COPY_DIRECTIONS),
+    return _validated(_load_meta(directory / "profile.yaml"), directory / "profile.yaml",
+                      lambda name: _load_table(directory, name, name not in OPTIONAL_TABLES),
+                      lambda name: directory / f"{name}.csv", directory)
+
+
+def check_profile(profile: Profile) -> Profile:
+    """``profile`` (from :func:`load_profile`, perhaps edited in memory, or built) checked
+    as :func:`load_profile` checks a directory, each failure one line naming the
+    attribute (``Profile(profiles/cnn).tensors: column 'ready_ms', row 3: ...``); a
+    checked copy, its tables of the columns' types."""
+    source = f"Profile({profile.path if profile.path is not None else 'in memory'})"
+    meta = check_document(f"{source}.meta", profile.meta, REQUIRED_FIELDS)
+    _check_meta(f"{source}.meta", meta)
+
+    def table(name: str) -> pd.DataFrame:
+        given = getattr(profile, name)
+        if not isinstance(given, pd.DataFrame):
+            _fail(f"{source}.{name}", f"must be a pandas DataFrame, got "
+                                      f"{type(given).__name__}")
+        return _typed_table(f"{source}.{name}", name, given.reset_index(drop=True))
+
+    return _validated(meta, f"{source}.meta", table, lambda name: f"{source}.{name}",
+                      profile.path)
+
+
+def _validated(meta: dict, meta_path: Path | str, table, where,
+               path: Path | None) -> Profile:
+    """The profile of ``meta`` (checked) and of the tables ``table(name)`` gives (typed),
+    each table checked against ``meta`` and the others, in the order load_profile reads
+    them; ``where(name)``: the table as a message names it."""
+    tensors = table("tensors")
+    _check_tensors(where("tensors"), tensors, meta)
+    collectives = table("collectives")
+    _check_collectives(where("collectives"), collectives, meta)
+    compressors = table("compressors")
+    _check_sweep(where("compressors"), compressors)
+    _check_quality_fits(meta_path, meta.get("quality"), collectives, compressors)
+    copies = table("copies")
+    _row_fail(where("copies"), copies, ~copies["direction"].isin(COPY_DIRECTIONS),
               "direction", f"is not one of {', '.join(COPY_DIRECTIONS)}")
-    fidelity = _load_table(directory, "fidelity", required=False)
-    _check_specs(directory / "fidelity.csv", fidelity, "spec")
-    _check_fidelity(directory / "fidelity.csv", fidelity, tensors, compressors)
-    probe = _load_table(directory, "probe", required=False)
-    _check_probe(directory / "probe.csv", probe)
-    aggregation = _load_table(directory, "aggregation", required=False)
-    _check_sweep(directory / "aggregation.csv", aggregation)
-    return Profile(meta, tensors, collectives, compressors, copies, directory, fidelity, probe,
+    fidelity = table("fidelity")
+    _check_specs(where("fidelity"), fidelity, "spec")
+    _check_fidelity(where("fidelity"), fidelity, tensors, compressors)
+    probe = table("probe")
+    _check_probe(where("probe"), probe)
+    aggregation = table("aggregation")
+    _check_sweep(where("aggregation"), aggregation)
+    return Profile(meta, tensors, collectives, compressors, copies, path, fidelity, probe,
                    aggregation)
 
 

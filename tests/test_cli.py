@@ -70,7 +70,7 @@ def test_bad_values_and_unusable_paths_fail_before_any_work(cli, tmp_path):
     binary.write_bytes(bytes(range(256)))
     under_a_file = str(a_file / "sub")
     cases = [
-        (("plan", PROFILE, "--bucket-cap-mb", "nan"), "--bucket-cap-mb must be a number of MB"),
+        (("plan", PROFILE, "--bucket-cap-mb", "nan"), "--bucket-cap-mb must be a finite number"),
         (("plan", PROFILE, "--evaluations", "-1"), "--evaluations must be an integer from 0"),
         (("plan", PROFILE, "--budget", "-1"), "--budget must be a non-negative"),
         (("plan", PROFILE, "--stop-gap", "100"), "--stop-gap is a percentage in [0, 100)"),
