@@ -256,22 +256,30 @@ def _check_executor(path: Path, entry) -> None:
     check_executor_measured(path, entry.get("measured"))
 
 
-def _signed_ms(value) -> bool:
-    return _number(value) and math.isfinite(value) and abs(value) < MAX_MS
+# executor.measured holds differences of medians per added group or bucket: noise may take
+# one a little below 0 (the fixed costs derived from it are clamped at 0), never by more
+MIN_DIFFERENCE_MS = -1.0
+
+
+def _difference_ms(value) -> bool:
+    return _number(value) and math.isfinite(value) and MIN_DIFFERENCE_MS <= value < MAX_MS
 
 
 def check_executor_measured(path: Path, entry, where: str = "executor.measured") -> None:
     """Optional: what the executor's fixed costs were derived from
     (:class:`bytecomp.profiler.overheads.ExecutorMeasurement`): per path the backward's
     ms per added group (``added_ms``, ``hook_added_ms``, on a CPU job ``busy_added_ms``)
-    and ``bucket_ms`` per added bucket; differences of medians, so they may be below 0."""
+    and ``bucket_ms`` per added bucket; differences of medians, so they may be a little
+    below 0 (down to :data:`MIN_DIFFERENCE_MS`)."""
+    span = f"a number of ms from {MIN_DIFFERENCE_MS:g} (noise below 0) to {MAX_MS:g}"
     if entry is None:
         return
     if not isinstance(entry, dict):
         _fail(path, f"field '{where}' must be a mapping with added_ms, hook_added_ms and "
                     f"bucket_ms")
-    if not _signed_ms(entry.get("bucket_ms")):
-        _fail(path, f"field '{where}.bucket_ms' must be a number of ms")
+    if not _difference_ms(entry.get("bucket_ms")):
+        _fail(path, f"field '{where}.bucket_ms' must be {span}, got "
+                    f"{repr(entry.get('bucket_ms'))[:60]}")
     for key in ("added_ms", "hook_added_ms", "busy_added_ms"):
         if key == "busy_added_ms" and entry.get(key) is None:
             continue
@@ -280,8 +288,9 @@ def check_executor_measured(path: Path, entry, where: str = "executor.measured")
             _fail(path, f"field '{where}.{key}' must map each of {', '.join(EXECUTOR_PATHS)} "
                         f"to a number of ms")
         for name in EXECUTOR_PATHS:
-            if not _signed_ms(paths[name]):
-                _fail(path, f"field '{where}.{key}.{name}' must be a number of ms")
+            if not _difference_ms(paths[name]):
+                _fail(path, f"field '{where}.{key}.{name}' must be {span}, got "
+                            f"{repr(paths[name])[:60]}")
 
 
 def _iso_time(value) -> bool:

@@ -41,6 +41,8 @@ loss depend on them. Without validation batches, held-out batches of ``make_batc
 from __future__ import annotations
 
 import importlib
+import inspect
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +65,10 @@ from bytecomp.recipe import DEFAULT_OPTIMIZER, Builder, Recipe, optimizer_builde
 # held-out batches of make_batch: seeds no training step draws (those are a few million at
 # most; torch's CPU generator takes the seed's low 32 bits)
 HELD_OUT_SEED = 2**31 - 1_000_000
+MAX_ARGUMENT = 1 << 20  # a built-in's argument (a width, a depth, a vocabulary, ...)
+# a built-in model's parameters and buffers: 4 GiB in float32, 16 GiB a rank with the
+# gradients and Adam's two moments (counted on the meta device before anything is built)
+MAX_MODEL_ELEMENTS = 1 << 30
 
 
 @dataclass
@@ -201,6 +207,9 @@ class GPT(nn.Module):
     mask: torch.Tensor  # the causal mask, a non-persistent buffer
 
     def __init__(self, vocab: int, width: int, layers: int, heads: int, seq_len: int) -> None:
+        if width % heads:
+            raise BytecompError(f"transformer: width={width} must be a multiple of "
+                                f"heads={heads}")
         super().__init__()
         self.tokens = nn.Embedding(vocab, width)
         self.positions = nn.Embedding(seq_len, width)
@@ -271,8 +280,6 @@ def _digits(width=16, classes=10):
 
 
 def _transformer(layers=4, width=256, heads=4, seq_len=128, vocab=8192):
-    if width % heads:
-        raise BytecompError(f"transformer: width={width} must be a multiple of heads={heads}")
     return Recipe(GPT(vocab, width, layers, heads, seq_len), TextWindows(seq_len, vocab=vocab),
                   optimizer=DEFAULT_OPTIMIZER, batch_size=8)
 
@@ -290,14 +297,20 @@ def _bow(vocab=20000, width=32, hidden=256, classes=20, length=64):
                   optimizer="sgd:lr=0.1,momentum=0.9", batch_size=32)
 
 
-def _vision(name):
-    def build(classes=1000, image=224):
+def _vision_model(name):
+    def build(classes=1000):
         try:
             import torchvision
         except Exception:
             raise BytecompError(f"{name} needs torchvision: pip install 'bytecomp-ddp[vision]' "
                                 f"(torch==2.14.1 torchvision==0.29.1 on CPU-only machines)") from None
-        model = getattr(torchvision.models, name)(num_classes=classes)
+        return getattr(torchvision.models, name)(num_classes=classes)
+    return build
+
+
+def _vision(name):
+    def build(classes=1000, image=224):
+        model = _vision_model(name)(classes)
 
         def batch(n):
             return torch.randn(n, 3, image, image), torch.randint(0, classes, (n,))
@@ -316,11 +329,47 @@ BUILTINS: dict[str, Callable] = {
     "resnet50": _vision("resnet50"),
     "vgg16": _vision("vgg16"),
 }
+# Each built-in's model alone, from those of the factory's arguments it takes: what
+# _check_size builds on the meta device.
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "mlp": MLP, "cnn": ConvNet, "transformer": GPT, "lstm": LSTMLanguageModel,
+    "digits": DigitsNet, "bow": BagOfWords, "resnet18": _vision_model("resnet18"),
+    "resnet50": _vision_model("resnet50"), "vgg16": _vision_model("vgg16"),
+}
+
+
+def model_elements(name: str, args: dict) -> int:
+    """The parameters and buffers of built-in ``name``'s model with ``args`` (the rest at
+    their defaults), counted on the meta device: nothing is allocated."""
+    bound = inspect.signature(BUILTINS[name]).bind(**args)
+    bound.apply_defaults()
+    taken = inspect.signature(MODELS[name]).parameters
+    with torch.device("meta"):
+        model = MODELS[name](**{k: v for k, v in bound.arguments.items() if k in taken})
+    return sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def _check_size(name: str, args: dict) -> None:
+    elements = model_elements(name, args)
+    if elements > MAX_MODEL_ELEMENTS:
+        given = ",".join(f"{key}={value}" for key, value in args.items())
+        raise BytecompError(f"model {name}:{given} has {elements:,} parameters and buffers, "
+                            f"more than the {MAX_MODEL_ELEMENTS:,} a built-in may have "
+                            f"(4 GiB in float32): give smaller arguments")
+
+
+def _build_builtin(name: str, args: dict) -> Recipe:
+    _check_size(name, args)
+    try:
+        return BUILTINS[name](**args)
+    except RuntimeError as error:  # the allocator's, where the memory is less than the cap
+        if "alloc" not in str(error).lower():
+            raise
+        raise BytecompError(f"model {name}: not enough memory to build it ("
+                            f"{' '.join(str(error).split())[:200]})") from None
 
 
 def _builtin_args(name: str, text: str) -> dict:
-    import inspect
-
     allowed = inspect.signature(BUILTINS[name]).parameters
     args = {}
     items = [part.strip() for part in text.split(",")] if text.strip() else []
@@ -336,15 +385,29 @@ def _builtin_args(name: str, text: str) -> dict:
             args[key] = int(value)
         except ValueError:
             raise BytecompError(f"model {name}: {key}={value!r} is not an integer") from None
-        if args[key] < 1:
-            raise BytecompError(f"model {name}: {key} must be at least 1")
+        if not 1 <= args[key] <= MAX_ARGUMENT:
+            shown = value if len(value) <= 30 else value[:27] + "..."
+            raise BytecompError(f"model {name}: {key} must be from 1 to {MAX_ARGUMENT:,}, got "
+                                f"{shown}")
     return args
 
 
 def _from_factory(spec: str) -> Workload:
+    from bytecomp.model_spec import search_current_directory
+
     module_name, _, attribute = spec.partition(":")
+    search_current_directory()  # as `python -m bytecomp` and a script beside it find it
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if not f"{module_name}.".startswith(f"{error.name}."):  # an import of its own failed
+            raise BytecompError(f"cannot import model factory module {module_name!r}: "
+                                f"ModuleNotFoundError: {error}"[:500]) from None
+        raise BytecompError(f"cannot import model factory module {module_name!r}: "
+                            f"ModuleNotFoundError: {error} (bytecomp looks on the Python "
+                            f"path, then in the current directory: run from the directory "
+                            f"that holds {module_name.split('.')[0]}, or put that directory "
+                            f"on PYTHONPATH)"[:500]) from None
     except SystemExit as error:
         raise BytecompError(f"importing model factory module {module_name!r} called "
                             f"sys.exit({error.code!r})") from None
@@ -402,7 +465,7 @@ def load_workload(spec: str, seed: int = 0, optimizer: str | None = None) -> Wor
     torch.manual_seed(seed)
     if name in BUILTINS:
         args = _builtin_args(name, rest)
-        workload = _workload(name, BUILTINS[name](**args), args)
+        workload = _workload(name, _build_builtin(name, args), args)
     elif rest and re.fullmatch(r"[A-Za-z_][\w.]*", name) and rest.isidentifier():
         workload = _from_factory(spec.strip())
     else:
