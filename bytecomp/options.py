@@ -146,11 +146,15 @@ class Options:
         base = dict(given.__dict__ if isinstance(given, Options) else given or {})
         base.update(values)
         declared: dict[str, Field] = {item.name: item for item in fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(repr(name) for name in set(base) - set(declared))
+        unknown = sorted(str(name) for name in set(base) - set(declared))
         if unknown:
+            import difflib  # a close match, as the command line suggests one
+
+            close = difflib.get_close_matches(unknown[0], list(declared), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise BytecompError(f"bytecomp.{cls.command}() has no option "
-                                f"{', '.join(unknown)} (its options: "
-                                f"{', '.join(sorted(declared))})")
+                                f"{', '.join(map(repr, unknown))}{hint}; its options: "
+                                f"{', '.join(sorted(declared))}")
         hints = typing.get_type_hints(cls)
         checked = {name: checked_value(cli_name(cls, name), hints[name], value,
                                        declared[name].metadata)

@@ -94,6 +94,8 @@ def test_simulate_from_python_is_the_command_s_json(tmp_path, cli):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: bytecomp.plan(TRANSFORMER, verify=False, min_gains=5), "has no option 'min_gains'"),
+    (lambda: bytecomp.plan(TRANSFORMER, verify_budjet=30),
+     "no option 'verify_budjet' (did you mean 'verify_budget'?)"),
     (lambda: bytecomp.plan(TRANSFORMER, verify=False, min_gain=150), "--min-gain is a percentage"),
     (lambda: bytecomp.plan(TRANSFORMER, verify=False, algorithm="fast"), "--algorithm must be"),
     (lambda: bytecomp.plan(TRANSFORMER, verify=False, window=3), "--window"),

@@ -234,6 +234,9 @@ def test_fsdp_and_a_mismatch_at_the_first_bucket_get_one_line_each():
     for found in run_ranks(_refusals, 2):
         assert "got FSDPSequential: FSDP reduce-scatters sharded gradients" in found["fsdp2"]
         assert "'net.3.weight' (normalized '3.weight') is not in the plan" in found["comm_hook"]
+        # the function the user called, not the one it calls
+        assert found["comm_hook"].startswith("bytecomp.comm_hook: rank ")
+        assert "apply_plan" not in found["comm_hook"]
 
 
 # -- the recipes ---------------------------------------------------------------------------

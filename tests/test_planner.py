@@ -650,6 +650,28 @@ def test_plan_errors_are_one_line(bytecomp, tmp_path):
                    "--min-gain is a percentage")
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("nodes: 2\nranks_per_nod: 1\nlinks: {inter: {bandwidth_gbps: 1, latency_us: 5}}\n",
+     "has unknown field 'ranks_per_nod' (did you mean 'ranks_per_node'?)"),
+    ("nodes: 2\nranks_per_node: 1\nlinks: {inter: {bandwith_gbps: 1, latency_us: 5}}\n",
+     "links.inter has unknown field 'bandwith_gbps' (did you mean 'bandwidth_gbps'?)"),
+    ("nodes: 2\nranks_per_node: 1\nlinks: {iner: {bandwidth_gbps: 1, latency_us: 5}}\n",
+     "links has unknown field 'iner' (did you mean 'inter'?)"),
+    ("nodes: 2\nranks_per_node: 1\nspeed: 3\n", "unknown field 'speed'; valid: name, nodes"),
+])
+def test_a_cluster_file_s_typo_is_named_with_its_closest_key(tmp_path, text, expected):
+    """An unknown key of a cluster file is named, with the key it was closest to, rather
+    than reported as the key it misspells being missing."""
+    from bytecomp.model.clusters import load_cluster
+
+    config = tmp_path / "cluster.yaml"
+    config.write_text(text)
+    with pytest.raises(BytecompError) as raised:
+        load_cluster(str(config))
+    assert expected in str(raised.value) and str(config) in str(raised.value)
+    assert "required" not in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_a_real_process_prints_a_plan_error_as_one_line(tmp_path):
     """One case of the above through a process, as a user runs it: ``python -m bytecomp``."""
     result = subprocess.run([sys.executable, "-m", "bytecomp", "plan", str(tmp_path / "nothing")],

@@ -244,6 +244,46 @@ def test_unknown_model_is_one_line(cli, tmp_path):
                           "unknown model 'alexnet'", "mlp, cnn, transformer")
 
 
+CWD_FACTORY = ("def factory():\n"
+               "    raise RuntimeError('found in the current directory')\n")
+
+
+def test_a_factory_in_the_current_directory_is_found(tmp_path, monkeypatch):
+    """The console script's module path holds its own directory, not the current one:
+    bytecomp looks there too (after the path), as ``python -m bytecomp`` does; a module
+    found nowhere says where it was looked for and how to make it found."""
+    from bytecomp.errors import BytecompError
+
+    (tmp_path / "cwd_models").mkdir()
+    (tmp_path / "cwd_models" / "__init__.py").write_text("")
+    (tmp_path / "cwd_models" / "tiny.py").write_text(CWD_FACTORY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    for name in ("cwd_models", "cwd_models.tiny"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(BytecompError, match="cwd_models.tiny:factory failed: RuntimeError: "
+                                            "found in the current directory"):
+        load_workload("cwd_models.tiny:factory")
+    with pytest.raises(BytecompError) as raised:
+        load_workload("cwd_nowhere.tiny:factory")
+    assert "then in the current directory" in str(raised.value)
+    assert "run from the directory that holds cwd_nowhere, or put that directory on " \
+           "PYTHONPATH" in str(raised.value)
+
+
+@pytest.mark.slow
+def test_the_console_script_finds_a_factory_in_the_current_directory(tmp_path):
+    """The same through the installed ``bytecomp`` command, run where the module is."""
+    (tmp_path / "cwd_factory.py").write_text(CWD_FACTORY)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(Path(sys.executable).with_name("bytecomp")), "profile",
+                           "--model", "cwd_factory:factory", "--out", "out"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "cwd_factory:factory failed: RuntimeError: found in the current directory" in \
+        done.stderr and "Traceback" not in done.stderr
+
+
 def test_factory_that_fails_to_import_is_one_line(cli, monkeypatch):
     monkeypatch.syspath_prepend(FIXTURES)  # what PYTHONPATH does for a process
     assert_one_line_error(cli("profile", "--model", "no_such_module:factory"),

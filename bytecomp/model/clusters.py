@@ -128,12 +128,32 @@ def _read(name_or_path: str) -> tuple[str, str]:
     return shipped[name_or_path].read_text(), f"shipped cluster {name_or_path}"
 
 
+CLUSTER_FIELDS = ("name", "nodes", "ranks_per_node", "links", "cpu_cores")
+LINK_FIELDS = ("bandwidth_gbps", "latency_us", "type")
+
+
+def check_fields(mapping: dict, allowed: tuple[str, ...], where: str) -> None:
+    """One line for a key of ``mapping`` not in ``allowed``, naming it and its closest
+    allowed key (a typo such as ``ranks_per_nod`` is named, not reported as the key it
+    misspells being missing)."""
+    import difflib
+
+    for key in mapping:
+        if key in allowed:
+            continue
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise BytecompError(f"{where} has unknown field {key!r}{hint}; valid: "
+                            f"{', '.join(allowed)}")
+
+
 def _link(path: str, kind: str, value) -> Link | str:
     if value == PROFILE_LINK:
         return PROFILE_LINK
     if not isinstance(value, dict):
         raise BytecompError(f"{path}: links.{kind} must be a mapping with bandwidth_gbps "
                             f"and latency_us, or 'profile'")
+    check_fields(value, LINK_FIELDS, f"{path}: links.{kind}")
     numbers: dict = {}
     for field in ("bandwidth_gbps", "latency_us"):
         number = value.get(field)
@@ -144,9 +164,6 @@ def _link(path: str, kind: str, value) -> Link | str:
         if not low <= numbers[field] <= high:  # also false for NaN
             raise BytecompError(f"{path}: links.{kind}.{field} must be from {low:g} to "
                                 f"{high:g}, got {numbers[field]:g}")
-    unknown = set(value) - {"bandwidth_gbps", "latency_us", "type"}
-    if unknown:
-        raise BytecompError(f"{path}: links.{kind} has unknown field {sorted(unknown)[0]!r}")
     link_type = value.get("type", DEFAULT_LINK_TYPE[kind])
     if link_type not in LINK_TYPES:
         raise BytecompError(f"{path}: links.{kind}.type must be one of {', '.join(LINK_TYPES)}")
@@ -159,14 +176,16 @@ def load_cluster(name_or_path: str) -> Cluster:
     data = load_yaml(text, path)
     if not isinstance(data, dict):
         raise BytecompError(f"{path}: must be a YAML mapping")
+    check_fields(data, CLUSTER_FIELDS, path)
     for field in ("nodes", "ranks_per_node"):
         value = data.get(field)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RANKS:
             raise BytecompError(f"{path}: {field} must be a positive integer (at most "
                                 f"{MAX_RANKS:,})")
     links = data.get("links") or {}
-    if not isinstance(links, dict) or set(links) - {"intra", "inter"}:
+    if not isinstance(links, dict):
         raise BytecompError(f"{path}: links may only have 'intra' and 'inter'")
+    check_fields(links, ("intra", "inter"), f"{path}: links")
     if data["ranks_per_node"] > 1 and "intra" not in links:
         raise BytecompError(f"{path}: links.intra is required with ranks_per_node > 1")
     if data["nodes"] > 1 and "inter" not in links:

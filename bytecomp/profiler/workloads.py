@@ -395,7 +395,19 @@ def _builtin_args(name: str, text: str) -> dict:
 def _from_factory(spec: str) -> Workload:
     from bytecomp.model_spec import search_current_directory
 
+    from bytecomp.model_spec import search_current_directory
+    search_current_directory()  # as `python -m bytecomp` and a script beside it find it
+
     module_name, _, attribute = spec.partition(":")
+    except ModuleNotFoundError as error:
+        if not f"{module_name}.".startswith(f"{error.name}."):  # an import of its own failed
+            raise BytecompError(f"cannot import model factory module {module_name!r}: "
+                                f"ModuleNotFoundError: {error}"[:500]) from None
+        raise BytecompError(f"cannot import model factory module {module_name!r}: "
+                            f"ModuleNotFoundError: {error} (bytecomp looks on the Python "
+                            f"path, then in the current directory: run from the directory "
+                            f"that holds {module_name.split('.')[0]}, or put that directory "
+                            f"on PYTHONPATH)"[:500]) from None
     search_current_directory()  # as `python -m bytecomp` and a script beside it find it
     try:
         module = importlib.import_module(module_name)

@@ -184,15 +184,16 @@ def _is_fsdp(model) -> bool:
 
 
 def _prepare(model, plan: Plan, fallback: str | None, host_workers: int | None, native: bool,
-             measure_gain: bool, ddp=None) -> Executor | NativeRun:
+             measure_gain: bool, ddp=None, caller: str = "apply_plan") -> Executor | NativeRun:
     """Check ``plan`` against ``model`` (the module DDP wraps) and the job on every rank,
-    and build what runs it (not yet registered)."""
-    check_settings("apply_plan", fallback, host_workers, native, measure_gain)
+    and build what runs it (not yet registered). ``caller``: the function the user
+    called, which the errors name (``apply_plan``, ``comm_hook``)."""
+    check_settings(caller, fallback, host_workers, native, measure_gain)
     if not dist.is_initialized():
         raise BytecompError("bytecomp needs torch.distributed initialized "
                             "(dist.init_process_group)")
     params, mismatch = match_parameters(plan, model)
-    agree(plan, local_problem(plan, model, params, fallback, mismatch))
+    agree(plan, local_problem(plan, model, params, fallback, mismatch), caller)
     ladder = [build_groups(plan.level(i), params, fallback, f"L{i}:")
               for i in range(len(plan.levels))] if plan.levels else \
         [build_groups(plan, params, fallback)]

@@ -67,17 +67,18 @@ def local_problem(plan: Plan, model, params: dict, fallback: str | None,
     return None
 
 
-def agree(plan: Plan, problem: str | None) -> None:
-    """Every rank learns every rank's problem and plan digest; all fail alike."""
+def agree(plan: Plan, problem: str | None, caller: str = "apply_plan") -> None:
+    """Every rank learns every rank's problem and plan digest; all fail alike, naming
+    ``caller`` (the function the user called: ``apply_plan`` or ``comm_hook``)."""
     reports: list = [None] * dist.get_world_size()
     dist.all_gather_object(reports, (problem, plan.digest()))
     for rank, (their_problem, _) in enumerate(reports):
         if their_problem:
-            raise BytecompError(f"bytecomp.apply_plan: rank {rank}: {their_problem}")
+            raise BytecompError(f"bytecomp.{caller}: rank {rank}: {their_problem}")
     digests = [digest for _, digest in reports]
     if len(set(digests)) > 1:
         differing = ", ".join(f"rank {r}: {d[:12]}" for r, d in enumerate(digests))
-        raise BytecompError(f"bytecomp.apply_plan: the plan differs between ranks "
+        raise BytecompError(f"bytecomp.{caller}: the plan differs between ranks "
                             f"({differing}); every rank must load the same plan")
 
 

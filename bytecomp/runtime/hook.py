@@ -113,7 +113,8 @@ class PlanHook:
         try:
             module, ddp = self._module(bucket)
             fallback, host_workers, native = self._settings
-            runner = _prepare(module, self.plan, fallback, host_workers, native, False, ddp)
+            runner = _prepare(module, self.plan, fallback, host_workers, native, False, ddp,
+                              caller="comm_hook")
             if self._loaded is not None:
                 runner.load_state_dict(self._loaded)
         except BytecompError as error:

@@ -118,3 +118,20 @@ def test_the_rule():
         with pytest.raises(Exception, match="p"):
             allowed_model(spec, None, "p", "skip")
     assert tuple(BUILTINS) == BUILTIN_MODELS  # the light list matches the workloads
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("my model (built in a notebook)", "neither a built-in nor a pkg.module:factory"),
+    ("nowhere_package.models:factory", "whose module nowhere_package.models is not importable"),
+])
+def test_a_spec_that_cannot_be_built_here_suggests_no_verify_not_model(spec, expected):
+    """``--model SPEC`` is suggested only for a spec that could be built here; otherwise
+    the line says why not, and what to do without the model."""
+    from bytecomp.errors import BytecompError
+
+    with pytest.raises(BytecompError) as raised:
+        allowed_model(spec, None, "profiles/x", "plan with --no-verify")
+    message = str(raised.value)
+    assert expected in message and "plan with --no-verify" in message
+    if " " in spec:
+        assert "--model" not in message
