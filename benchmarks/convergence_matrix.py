@@ -53,11 +53,23 @@ Targets, evaluated in summary.md:
 * at 100 Mbit/s it is at least 2.5x sooner than fp32 DDP in every cell whose
   compute-only bound allows 3x.
 
+The matrix runs in pieces: each cell is its own command (``--cell NAME``, or the
+``--task``/``--bandwidth``/``--layout`` filters) writing its own folder under
+``--out``, with its duration, load and steal recorded in ``cell.txt``; the expected
+duration is printed before a cell starts (the last run of that cell, else the
+estimate in ``EXPECTED_MIN``). ``--summarize`` rebuilds summary.md from whatever
+cells exist and names the missing ones; the targets are evaluated only when every
+cell is there. Savings that cost no noise: where the default plan has no runtime trial
+the static plan is the same plan, so it is copied, not planned again (bench still
+trains both side by side: their gap is then two identical strategies', the time's
+noise floor itself).
+
 Needs root (network namespaces).
 
-    python benchmarks/convergence_matrix.py --out benchmarks/results/convergence_matrix
+    python benchmarks/convergence_matrix.py --list
+    python benchmarks/convergence_matrix.py --cell bow-sgd-2x1-100mbit
     python benchmarks/convergence_matrix.py --task bow-sgd --bandwidth 100mbit
-    python benchmarks/convergence_matrix.py --layout 2x2
+    python benchmarks/convergence_matrix.py --summarize
 """
 
 from __future__ import annotations
@@ -65,6 +77,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -84,6 +97,7 @@ from bytecomp.profiler.convergence import (
 
 sys.path.insert(0, str(Path(__file__).parent))
 from convergence import BYTECOMP, emulated_profile, run  # noqa: E402
+from machine_load import load  # noqa: E402
 
 TASKS = {  # name: (model spec, profile flags)
     "charlm-adam": ("transformer:layers=2,width=128,heads=4,seq_len=64,vocab=256", []),
@@ -117,15 +131,65 @@ WITHIN, AHEAD = 1.05, 1.10  # the targets: at most 1.05x the best baseline, 10% 
 # 4 ranks computing this much slower than 2 on the same machine: the 2 x 2 cell's
 # balance of compute and communication is not a 2 x 2 cluster's
 CROWDED = 1.5
+# a cell's minutes on 2 quiet cores where no run of it is recorded yet: the bow-sgd
+# 100 Mbit/s cell took 19 (900 steps a strategy, two plans); the others are scaled from
+# it by their fp32 step (an estimate, replaced by the cell's own cell.txt once it ran)
+EXPECTED_MIN = {"2x1-100mbit": 30, "2x1-1gbit": 20, "2x2-100mbit": 45}
 
 
 def cell_name(task: str, layout: str, bandwidth: str) -> str:
     return f"{task}-{layout}-{bandwidth}"
 
 
+def all_cells() -> list[str]:
+    return [cell_name(*c) for c in CELLS]
+
+
+def expected_minutes(task: str, layout: str, bandwidth: str, out: Path) -> tuple[float, str]:
+    """The cell's expected minutes and where the figure comes from."""
+    record = out / cell_name(task, layout, bandwidth) / "cell.txt"
+    if record.exists():
+        for line in record.read_text().splitlines():
+            if line.startswith("minutes: "):
+                return float(line.split()[1]), "its last run"
+    return EXPECTED_MIN[f"{layout}-{bandwidth}"], "an estimate"
+
+
+def settings_of(folder: Path) -> str | None:
+    """The settings a cell's folder was run with (cell.txt's command), None where it
+    predates cell.txt (an earlier form of the matrix)."""
+    record = folder / "cell.txt"
+    if not record.exists():
+        return None
+    for line in record.read_text().splitlines():
+        if line.startswith("command: "):
+            return line.split("--cell ", 1)[-1].split(" ", 1)[-1]
+    return None
+
+
+def current_settings(args) -> str:
+    return f"{'--smoke ' if args.smoke else ''}--steps {args.steps}"
+
+
+def cells_lines(folders: list[Path], missing: list[str], args) -> list[str]:
+    """Which cells the summary has, at which settings, and which are missing."""
+    stale = [f.name for f in folders if settings_of(f) != current_settings(args)]
+    return [f"Cells: {len(folders)} of {len(all_cells())} present"
+            + (f"; missing: {', '.join(missing)}" if missing else "")
+            + (f"; run at other settings than `{current_settings(args)}` (an earlier "
+               f"form of the matrix, or other flags): {', '.join(stale)}" if stale else "")
+            + ". Each cell runs alone: `sudo python benchmarks/convergence_matrix.py "
+              "--cell NAME`; `--list` shows them."]
+
+
 def cell(task: str, layout: str, bandwidth: str, out: Path, args) -> Path:
-    """Profile, plan twice, bench and train one task on one cluster; files in
-    out/<cell>/."""
+    """Profile, plan twice (once where no runtime trial runs), bench and train one task
+    on one cluster; files in out/<cell>/, its duration, load and steal in cell.txt."""
+    minutes, source = expected_minutes(task, layout, bandwidth, out)
+    print(f"{cell_name(task, layout, bandwidth)}: starting, about {minutes:.0f} min "
+          f"({source}{'; --smoke is far shorter' if args.smoke else ''}); "
+          f"{load()}", flush=True)
+    before = load()
     spec, flags = TASKS[task]
     spec = SMOKE_SPECS[task] if args.smoke else spec
     steps = args.steps
@@ -147,15 +211,29 @@ def cell(task: str, layout: str, bandwidth: str, out: Path, args) -> Path:
     where = emulate if LAYOUTS[layout] > 1 else []
     run([*where, *BYTECOMP, "plan", str(profile), "--out", str(plans[0]), *model, *verify],
         log)
-    run([*where, *BYTECOMP, "plan", str(profile), "--out", str(plans[1]), "--static", *model,
-         *verify], log)
+    default = load_plan(plans[0])
+    if default.adaptive is None or not default.adaptive.trial:
+        # no runtime trial: --static would write this same plan; bench trains the copy
+        # beside it, so the pair measures two identical strategies (the noise floor)
+        shutil.copyfile(plans[0], plans[1])
+        with open(log, "a") as stream:
+            stream.write("# the default plan has no runtime trial: plan-static.yaml is a "
+                         "copy of plan.yaml\n")
+    else:
+        run([*where, *BYTECOMP, "plan", str(profile), "--out", str(plans[1]), "--static",
+             *model, *verify], log)
     run([*emulate, *BYTECOMP, "bench", str(profile), *model,
          *[flag for path in plans for flag in ("--plan", str(path))],
          "--out", str(folder / "bench"), "--force", "--no-every",
          "--iterations", "3" if args.smoke else "6",
          "--train-steps", str(int(steps * 1.5)), "--target-fraction", f"{1 / 1.5:.6f}",
          "--eval-every", str(args.eval_every), "--reference-seed", str(REFERENCE_SEED)], log)
-    print(f"{folder.name}: done in {(time.monotonic() - started) / 60:.1f} min", flush=True)
+    minutes = (time.monotonic() - started) / 60
+    (folder / "cell.txt").write_text(
+        f"cell: {folder.name}\ncommand: python benchmarks/convergence_matrix.py --cell "
+        f"{folder.name}{' --smoke' if args.smoke else ''} --steps {steps}\n"
+        f"minutes: {minutes:.1f}\nbefore: {before}\nafter: {load()}\n")
+    print(f"{folder.name}: done in {minutes:.1f} min", flush=True)
     return folder
 
 
@@ -365,7 +443,21 @@ def main() -> None:
                         help="tiny models, short runs: the driver end to end, no figures")
     parser.add_argument("--summarize", action="store_true",
                         help="only summarize the cells already under --out")
+    parser.add_argument("--cell", action="append", choices=all_cells(),
+                        help="run this cell (repeatable; default: every cell the filters "
+                             "leave)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the cells, which exist under --out, their expected time")
     args = parser.parse_args()
+    if args.list:
+        for task, layout, bandwidth in CELLS:
+            name = cell_name(task, layout, bandwidth)
+            minutes, source = expected_minutes(task, layout, bandwidth, args.out)
+            folder = args.out / name
+            state = "missing" if not (folder / "bench" / "convergence.csv").exists() else \
+                "done" if settings_of(folder) == current_settings(args) else "stale"
+            print(f"{name:28} {state:8} about {minutes:.0f} min ({source})")
+        return
     if args.steps < 1 or args.eval_every < 1:
         raise SystemExit("--steps and --eval-every must be at least 1")
     if not args.summarize and os.geteuid() != 0:
@@ -376,7 +468,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     chosen = [(task, layout, bandwidth) for task, layout, bandwidth in CELLS
               if task in (args.task or TASKS) and layout in (args.layout or LAYOUTS)
-              and bandwidth in (args.bandwidth or BANDWIDTHS)]
+              and bandwidth in (args.bandwidth or BANDWIDTHS)
+              and (not args.cell or cell_name(task, layout, bandwidth) in args.cell)]
     if not args.summarize:
         if not chosen:
             raise SystemExit("no cell of the matrix matches --task, --layout and --bandwidth")
@@ -385,12 +478,17 @@ def main() -> None:
     folders = sorted(p for p in args.out.iterdir() if (p / "bench" / "convergence.csv").exists())
     if not folders:
         raise SystemExit(f"no cell under {args.out} has been run")
+    missing = [name for name in all_cells() if name not in {f.name for f in folders}]
     table = pd.concat([rows(folder) for folder in folders], ignore_index=True)
     table.to_csv(args.out / "matrix.csv", index=False)
     text = ["# Time to fp32 DDP's final validation loss", "",
             f"`python benchmarks/convergence_matrix.py {' '.join(sys.argv[1:])}` "
             f"({time.strftime('%Y-%m-%d %H:%M')}; cells: {', '.join(f.name for f in folders)})",
-            "", *markdown(table), "", "## Targets", "",
+            "", *cells_lines(folders, missing, args), "",
+            *markdown(table), "", "## Targets", "",
+            *([] if not missing else
+              [f"Evaluated on the {len(folders)} cells present; the matrix's targets hold "
+               f"only once every cell is measured ({len(missing)} missing).", ""]),
             *evaluate(table, folders), ""]
     (args.out / "summary.md").write_text("\n".join(text))
     print("\n".join(text))
