@@ -235,9 +235,11 @@ class ProfileOptions(Options):
                                      "weights, for each compressor's measured steps factor (0: "
                                      "no probe; default: what is left of --budget, at most "
                                      "100; --quick 20).", min=0)
-    budget: float = option(240.0, "Seconds on the clock the whole profile aims to take: the "
-                           "convergence probe trains for what the measurements before it "
-                           "leave (--probe-steps forces a count instead).")
+    budget: float = option(240.0, "Seconds on the clock the whole profile may take: each "
+                           "stage before the probe has a share (the sweeps and executor costs "
+                           "at most 40%), the convergence probe what they leave, stopping "
+                           "sooner once its factors settle (--probe-steps forces a count "
+                           "instead).")
     ladder: tuple[str, ...] = option((), "Also time every setting of this compressor "
                                      "family's adaptive ladder (repeatable: topk, randomk, "
                                      "dgc, exdyna, powersgd, acpsgd), for plan --adaptive.")
@@ -256,6 +258,11 @@ class ProfileOptions(Options):
                                   "calibration directory (--out, default "
                                   "profiles/calibration) for --calibration.",
                                   "--calibrate-only")
+    cache: bool = option(True, "Reuse the cluster's tables (sweeps, executor costs) that an "
+                         "earlier profile on the same cluster measured, from the per-user "
+                         "cache ($BYTECOMP_CACHE_DIR, else $XDG_CACHE_HOME/bytecomp or "
+                         "~/.cache/bytecomp), and keep this profile's there; --no-cache "
+                         "measures them afresh.")
 
     def check(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):

@@ -99,11 +99,18 @@ def _ignore(steps: int = 1, total: int | None = None) -> None:
     """``advance`` when no progress is shown."""
 
 
+HEARTBEAT_S = 30.0  # piped, a phase that runs longer prints a line at least this often
+OVER_ALLOWANCE = 1.2  # a phase this far past its allowed time says so
+
+
 class Reporter:
     """What a long command is doing, on stderr, from rank 0 only (``enabled``): a
     progress bar with the time elapsed and left per phase on a terminal; piped (a CI log)
-    or beside a JSON document, one line per phase and no bar. Results go to stdout
-    (:meth:`print`), except beside a JSON document (``to_stderr``), which holds them."""
+    or beside a JSON document, one line per phase and no bar, then a line at least every
+    :data:`HEARTBEAT_S` seconds while it runs (its steps so far), the total again where
+    the phase learns it late, and at its end the time it took against the time it was
+    allowed. Results go to stdout (:meth:`print`), except beside a JSON document
+    (``to_stderr``), which holds them."""
 
     def __init__(self, enabled: bool = True, to_stderr: bool = False) -> None:
         self.enabled = enabled
@@ -112,6 +119,11 @@ class Reporter:
         self._progress: Progress | None = None
         self._lines = False  # piped: a line per phase instead of bars
         self._began: list[tuple[str, float]] = []  # each phase's name and start
+        # the current phase: its allowed seconds, advice when it overruns, steps done/total
+        self._allowed: dict[str, tuple[float, str]] = {}
+        self._done, self._total = 0, 0
+        self._said = 0.0  # when a piped line was last printed
+        self._stop = threading.Event()
         if enabled and errors.is_terminal:
             from bytecomp.lifetime import take_terminal
 
@@ -124,8 +136,16 @@ class Reporter:
             return
         if not errors.is_terminal:
             self._lines = True
-            yield self
-            self._lines = False
+            self._stop.clear()
+            beat = threading.Thread(target=self._heartbeat, daemon=True)
+            beat.start()
+            try:
+                yield self
+                self._end_phase()
+            finally:
+                self._stop.set()
+                beat.join()
+                self._lines = False
             return
         self._progress = Progress(TextColumn("{task.description:<28}"), BarColumn(),
                                   MofNCompleteColumn(), TimeElapsedColumn(),
@@ -133,16 +153,67 @@ class Reporter:
                                   console=errors, transient=False)
         with self._progress:
             yield self
+            self._end_phase()
         self._progress = None
 
-    def phase(self, description: str, total: int) -> Callable[..., None]:
+    def _say(self, text: str) -> None:
+        self._said = time.perf_counter()
+        errors.print(escape(text), highlight=False, soft_wrap=True)
+
+    def _heartbeat(self) -> None:
+        """Piped: the current phase's steps so far, when nothing was said for a while."""
+        while not self._stop.wait(1.0):
+            if self._began and self._began[-1][0] and \
+                    time.perf_counter() - self._said >= HEARTBEAT_S:
+                name, start = self._began[-1]
+                allowed = self._allowed.get(name)
+                self._say(f"  {name}: {self._done:,} of {self._total:,} steps, "
+                          f"{time.perf_counter() - start:.0f} s"
+                          + (f" of {allowed[0]:.0f} s allowed" if allowed else ""))
+
+    def end_phase(self) -> None:
+        """End the current phase now (the next one, or the session's end, would too)."""
+        if self.enabled:
+            self._end_phase()
+            self._began.append(("", time.perf_counter()))  # nothing runs until the next
+
+    def _end_phase(self) -> None:
+        """The phase that ends now: piped, its time against what it was allowed; a
+        warning (both ways) where it took more than :data:`OVER_ALLOWANCE` times that."""
+        if not self._began or not self._began[-1][0]:
+            return
+        name, start = self._began[-1]
+        spent = time.perf_counter() - start
+        allowed = self._allowed.get(name)
+        if self._lines and allowed:
+            self._say(f"  {name}: {spent:.0f} s of {allowed[0]:.0f} s allowed")
+        if allowed and spent > OVER_ALLOWANCE * allowed[0]:
+            self.warn(f"{name} took {spent:.0f} s of the {allowed[0]:.0f} s it is allowed"
+                      + (f": {allowed[1]}" if allowed[1] else ""))
+
+    def phase(self, description: str, total: int, allowed_s: float | None = None,
+              more: str = "") -> Callable[..., None]:
         """Start a phase of ``total`` steps; return ``advance(steps=1, total=None)``
-        (``total``: the phase's new length, where it is known only once started)."""
+        (``total``: the phase's new length, where it is known only once started).
+        ``allowed_s``: the time it may take (its share of a budget), shown beside it and
+        against what it took; ``more``: what gives it more, said if it overruns."""
+        if self.enabled:
+            self._end_phase()
         self._began.append((description, time.perf_counter()))
+        self._done, self._total = 0, total
+        if allowed_s is not None:
+            self._allowed[description] = (allowed_s, more)
         if self._lines:
-            errors.print(f"{escape(description)}: {total:,} steps", highlight=False,
-                         soft_wrap=True)
-            return _ignore
+            limit = f", at most {allowed_s:.0f} s" if allowed_s is not None else ""
+            self._say(f"{description}: {total:,} steps{limit}")
+
+            def count(steps: int = 1, total: int | None = None) -> None:
+                if total is not None and total != self._total:
+                    self._total = total
+                    self._say(f"  {description}: {total:,} steps, as the time allows")
+                self._done += steps
+
+            return count
         if self._progress is None:
             return _ignore
         progress = self._progress
@@ -152,6 +223,7 @@ class Reporter:
             if total is not None:
                 progress.update(task, total=max(total, 1))
             progress.advance(task, steps)
+            self._done += steps
 
         return advance
 
@@ -159,7 +231,7 @@ class Reporter:
         """Seconds from each phase's start to the next's (the last: to now), by name."""
         marks = [*self._began, ("", time.perf_counter())]
         return {name: round(end - start, 3) for (name, start), (_, end) in
-                zip(marks, marks[1:])}
+                zip(marks, marks[1:]) if name}
 
     def line(self, text: str) -> None:
         """A stage's opening line (what it does, about how long, how to skip it), on

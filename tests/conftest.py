@@ -38,6 +38,24 @@ def pytest_collection_modifyitems(config, items):
 SILENT_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def module_cluster_cache(tmp_path_factory):
+    """Every test module (its module-scoped fixtures) an empty per-user cache of cluster
+    tables (bytecomp.profiler.cache): none touches the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BYTECOMP_CACHE_DIR", str(tmp_path_factory.mktemp("module-cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def cluster_cache(monkeypatch, tmp_path_factory):
+    """Every test its own empty per-user cache of cluster tables: no profile reuses
+    another test's tables."""
+    folder = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("BYTECOMP_CACHE_DIR", str(folder))
+    return folder
+
+
 @contextlib.contextmanager
 def working_directory(path):
     """Run the block in ``path`` (``None``: where we are), then come back."""

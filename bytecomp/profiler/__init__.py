@@ -15,6 +15,7 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, remove_stale_temporaries
 from bytecomp.launch import backend_for, in_torchrun, run_job, torchrun_shape
 from bytecomp.profile_store import Profile, load_profile, save_profile
+from bytecomp.profiler.cache import ClusterKey, lookup
 from bytecomp.profiler.calibration import check_before_ranks, run_calibration_rank
 from bytecomp.profiler.door import check_recipe
 from bytecomp.profiler.runner import ProfileConfig, pick_device, run_rank
@@ -26,6 +27,50 @@ def _remove_partial_output(out: Path) -> None:
     remove_stale_temporaries(out)  # rank 0's temporary directory: rank 0 is gone
 
 
+def _cluster_key(config: ProfileConfig, nproc: int | None, backend: str) -> ClusterKey:
+    """This job's cache key, from the options or the torchrun environment."""
+    from bytecomp.compress import kernels
+    from bytecomp.launch import threads_per_rank
+    from bytecomp.profiler.runner import device_name
+
+    if in_torchrun():
+        shape = torchrun_shape()
+        nodes, per_node, threads = shape.nodes, shape.ranks_per_node, torch.get_num_threads()
+    else:
+        nodes, per_node = 1, 1 if nproc is None else nproc
+        threads = threads_per_rank(per_node)
+    device = pick_device(config.device, 0)
+    return ClusterKey(nodes * per_node, nodes, per_node, backend, device.type,
+                      device_name(device), kernels.describe(device),
+                      threads if device.type == "cpu" else 0, config.quick)
+
+
+def _use_cache(config: ProfileConfig, nproc: int | None, backend: str, workload) -> list[Path]:
+    """Set ``config`` to write this job's cache entry and, where a valid one serves
+    (:func:`bytecomp.profiler.cache.lookup`), to reuse it as its calibration. Returns the
+    files it reads."""
+    from bytecomp.profiler.runner import plan_bytes
+    from bytecomp.ui import warn
+
+    config.cache_key = _cluster_key(config, nproc, backend)
+    needed = config.sweep_settings(plan_bytes(workload.model)).max_bytes
+    entry = lookup(config.cache_key, config.specs, needed, warn)
+    if entry is None:
+        return []
+    config.calibration, config.from_cache, named = str(entry), True, config.named_specs
+    config.named_specs = True  # this profile's compressors, which the entry has timed
+    try:
+        inputs = check_before_ranks(config, nproc)
+    except BytecompError as error:  # it was written for this key: only a damaged one
+        warn(f"the cached cluster tables in {entry} do not serve ({error}); measuring them "
+             f"afresh")
+        config.calibration, config.from_cache = None, False
+        return []
+    finally:
+        config.named_specs = named
+    return inputs
+
+
 def run_profile(config: ProfileConfig, nproc: int | None = None) -> Path:
     """Profile ``config.model`` on ``nproc`` spawned local ranks, or on the ranks of
     the torchrun job this process belongs to (``config.calibrate_only``: the cluster's
@@ -35,6 +80,8 @@ def run_profile(config: ProfileConfig, nproc: int | None = None) -> Path:
     backend = backend_for(pick_device(config.device, 0).type)
     if config.calibrate_only:
         out = check_new_directory(config.out, config.force)
+        if config.cache:
+            config.cache_key = _cluster_key(config, nproc, backend)
         run_job(run_calibration_rank, (config,), nproc, backend, config.timeout_s,
                 on_stop=lambda: _remove_partial_output(out))
         return out
@@ -49,6 +96,8 @@ def run_profile(config: ProfileConfig, nproc: int | None = None) -> Path:
                f"validation batches)"):
         workload = load_workload(config.model, optimizer=config.optimizer)
         check_recipe(workload, config.batch_size or workload.batch_size)
+    if config.cache and not config.calibration:
+        inputs += _use_cache(config, nproc, backend, workload)
     out = check_new_directory(config.out, config.force,
                               inputs=inputs + ([workload.source] if workload.source else []))
     run_job(run_rank, (config,), nproc, backend, config.timeout_s,

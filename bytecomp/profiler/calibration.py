@@ -20,7 +20,7 @@ times the calibration's p10, either way. Anything else is one line naming what d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -56,6 +56,7 @@ from bytecomp.profile_store import (
     profile_files,
     read_document,
 )
+from bytecomp.profiler.budget import CLUSTER_SHARE, Allowance
 from bytecomp.profiler.overheads import (
     BUSY_DIM,
     QUICK_BUSY_DIM,
@@ -65,10 +66,10 @@ from bytecomp.profiler.overheads import (
 from bytecomp.profiler.quality import (
     COLLECTIVE_KEY,
     COMPRESSOR_KEY,
-    RETRIES,
     Checked,
     collective_quality,
     compressor_quality,
+    poor_summary,
     quality_meta,
     remeasure,
 )
@@ -78,6 +79,7 @@ from bytecomp.profiler.sweeps import (
     collective_steps,
     compressor_steps,
     groups_to_sweep,
+    sizes,
     sweep_aggregation,
     sweep_collectives,
     sweep_compressors,
@@ -396,9 +398,10 @@ class ClusterTables:
 
 
 def sweep_meta(sweep: SweepSettings) -> dict:
-    return {"min_bytes": sweep.min_bytes, "max_bytes": sweep.max_bytes,
+    """profile.yaml's ``sweep``: its grid, ``max_bytes`` the largest size it reaches."""
+    return {"min_bytes": sweep.min_bytes, "max_bytes": sizes(sweep, 1 << 62)[-1],
             "size_factor": sweep.size_factor, "repeats": sweep.repeats,
-            "numels": list(sweep.numels)}
+            "numels": list(sweep.numels_up_to_max())}
 
 
 def _sweep_some_compressors(keys: set[tuple], devices: list[torch.device],
@@ -410,42 +413,62 @@ def _sweep_some_compressors(keys: set[tuple], devices: list[torch.device],
             if (row["spec"], row["device"]) in keys]
 
 
+def _stage(reporter, stage: str, steps: int, budget_s: float | None, scale: float):
+    """A cluster stage's allowance (its share of the budget) and its progress."""
+    allowance = Allowance.of(stage, budget_s, scale)
+    more = "a larger --budget gives it more; --quick shortens it" if stage != "copy sweeps" \
+        else "a larger --budget gives it more"
+    return allowance, reporter.phase(stage, steps, allowance.seconds if allowance else None,
+                                     more)
+
+
 def measure_executor_here(device, nodes: int, warmup: int, iterations: int, quick: bool,
-                          reporter) -> ExecutorMeasurement:
+                          reporter, budget_s: float | None = None,
+                          scale: float = 1.0) -> ExecutorMeasurement:
     rounds = iterations if quick else 2 * iterations
-    return measure_executor(device, nodes, warmup, rounds,
-                            reporter.phase("executor fixed costs", warmup + rounds),
-                            QUICK_BUSY_DIM if quick else BUSY_DIM)
+    allowance, progress = _stage(reporter, "executor fixed costs", warmup + rounds, budget_s,
+                                 scale)
+    return measure_executor(device, nodes, warmup, rounds, progress,
+                            QUICK_BUSY_DIM if quick else BUSY_DIM, allowance)
 
 
 def measure_cluster(specs: list[str], topology, device: torch.device,
                     devices: list[torch.device], sweep: SweepSettings, warmup: int,
-                    iterations: int, quick: bool, reporter) -> ClusterTables:
+                    iterations: int, quick: bool, reporter, budget_s: float | None = None,
+                    scale: float = 1.0) -> ClusterTables:
     """Measure every cluster table on this job (collective: call on every rank): the
     collective, compressor, aggregation and copy sweeps, each fit measured again while
-    poor (:mod:`bytecomp.profiler.quality`), and the executor (``warmup`` and
-    ``iterations`` rounds, or twice as many rounds without ``quick``)."""
+    poor and its stage has time (:mod:`bytecomp.profiler.quality`), and the executor
+    (``warmup`` and ``iterations`` rounds, or twice as many rounds without ``quick``).
+    With ``budget_s``, each stage gets its share of it (``scale`` times its share:
+    :mod:`bytecomp.profiler.budget`); what stays poor is one line."""
+    allowance, progress = _stage(reporter, "collective sweeps",
+                                 collective_steps(topology, sweep), budget_s, scale)
+    timed = replace(sweep, allowance=allowance)
     collectives = remeasure(
-        sweep_collectives(topology, device, sweep,
-                          reporter.phase("collective sweeps", collective_steps(topology, sweep))),
-        collective_quality,
-        lambda keys: sweep_collectives(topology, device, sweep, only=keys),
-        COLLECTIVE_KEY, "bytes", ("time_ms",))
+        sweep_collectives(topology, device, timed, progress), collective_quality,
+        lambda keys: sweep_collectives(topology, device, timed, only=keys),
+        COLLECTIVE_KEY, "bytes", ("time_ms",), allowance=allowance)
+    allowance, progress = _stage(reporter, "compressor sweeps",
+                                 compressor_steps(specs, devices, sweep), budget_s, scale)
+    timed = replace(sweep, allowance=allowance)
     compressors = remeasure(
-        sweep_compressors(specs, devices, sweep,
-                          reporter.phase("compressor sweeps",
-                                         compressor_steps(specs, devices, sweep))),
-        compressor_quality,
-        lambda keys: _sweep_some_compressors(keys, devices, sweep),
-        COMPRESSOR_KEY, "numel", ("encode_ms", "decode_ms", "advance_ms"))
-    for fit in collectives.poor + compressors.poor:
-        reporter.warn(f"a poor fit after {RETRIES} more sweeps: {fit.describe()}")
-    aggregation = sweep_aggregation(
-        specs, devices, sweep,
-        reporter.phase("aggregation sweeps", aggregation_steps(specs, devices, sweep)))
-    copies = sweep_copies(device, sweep, reporter.phase("copy sweeps", 1))
+        sweep_compressors(specs, devices, timed, progress), compressor_quality,
+        lambda keys: _sweep_some_compressors(keys, devices, timed),
+        COMPRESSOR_KEY, "numel", ("encode_ms", "decode_ms", "advance_ms"),
+        allowance=allowance)
+    allowance, progress = _stage(reporter, "aggregation sweeps",
+                                 aggregation_steps(specs, devices, sweep), budget_s, scale)
+    aggregation = sweep_aggregation(specs, devices, replace(sweep, allowance=allowance),
+                                    progress)
+    _, progress = _stage(reporter, "copy sweeps", 1, budget_s, scale)
+    copies = sweep_copies(device, sweep, progress)
     executor = measure_executor_here(device, topology.nodes, warmup, iterations, quick,
-                                     reporter)
+                                     reporter, budget_s, scale)
+    summary = poor_summary(collectives.poor + compressors.poor)
+    reporter.end_phase()
+    if summary:
+        reporter.warn(summary)
     return ClusterTables(collectives, compressors, aggregation, copies, executor,
                          sweep_meta(sweep), quality_meta(collectives, compressors),
                          kernels.describe(device),
@@ -496,7 +519,7 @@ def run_calibration_rank(config, nodes: int, ranks_per_node: int) -> Path | None
     """``bytecomp profile --calibrate-only`` on this rank: the cluster tables alone, no
     model; rank 0 writes the calibration directory and returns its path."""
     from bytecomp.comm.topology import Topology
-    from bytecomp.profiler.runner import device_name, machine_description, pick_device
+    from bytecomp.profiler.runner import pick_device
     from bytecomp.ui import Reporter
 
     rank = dist.get_rank()
@@ -508,13 +531,34 @@ def run_calibration_rank(config, nodes: int, ranks_per_node: int) -> Path | None
     reporter = Reporter(enabled=rank == 0)
     reporter.print(f"calibrating {topology.size} ranks ({nodes} x {ranks_per_node}), "
                    f"{device.type}: collective, compressor, aggregation and copy sweeps and "
-                   f"the executor's fixed costs, for {len(config.specs)} compressor specs")
+                   f"the executor's fixed costs, for {len(config.specs)} compressor specs"
+                   + (f", in at most {config.budget_s:.0f} s (--budget)"
+                      if config.budget_s is not None else ""))
     with reporter.session():
         tables = measure_cluster(config.specs, topology, device, devices,
                                  config.sweep_settings(), config.warmup, config.iterations,
-                                 config.quick, reporter)
+                                 config.quick, reporter, config.budget_s,
+                                 scale=1 / CLUSTER_SHARE)
     if rank != 0:
         return None
+    write_calibration(config.out, config.force,
+                      calibration_meta(config, tables, topology, device), tables)
+    if config.cache_key is not None:
+        write_calibration(config.cache_key.path(), True,
+                          calibration_meta(config, tables, topology, device,
+                                           config.cache_key), tables)
+    reporter.print(f"calibration -> {config.out}: {len(tables.collectives.rows)} collective "
+                   f"rows, {len(tables.compressors.rows)} compressor rows, "
+                   f"{len(tables.aggregation)} aggregation rows, {len(tables.copies)} copy rows")
+    return Path(config.out)
+
+
+def calibration_meta(config, tables: ClusterTables, topology, device,
+                     cache_key=None) -> dict:
+    """calibration.yaml of ``tables`` measured on this job (``cache_key``: the cache's
+    entry, which records the key it was written for)."""
+    from bytecomp.profiler.runner import device_name, machine_description
+
     meta = {
         "format_version": FORMAT_VERSION,
         "kind": "calibration",
@@ -526,8 +570,8 @@ def run_calibration_rank(config, nodes: int, ranks_per_node: int) -> Path | None
         "device": {"type": device.type, "name": device_name(device)},
         "backend": dist.get_backend(),
         "world_size": topology.size,
-        "nodes": nodes,
-        "ranks_per_node": ranks_per_node,
+        "nodes": topology.nodes,
+        "ranks_per_node": topology.ranks_per_node,
         "iterations": config.iterations,
         "warmup": config.warmup,
         "quick": config.quick,
@@ -536,18 +580,21 @@ def run_calibration_rank(config, nodes: int, ranks_per_node: int) -> Path | None
         "quality": tables.quality,
         "sweep": tables.sweep,
     }
+    if cache_key is not None:
+        meta["cache_key"] = asdict(cache_key)
+    return meta
+
+
+def write_calibration(out, force: bool, meta: dict, tables: ClusterTables) -> None:
+    """A calibration directory of ``tables`` at ``out``, written whole or not at all."""
     frames = {"collectives": tables.collectives.rows, "compressors": tables.compressors.rows,
               "aggregation": tables.aggregation, "copies": tables.copies}
-    with directory_atomic(config.out, config.force) as temporary:
+    with directory_atomic(out, force) as temporary:
         (temporary / CALIBRATION_FILE).write_text(
             dump_yaml(meta, sort_keys=False, default_flow_style=False))
         for name, rows in frames.items():
             columns = list(TABLES[name]) + (["advance_ms"] if name == "compressors" else [])
             pd.DataFrame(rows, columns=columns).to_csv(temporary / f"{name}.csv", index=False)
-    reporter.print(f"calibration -> {config.out}: {len(tables.collectives.rows)} collective "
-                   f"rows, {len(tables.compressors.rows)} compressor rows, "
-                   f"{len(tables.aggregation)} aggregation rows, {len(tables.copies)} copy rows")
-    return Path(config.out)
 
 
 def check_before_ranks(config, nproc: int | None) -> list[Path]:

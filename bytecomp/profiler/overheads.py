@@ -234,11 +234,19 @@ def measure_executor_costs(device, nodes: int, charges: dict[str, float],
     return measured.costs(charges, compute_charges, collectives, busy_collective_ms)
 
 
+MIN_KEPT_ROUNDS = 3  # a median of fewer says little
+
+
 def measure_executor(device, nodes: int, warmup: int, iterations: int, progress=None,
-                     busy_dim: int = BUSY_DIM) -> ExecutorMeasurement:
+                     busy_dim: int = BUSY_DIM, allowance=None) -> ExecutorMeasurement:
     """Time the executor on this job (collective: call on every rank); on the CPU the
     busy backward multiplies ``busy_dim`` x ``busy_dim`` matrices. The configurations
-    run interleaved, round after round, so that drift hits all alike."""
+    run interleaved, round after round, so that drift hits all alike. With
+    ``allowance`` (a :class:`bytecomp.profiler.budget.Allowance`), the rounds stop
+    where another would end past it, after at least :data:`MIN_KEPT_ROUNDS` kept ones
+    (every rank alike)."""
+    from bytecomp.profiler.budget import agreed
+
     runs: dict[tuple, _ThroughExecutor] = {}
     for path in PATHS:
         runs[(path, FEW)] = _ThroughExecutor(OPTIONS[path], FEW, ONE_BUCKET_MB, nodes, device)
@@ -255,10 +263,15 @@ def measure_executor(device, nodes: int, warmup: int, iterations: int, progress=
                     busy_dim=busy_dim)
     try:
         for round_number in range(warmup + iterations):
+            began = time.time()
             for run in runs.values():
                 run.step(keep=round_number >= warmup)
             if progress is not None:
                 progress()
+            kept = round_number + 1 - warmup
+            if allowance is not None and kept >= MIN_KEPT_ROUNDS and \
+                    agreed(time.time() + (time.time() - began) > allowance.deadline):
+                break
     finally:
         for run in runs.values():
             run.executor.close()

@@ -52,6 +52,11 @@ from bytecomp.profiler.convergence import (
 COLUMNS = ["spec", "steps_factor", "steps", "gain"]
 MAX_FACTOR = 10.0  # "it does not learn": beyond any step budget worth planning for
 MIN_IMPROVEMENT = 0.01  # fp32's loss must fall by this fraction for the probe to tell anything
+# a budgeted probe stops once its factors have settled: fp32 DDP's loss fell by at most
+# this over the last quarter of its steps, from SETTLED_LEAST steps on (the finalists'
+# rule, bytecomp.search.verify): a budget is a cap, not a target
+SETTLED_FALL = 0.03
+SETTLED_LEAST = 30
 
 
 @dataclass
@@ -66,6 +71,7 @@ class ProbeResult:
     planned: int = 0  # what its budget afforded (or the count it was given)
     stopped_by_budget: bool = False
     seconds: float = 0.0
+    settled: bool = False  # it stopped early: fp32's loss had flattened
 
     @property
     def informative(self) -> bool:
@@ -142,7 +148,10 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
         plan = plan_for_model(workload.model, lambda n, p, option=option: option, world, nodes,
                               bucket_cap_mb)
         trainees.append(trainee(spec, plan))
-    config = ConvergenceConfig(steps, min(eval_every, steps), budget=budget)
+    settle = budget is not None  # a forced count trains its count
+    config = ConvergenceConfig(steps, min(eval_every, steps), budget=budget,
+                               flat_fall=SETTLED_FALL if settle else None,
+                               flat_least=min(SETTLED_LEAST, steps))
     training = train_curves(trainees, workload, batch_size, device, config, evidence, progress)
     steps = training.steps
     for each in trainees:
@@ -157,7 +166,7 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
              "gain": round(gain, 6)}
             for spec, gain in zip(specs, gains)] if fell >= MIN_IMPROVEMENT else []
     return ProbeResult(rows, batches, round(fell, 6), steps, training.planned,
-                       training.stopped_by_budget, training.seconds)
+                       training.stopped_by_budget, training.seconds, training.stopped_flat)
 
 
 def probe_gains(gains: dict[str, list[tuple[int, float]]], specs: list[str],

@@ -28,9 +28,10 @@ from bytecomp.model.quality import (
     compressor_quality,
     groups_of,
 )
+from bytecomp.profiler.budget import Allowance, agreed
 
 __all__ = ["COLLECTIVE_KEY", "COMPRESSOR_KEY", "RETRIES", "Checked", "collective_quality",
-           "compressor_quality", "merged", "quality_meta", "remeasure"]
+           "compressor_quality", "merged", "poor_summary", "quality_meta", "remeasure"]
 
 RETRIES = 2
 
@@ -66,17 +67,20 @@ class Checked:
 
 def remeasure(rows: list[dict], quality: Callable[[list[dict]], dict[tuple, FitQuality]],
               measure: Callable[[set[tuple]], list[dict]], key: tuple[str, ...], size: str,
-              times: tuple[str, ...], retries: int = RETRIES) -> Checked:
+              times: tuple[str, ...], retries: int = RETRIES,
+              allowance: Allowance | None = None) -> Checked:
     """Measure the series of ``rows`` whose fit is poor again with ``measure(keys)``, up
-    to ``retries`` times while any stays poor; each size of a remeasured series takes the
-    median of its attempts."""
+    to ``retries`` times while any stays poor and, with ``allowance`` (the stage's time),
+    while it has time left (agreed by every rank): a fit that stays poor buys no sweep
+    past the stage's share of the budget. Each size of a remeasured series takes the
+    least of its attempts."""
     attempts: dict[tuple, list[list[dict]]] = {}
     current = {k: list(series) for k, series in groups_of(rows, key).items()}
     remeasured: list[str] = []
     fits = quality(rows)
     for _ in range(retries):
         bad = {k for k, fit in fits.items() if fit.poor}
-        if not bad:
+        if not bad or (allowance is not None and agreed(allowance.left() <= 0)):
             break
         remeasured += [fits[k].name for k in sorted(bad, key=str) if fits[k].name not in
                        remeasured]
@@ -87,6 +91,19 @@ def remeasure(rows: list[dict], quality: Callable[[list[dict]], dict[tuple, FitQ
         fits = quality([row for series in current.values() for row in series])
     flat = [row for series in current.values() for row in series]
     return Checked(flat, remeasured, [fit for fit in fits.values() if fit.poor])
+
+
+def poor_summary(poor: list[FitQuality]) -> str | None:
+    """One line for every fit that stayed poor: how many, the worst, what it affects
+    and what to do (profile.yaml's ``quality.poor`` lists each)."""
+    if not poor:
+        return None
+    worst = min(poor, key=lambda fit: fit.r2)
+    return (f"{len(poor)} sweep {'fit stays' if len(poor) == 1 else 'fits stay'} poor (the "
+            f"worst: {worst.describe()}): plans using those series are priced less surely "
+            f"and plan warns where its plan does; profile.yaml's quality.poor lists them. "
+            f"A quieter machine, or a larger --budget (more time to measure again), "
+            f"measures them better")
 
 
 def quality_meta(collectives: Checked, compressors: Checked) -> dict:

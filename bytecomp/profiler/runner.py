@@ -22,12 +22,16 @@ from bytecomp.compress import default_specs, from_spec, ladder_specs
 from bytecomp.errors import BytecompError
 from bytecomp.plan_file import fingerprint
 from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile, save_profile
+from bytecomp.profiler.budget import SHARES, describe_split
+from bytecomp.profiler.cache import ClusterKey, reuse_line
 from bytecomp.profiler.calibration import (
+    calibration_meta,
     check_link,
     load_calibration,
     measure_cluster,
     measure_executor_here,
     reuse_cluster,
+    write_calibration,
 )
 from bytecomp.profiler.convergence import Budget
 from bytecomp.profiler.fidelity import COLUMNS as FIDELITY_COLUMNS
@@ -45,9 +49,6 @@ PROBE_EVALUATIONS = 10  # validation losses over a convergence probe
 PROBE_MOST_STEPS = 100  # a budgeted probe's most steps (--quick: QUICK_PROBE_STEPS)
 QUICK_PROBE_STEPS = 20
 DEFAULT_BUDGET_S = 240.0  # bytecomp profile's wall-clock budget by default
-# of the budget, what the collective sweep's rounds may take (at least 3 rounds): on a
-# slow link they are most of a profile's time before the probe
-COLLECTIVE_SHARE = 0.15
 
 MIN_SWEEP_MB = 0.01
 
@@ -79,7 +80,12 @@ class ProfileConfig:
     optimizer: str | None = None  # a spec replacing the workload recipe's (--optimizer)
     calibration: str | None = None  # reuse this calibration's cluster tables (--calibration)
     calibrate_only: bool = False  # measure the cluster tables alone (--calibrate-only)
+    cache: bool = True  # reuse and write the per-user cache of cluster tables (--no-cache)
     named_specs: bool = field(init=False, default=False)  # --compressor or --ladder given
+    # set in the parent: the cache entry this job's tables go to (and come from, with
+    # from_cache: then ``calibration`` is the entry)
+    cache_key: ClusterKey | None = field(init=False, default=None)
+    from_cache: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self._validate()
@@ -115,14 +121,24 @@ class ProfileConfig:
             raise BytecompError(f"--max-mb must be at least {MIN_SWEEP_MB:g} (the sweeps start "
                                 f"at 1 KiB and need several sizes), got {self.max_mb:g}")
 
-    def sweep_settings(self) -> SweepSettings:
+    def sweep_settings(self, needed_bytes: int | None = None) -> SweepSettings:
+        """The sweeps' settings: sizes up to ``--max-mb``, or to ``needed_bytes`` (the
+        largest array the profiled model's plans can use: :func:`plan_bytes`) where
+        that is less."""
         max_bytes = int(self.max_mb * (1 << 20))
-        rounds_budget = None if self.budget_s is None else COLLECTIVE_SHARE * self.budget_s
+        if needed_bytes is not None:
+            max_bytes = min(max_bytes, needed_bytes)
         if self.quick:
             return SweepSettings(max_bytes=min(max_bytes, 1 << 20), size_factor=4, repeats=3,
                                  budget_s=0.2, numels=(1 << 10, 1 << 14, 1 << 18),
-                                 compressor_repeats=2, rounds_budget_s=rounds_budget)
-        return SweepSettings(max_bytes=max_bytes, rounds_budget_s=rounds_budget)
+                                 compressor_repeats=2)
+        return SweepSettings(max_bytes=max_bytes)
+
+
+def plan_bytes(model: torch.nn.Module) -> int:
+    """The largest array a plan of ``model`` can exchange: its whole gradient in float32
+    (no bucket or merged group holds more), at least 1 MiB."""
+    return max(1 << 20, 4 * sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
@@ -179,11 +195,11 @@ def _probe_meta(config: ProfileConfig, probe: ProbeResult | None, workload) -> d
                     informative=probe.informative, ran_steps=ran,
                     length="--probe-steps" if config.probe_steps is not None else "budget",
                     planned_steps=probe.planned, stopped_by_budget=probe.stopped_by_budget,
-                    seconds=round(probe.seconds, 1))
+                    settled=probe.settled, seconds=round(probe.seconds, 1))
     return meta
 
 
-def _plan_of(config: ProfileConfig) -> str:
+def _plan_of(config: ProfileConfig, left_s: float | None = None) -> str:
     """What the profile will do and how long it aims to take, in words."""
     if config.probe_steps == 0:
         return "timing, sweeps and gains; no convergence probe (--probe-steps 0)"
@@ -193,7 +209,8 @@ def _plan_of(config: ProfileConfig) -> str:
     if config.budget_s is None:
         return "timing, sweeps and gains, then the convergence probe (--probe-steps 0 skips it)"
     return (f"timing, sweeps and gains, then the convergence probe for what is left of "
-            f"{config.budget_s:.0f} s (--budget sets it; --quick shortens the sweeps, "
+            f"{config.budget_s:.0f} s; {describe_split(config.budget_s, left_s)}; it stops sooner "
+            f"once its factors settle (--budget sets it; --quick shortens the sweeps, "
             f"--probe-steps 0 skips the probe)")
 
 
@@ -210,6 +227,23 @@ def probe_budget(config: ProfileConfig) -> tuple[int, Budget | None]:
                         evaluations=PROBE_EVALUATIONS)
 
 
+def _check_reused(config: ProfileConfig, calibration, topology, device, reporter):
+    """The link check of a reused calibration: ``(calibration, link)``. A cache entry
+    that fails it (another link) is set aside on every rank alike (they see the same
+    reduced times) and the cluster measured afresh: ``(None, None)``."""
+    if not config.from_cache:
+        reporter.line(f"cluster tables from {calibration.describe()}; checking the link")
+        return calibration, check_link(calibration, topology, device)
+    try:
+        link = check_link(calibration, topology, device)
+    except BytecompError as error:
+        reporter.line(f"the cached cluster tables do not fit this job ({error}); measuring "
+                      f"them afresh")
+        return None, None
+    reporter.line(reuse_line(calibration))
+    return calibration, link
+
+
 def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | None:
     """Profile on this rank; rank 0 writes the directory and returns its path."""
     rank = dist.get_rank()
@@ -221,34 +255,42 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
     initial = copy.deepcopy(workload.model.state_dict())  # every phase starts from these
     batch_size = config.batch_size or workload.batch_size
     training = TrainingSettings(batch_size, config.bucket_cap_mb, config.warmup, config.iterations)
-    sweep = config.sweep_settings()
+    sweep = config.sweep_settings(plan_bytes(workload.model))
     devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])
     reporter = Reporter(enabled=rank == 0)
     calibration = load_calibration(config.calibration) if config.calibration else None
+    measuring = time.time()
+    # the stages share what start-up (the recipe's check, the ranks' start) left
+    budget_s = None if config.budget_s is None else \
+        max(0.0, config.budget_s - (measuring - config.started))
     reporter.line(f"profiling {config.model} ({describe(workload.model)}) on "
                   f"{topology.size} ranks ({nodes} x {ranks_per_node}), {device.type}, "
-                  f"batch {batch_size} per rank: {_plan_of(config)}")
-    measuring = time.time()
+                  f"batch {batch_size} per rank: {_plan_of(config, budget_s)}")
+
+    def allowed(stage: str) -> float | None:
+        return None if budget_s is None else SHARES[stage] * budget_s
+
     with reporter.session():
         link = None
         if calibration is not None:  # before anything is measured: a refusal comes at once
-            reporter.line(f"cluster tables from {calibration.describe()}; checking the link")
-            link = check_link(calibration, topology, device)
+            calibration, link = _check_reused(config, calibration, topology, device, reporter)
         steps = 2 * (training.warmup + training.iterations)
         several = nodes > 1 and ranks_per_node > 1
         times, tensors, interference = measure_training(
-            workload, device, training, reporter.phase("training iterations", steps),
+            workload, device, training,
+            reporter.phase("training iterations", steps, allowed("training iterations"),
+                           "a larger --budget gives it more; fewer --iterations shorten it"),
             topology.intra if several else None)
         if calibration is not None:
             cluster = reuse_cluster(calibration, config.specs)
         else:
             cluster = measure_cluster(config.specs, topology, device, devices, sweep,
                                       training.warmup, training.iterations, config.quick,
-                                      reporter)
+                                      reporter, budget_s)
         if cluster.executor is None:  # a calibration from before the executor's record
             cluster.executor = measure_executor_here(device, nodes, training.warmup,
                                                      training.iterations, config.quick,
-                                                     reporter)
+                                                     reporter, budget_s)
         collectives, compressors = cluster.collectives, cluster.compressors
         aggregation, copies = cluster.aggregation, cluster.copies
         charges, compute_charges, counts = model_charges(collectives.rows, device, nodes,
@@ -260,10 +302,12 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         workload.model.load_state_dict(initial)
         if config.fidelity_iterations and fidelity_specs:
             steps = training.warmup + config.fidelity_iterations
-            fidelity = measure_fidelity(workload, device, batch_size, config.bucket_cap_mb,
-                                        fidelity_specs, training.warmup,
-                                        config.fidelity_iterations,
-                                        reporter.phase("gradient fidelity", steps))
+            fidelity = measure_fidelity(
+                workload, device, batch_size, config.bucket_cap_mb, fidelity_specs,
+                training.warmup, config.fidelity_iterations,
+                reporter.phase("gradient fidelity", steps, allowed("gradient fidelity"),
+                               "a larger --budget gives it more; fewer "
+                               "--fidelity-iterations shorten it"))
         if fidelity and not any(row["gain"] > 0 for row in fidelity):
             raise BytecompError(f"every compressor's measured gain is 0 on every tensor of "
                                 f"{config.model}: its gradients are zero or not finite, so "
@@ -272,13 +316,19 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         workload.model.load_state_dict(initial)
         probe_steps, budget = probe_budget(config)
         if probe_steps and fidelity_specs:
+            left = None if budget is None or budget.left() <= 0 else budget.left()
             probe = run_probe(workload, device, batch_size, config.bucket_cap_mb, fidelity_specs,
                               probe_steps, max(1, probe_steps // PROBE_EVALUATIONS),
                               topology.size, nodes,
                               reporter.phase(f"convergence probe ({len(fidelity_specs) + 1})",
-                                             probe_steps), budget)
+                                             probe_steps, left), budget)
+    if rank == 0 and calibration is None and config.cache_key is not None:
+        write_calibration(config.cache_key.path(), True,
+                          calibration_meta(config, cluster, topology, device, config.cache_key),
+                          cluster)
     if rank != 0:
         return None
+    stages_s = {"start-up": round(measuring - config.started, 3), **reporter.durations()}
     meta = {
         "format_version": FORMAT_VERSION,
         "bytecomp_version": bytecomp.__version__,
@@ -313,9 +363,10 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "compressor_specs": config.specs,
         "quality": cluster.quality,
         "sweep": cluster.sweep,
-        "calibration": cluster.record(calibration, link),
+        "calibration": {**cluster.record(calibration, link),
+                        **({"cache": True} if config.from_cache and calibration else {})},
         # where the time went: start-up (the recipe check, the ranks' start), then each phase
-        "stages_s": {"start-up": round(measuring - config.started, 3), **reporter.durations()},
+        "stages_s": stages_s,
     }
     profile = Profile(meta, tensors, pd.DataFrame(collectives.rows),
                       pd.DataFrame(compressors.rows),
@@ -327,8 +378,13 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
     reporter.print(_summary(profile, path))
     took = time.time() - config.started
     if config.budget_s is not None and took > config.budget_s * 1.2:
-        before = took - (probe.seconds if probe is not None else 0.0)
+        stages = {name: spent for name, spent in stages_s.items()
+                  if not name.startswith("convergence probe")}
+        over = {name: spent - SHARES[name] * config.budget_s for name, spent in stages.items()
+                if name in SHARES}
+        worst = max(over, key=over.__getitem__, default="start-up")
         reporter.warn(f"the profile took {took:.0f} s against --budget {config.budget_s:g}: "
-                      f"the measurements before the probe alone took {before:.0f} s "
-                      f"(--quick or --calibration shortens them)")
+                      f"the stages before the probe took {sum(stages.values()):.0f} s, "
+                      f"{worst} the most past its share ({stages.get(worst, 0):.0f} s); a "
+                      f"larger --budget, --quick or --calibration shortens them")
     return path

@@ -1,16 +1,23 @@
 """Sweeps over sizes: collectives, compressors and host<->device copies.
 
-Every rank runs the same loops. A pilot pass decides how far each series of
-sizes goes: it stops after the first operation slower than the time budget,
-judged on times reduced over ranks, so that every rank stops together. Then
-the measurements are repeated in rounds over every case (round-robin rather
-than one case after another), so that the bursts of noise of a shared machine
-spread over all cases instead of biasing a few. Statistics are over rounds.
+Every rank runs the same loops. A series of sizes goes up to the largest array
+the plan can use (the profiled model's whole gradient: no bucket or merged group
+is larger; ``max_bytes``), and a pilot pass stops it sooner, after the first
+operation slower than the per-operation limit, judged on times reduced over
+ranks, so that every rank stops together. With a time allowance (the stage's
+share of ``profile --budget``, :mod:`bytecomp.profiler.budget`) that limit comes
+from the allowance: the allowance over the series and the rounds it must hold
+(:func:`op_limit`). Then the measurements are repeated in rounds over every case
+(round-robin rather than one case after another), so that the bursts of noise of
+a shared machine spread over all cases instead of biasing a few; the rounds stop
+once every case's median has settled (:data:`STABLE`), at the allowance, or at
+``repeats``, after at least :data:`MIN_ROUNDS`. Statistics are over rounds.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -24,10 +31,19 @@ from bytecomp.comm.topology import Topology
 from bytecomp.compress import from_spec
 from bytecomp.compress.base import SOLO
 from bytecomp.compress.local import advance_rounds, decode, encode
+from bytecomp.profiler.budget import Allowance, agreed
 from bytecomp.profiler.timing import Clock, summarize, time_call_ms
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
+# Collectives without reduction arithmetic move bytes, not dtypes: on gloo (2 ranks,
+# 4 KiB to 8 MiB) allgather, alltoall and broadcast of float32, float16 and uint8 took
+# the same time within the noise of a shared machine, in no consistent order
+# (tests/test_profile.py::test_collectives_without_arithmetic_take_the_same_time_in_every_dtype).
+# So they are measured once per byte count, in float32, and their rows stand for every
+# dtype; allreduce and reduce_scatter sum, and are measured per dtype.
+BYTE_COLLECTIVES = ("allgather", "alltoall", "broadcast")
+MEASURED_DTYPE = "float32"
 
 
 @dataclass
@@ -36,21 +52,64 @@ class SweepSettings:
     max_bytes: int = 64 << 20
     size_factor: int = 2
     repeats: int = 10
-    budget_s: float = 0.5  # a series stops after an operation this slow
+    budget_s: float = 0.5  # a series stops after an operation this slow (no allowance)
     numels: tuple[int, ...] = (1 << 8, 1 << 12, 1 << 16, 1 << 20, 1 << 24)
     compressor_repeats: int = 5
-    # seconds the collective sweep's rounds may take (from the profile's --budget): on a
-    # slow link a round of every case takes seconds, and ``repeats`` of them minutes
-    rounds_budget_s: float | None = None
+    # the stage's time (its share of profile --budget): the per-operation limit and the
+    # rounds come from it (None: budget_s and the repeats' counts)
+    allowance: Allowance | None = None
+
+    def numels_up_to_max(self) -> tuple[int, ...]:
+        """The compressor sizes the plan can use: up to the first at or past the largest
+        array of ``max_bytes`` float32 elements."""
+        largest = max(1, self.max_bytes // 4)
+        kept = [n for n in self.numels if n < largest]
+        return tuple(kept + [n for n in self.numels if n >= largest][:1]) or self.numels[:1]
 
 
 MIN_ROUNDS = 3  # a median needs a few samples, however slow the link
+STABLE = 0.05  # rounds stop once no case's median moved by more than this in a round
+MIN_OP_S, MAX_OP_S = 0.005, 2.0  # the per-operation limit a share can set
+
+
+def op_limit(settings: SweepSettings, series: int, rounds: int = MIN_ROUNDS) -> float:
+    """Seconds of the slowest operation a series may keep: without an allowance
+    ``budget_s``; with one, what lets the pilot and ``rounds`` rounds of ``series``
+    series fit it (a doubling series costs about twice its largest operation)."""
+    if settings.allowance is None:
+        return settings.budget_s
+    each = settings.allowance.seconds / (2 * (rounds + 1) * max(series, 1))
+    return min(MAX_OP_S, max(MIN_OP_S, each))
+
+
+def settled(before: list[float], now: list[float], tolerance: float = STABLE) -> bool:
+    """Whether every median in ``now`` is within ``tolerance`` of the one ``before``."""
+    return len(before) == len(now) and all(
+        abs(b - n) <= tolerance * max(abs(b), 1e-9) for b, n in zip(before, now))
+
+
+def more_rounds(done: int, most: int, before: list[float] | None, now: list[float],
+                round_s: float, allowance: Allowance | None) -> bool:
+    """Whether a sweep takes another round after ``done`` (collective: every rank
+    calls it with the same medians; it agrees on the clock): at least
+    :data:`MIN_ROUNDS`, at most ``most``, and no more once the medians have settled or
+    another round would end past the allowance."""
+    if done < MIN_ROUNDS:
+        return True
+    if done >= most:
+        return False
+    stable = before is not None and settled(before, now)
+    late = allowance is not None and time.time() + round_s > allowance.deadline
+    return not agreed(stable or late)
 
 
 def sizes(settings: SweepSettings, limit: int) -> list[int]:
+    """The sweep's sizes, up to the first at or past ``max_bytes`` (within ``limit``)."""
     out, size = [], settings.min_bytes
-    while size <= min(settings.max_bytes, limit):
+    while size <= limit:
         out.append(size)
+        if size >= settings.max_bytes:
+            break
         size *= settings.size_factor
     return out
 
@@ -151,59 +210,75 @@ def sweep_collectives(topology: Topology, device: torch.device, settings: SweepS
     """Rows of collectives.csv: collective, group, dtype, bytes, ranks, time_ms, p10_ms, p90_ms.
 
     A pilot pass (which also warms every group and size up) decides how far each
-    series goes and how many samples a round takes of each case (more of the
-    cheap ones: :func:`samples_per_round`); then ``repeats`` rounds each run
-    every case, so that the samples of one case are spread over the whole
-    sweep and a burst of noise on a shared machine cannot bias one size. A
-    sample is the time from the barrier to the end of the collective on the
-    rank that measured the least, i.e. the rank that arrived last: the
-    collective's own duration. ``only``: the (collective, group, dtype) series to sweep
+    series goes (:func:`op_limit`) and how many samples a round takes of each case
+    (more of the cheap ones: :func:`samples_per_round`); then rounds each run every
+    case (:func:`more_rounds`), so that the samples of one case are spread over the
+    whole sweep and a burst of noise on a shared machine cannot bias one size. A
+    sample is the time from the barrier to the end of the collective on the rank
+    that measured the least, i.e. the rank that arrived last: the collective's own
+    duration. :data:`BYTE_COLLECTIVES` are measured in float32 only, their rows
+    written for every dtype. ``only``: the (collective, group, dtype) series to sweep
     (default every one).
     """
     clock = Clock(device)
     limit = memory_limit_bytes(device, topology.ranks_per_node)
-    series = [[_CollectiveCase(group_name, group, ranks, collective, dtype_name, nbytes)
-               for nbytes in sizes(settings, limit)]
+    wanted = [(group_name, group, ranks, collective, dtype_name)
               for group_name, group, ranks in groups_to_sweep(topology)
               for collective in COLLECTIVES for dtype_name in DTYPES
               if only is None or (collective, group_name, dtype_name) in only]
+    measured = list(dict.fromkeys(
+        (g, group, r, c, MEASURED_DTYPE if c in BYTE_COLLECTIVES else d)
+        for g, group, r, c, d in wanted))
+    series = [[_CollectiveCase(g, group, r, c, d, nbytes) for nbytes in sizes(settings, limit)]
+              for g, group, r, c, d in measured]
+    most_s = op_limit(settings, len(series))
     cases = []
     for one_series in series:
         pilot = [_time_collective(case, clock, device) for case in one_series]
         pilot = _reduce([pilot], dist.ReduceOp.MIN, device)[0]  # the same on every rank
-        kept = _within_budget(one_series, pilot, settings.budget_s)
+        kept = _within_budget(one_series, pilot, most_s)
         cases += [replace(case, samples_per_round=samples_per_round(time_ms), pilot_ms=time_ms)
                   for case, time_ms in zip(kept, pilot)]
         if progress:
             progress()
     samples: list[list[float]] = [[] for _ in cases]
-    for _ in range(affordable_rounds(settings, cases)):
+    done, before, flat = 0, None, []
+    while True:
+        began = time.time()
         for index, case in enumerate(cases):
             for _ in range(case.samples_per_round):
                 samples[index].append(_time_collective(case, clock, device))
+        done += 1
         if progress:
             progress()
-    flat = _reduce([[t for times in samples for t in times]], dist.ReduceOp.MIN, device)[0]
-    rows, start = [], 0
-    for case, times in zip(cases, samples):
-        stats = summarize(flat[start:start + len(times)])
-        start += len(times)
-        rows.append({"collective": case.collective, "group": case.group_name,
-                     "dtype": case.dtype_name, "bytes": case.nbytes, "ranks": case.ranks,
-                     "time_ms": stats["median_ms"], "p10_ms": stats["p10_ms"],
-                     "p90_ms": stats["p90_ms"]})
+        flat = _reduce([[t for times in samples for t in times]], dist.ReduceOp.MIN, device)[0]
+        now = [stats["median_ms"] for stats in _per_case(flat, samples)]
+        if not more_rounds(done, settings.repeats, before, now, time.time() - began,
+                           settings.allowance):
+            break
+        before = now
+    rows = []
+    for case, stats in zip(cases, _per_case(flat, samples)):
+        row = {"collective": case.collective, "group": case.group_name,
+               "dtype": case.dtype_name, "bytes": case.nbytes, "ranks": case.ranks,
+               "time_ms": stats["median_ms"], "p10_ms": stats["p10_ms"],
+               "p90_ms": stats["p90_ms"]}
+        if case.collective in BYTE_COLLECTIVES:  # the same bytes in every dtype
+            rows += [{**row, "dtype": name} for name in DTYPES
+                     if (case.group_name, case.collective, name) in
+                     {(g, c, d) for g, _, _, c, d in wanted}]
+        else:
+            rows.append(row)
     return rows
 
 
-def affordable_rounds(settings: SweepSettings, cases: list[_CollectiveCase]) -> int:
-    """The rounds of the collective sweep: ``repeats``, or as many as fit in
-    ``rounds_budget_s`` at the pilot's times (the same on every rank), at least
-    :data:`MIN_ROUNDS`."""
-    if settings.rounds_budget_s is None or not cases:
-        return settings.repeats
-    round_s = sum(case.pilot_ms * case.samples_per_round for case in cases) / 1000
-    fit = int(settings.rounds_budget_s / max(round_s, 1e-6))
-    return max(MIN_ROUNDS, min(settings.repeats, fit))
+def _per_case(flat: list[float], samples: list[list[float]]) -> list[dict]:
+    """The statistics of each case's run of ``flat`` (its samples, reduced)."""
+    out, start = [], 0
+    for times in samples:
+        out.append(summarize(flat[start:start + len(times)]))
+        start += len(times)
+    return out
 
 
 def time_allreduce(group_name: str, group, ranks: int, nbytes: int, device: torch.device,
@@ -221,8 +296,10 @@ def time_allreduce(group_name: str, group, ranks: int, nbytes: int, device: torc
 
 
 def collective_steps(topology: Topology, settings: SweepSettings) -> int:
-    """Progress steps of :func:`sweep_collectives`: one per series, then one per round."""
-    return len(groups_to_sweep(topology)) * len(COLLECTIVES) * len(DTYPES) + settings.repeats
+    """Progress steps of :func:`sweep_collectives`: one per series measured, then one per
+    round (at most ``repeats``)."""
+    per_group = (len(COLLECTIVES) - len(BYTE_COLLECTIVES)) * len(DTYPES) + len(BYTE_COLLECTIVES)
+    return len(groups_to_sweep(topology)) * per_group + settings.repeats
 
 
 def _time_compression(compressor, x, other, clock) -> tuple[float, float, float, int]:
@@ -249,42 +326,53 @@ def _time_compression(compressor, x, other, clock) -> tuple[float, float, float,
 
 def _sweep_cases(specs: list[str], devices: list[torch.device], settings: SweepSettings,
                  timer: Callable, pilot_of: Callable, progress=None):
-    """Time every spec on every device at the sweep's sizes, as in training: every rank
-    at the same time, the slowest rank's time per sample. As for collectives, a pilot
-    pass bounds each series by the time budget, then rounds over every case.
+    """Time every spec on every device at the sweep's sizes (up to the plan's largest
+    array), as in training: every rank at the same time, the slowest rank's time per
+    sample. As for collectives, a pilot pass bounds each series by the per-operation
+    limit (:func:`op_limit`), then rounds over every case until the medians settle.
 
     ``timer(compressor, x, other, clock, round)`` gives ``(times, extra)``; ``pilot_of``
     reads the pilot's time from ``times``. Returns the cases (device, compressor,
     numel), per case the median of each time, and per case the last ``extra``."""
+    numels = settings.numels_up_to_max()
     inputs = {(device, numel): (torch.randn(numel, device=device),
                                 torch.randn(numel, device=device))
-              for device in devices for numel in settings.numels}
+              for device in devices for numel in numels}
+    most_s = op_limit(settings, len(specs) * len(devices))
     cases = []
     for device in devices:
         clock = Clock(device)
         for spec in specs:
             compressor = from_spec(spec)
-            series = [(device, compressor, numel) for numel in settings.numels]
+            series = [(device, compressor, numel) for numel in numels]
             pilot = [pilot_of(timer(compressor, *inputs[(device, numel)], clock, 0)[0])
                      for _, _, numel in series]
             pilot = _reduce([pilot], dist.ReduceOp.MAX, torch.device("cpu"))[0]
-            cases += _within_budget(series, pilot, settings.budget_s)
+            cases += _within_budget(series, pilot, most_s)
             if progress:
                 progress()
     samples: list[list[list[float]]] = []  # per time, per case
     extras: list = [None] * len(cases)
-    for repeat in range(settings.compressor_repeats):
+    done, before, medians = 0, None, []
+    while cases:
+        began = time.time()
         for index, (device, compressor, numel) in enumerate(cases):
             times, extras[index] = timer(compressor, *inputs[(device, numel)], Clock(device),
-                                         repeat)
+                                         done)
             samples = samples or [[[] for _ in cases] for _ in times]
             for quantity, time_ms in zip(samples, times):
                 quantity[index].append(time_ms)
+        done += 1
         if progress:
             progress()
-    medians = [[float(np.median(case)) for case in _reduce(quantity, dist.ReduceOp.MAX,
-                                                           torch.device("cpu"))]
-               for quantity in samples]
+        medians = [[float(np.median(case)) for case in _reduce(quantity, dist.ReduceOp.MAX,
+                                                               torch.device("cpu"))]
+                   for quantity in samples]
+        now = [value for quantity in medians for value in quantity]
+        if not more_rounds(done, settings.compressor_repeats, before, now,
+                           time.time() - began, settings.allowance):
+            break
+        before = now
     return cases, [tuple(per_case) for per_case in zip(*medians)], extras
 
 
@@ -377,7 +465,7 @@ def sweep_copies(device: torch.device, settings: SweepSettings, progress=None) -
     clock = Clock(device)
     rows = []
     limit = min(memory_limit_bytes(device, 1), 64 << 20)
-    for nbytes in sizes(settings, limit):
+    for nbytes in sizes(settings, limit):  # repeats: a copy is cheap, and never slow
         source = torch.ones(nbytes, dtype=torch.uint8, device=device)
         target = torch.empty_like(source)
         directions = [("d2d", partial(target.copy_, source))]
