@@ -139,8 +139,8 @@ def _bracketed(problem: Problem, options: list[int], numel: int, keep: int,
 
 
 def greedy_over_caps(problem: Problem, caps: list[float], cap_mb: float, start: list[int],
-                     keep: int = 3, passes: int = 6,
-                     target: float = -math.inf) -> tuple[list[int], float, float]:
+                     keep: int = 3, passes: int = 6, target: float = -math.inf,
+                     deadline: float = math.inf) -> tuple[list[int], float, float]:
     """Espresso-style greedy over size classes, each class trying its ``keep`` screened
     options, that re-chooses the bucket cap after every pass: the assignment moves
     to whichever of ``caps`` it is best at, and the next pass runs there (a start at
@@ -148,14 +148,16 @@ def greedy_over_caps(problem: Problem, caps: list[float], cap_mb: float, start: 
     the cap changes, at most ``passes``; it stops once the plan is at or below
     ``target`` at one of ``caps``. Returns (assignment, value, cap). (A pass is a
     few hundred evaluations at 314 tensors, checking every cap a few: no passes are
-    spent polishing an assignment for a cap it then leaves.)"""
+    spent polishing an assignment for a cap it then leaves.) ``deadline`` (a
+    ``time.perf_counter()`` value) cuts it short: a pass tries one size class per
+    option each, so on tens of thousands of distinct shapes a pass is quadratic."""
     current = list(start)
     best = problem.evaluate(current, cap_mb)
     for _ in range(passes):
         before = best
-        current, best = _greedy_pass(problem, cap_mb, current, best, keep, target)
+        current, best = _greedy_pass(problem, cap_mb, current, best, keep, target, deadline)
         settled = cap_mb in caps
-        if settled and best <= target:
+        if settled and (best <= target or _past(deadline)):
             break
         value, cap = min((problem.evaluate(current, c), c) for c in caps)
         if not settled or value < best - EPSILON:
@@ -164,13 +166,19 @@ def greedy_over_caps(problem: Problem, caps: list[float], cap_mb: float, start: 
                 break
         elif best >= before - EPSILON:
             break
+        if _past(deadline):  # (after the cap's choice: the plan ends at one of caps)
+            break
     return current, best, cap_mb
 
 
-def _greedy_pass(problem, cap_mb, current, best, keep, target):
+def _past(deadline: float) -> bool:
+    return deadline < math.inf and time.perf_counter() >= deadline
+
+
+def _greedy_pass(problem, cap_mb, current, best, keep, target, deadline=math.inf):
     hidden = None
     for members in size_classes(problem):
-        if best <= target:
+        if best <= target or _past(deadline):
             break
         if hidden is None:  # recomputed only after the assignment changed
             hidden = _hidden(problem, current, cap_mb)
@@ -240,6 +248,23 @@ class Budget:
         return value
 
 
+class Screens:
+    """Each size class's screened options (:func:`screened_options`), screened when first
+    asked: on tens of thousands of distinct shapes screening them all up front took
+    longer than a time cap allows, and a capped walk reaches few of them."""
+
+    def __init__(self, problem: Problem, classes: list[list[int]], keep: int) -> None:
+        self.problem, self.classes, self.keep = problem, classes, keep
+        self.screened: dict[int, list[int]] = {}
+
+    def __getitem__(self, index: int) -> list[int]:
+        found = self.screened.get(index)
+        if found is None:
+            found = self.screened[index] = screened_options(self.problem,
+                                                            self.classes[index], self.keep)
+        return found
+
+
 class Annealer:
     """Simulated annealing over assignments and bucket caps (see :func:`anneal`)."""
 
@@ -248,11 +273,10 @@ class Annealer:
         self.problem, self.caps, self.rng, self.budget = problem, caps, rng, budget
         classes = size_classes(problem)
         self.class_of = [0] * len(problem.tensors)
-        self.candidates = []
         for index, members in enumerate(classes):
             for position in members:
                 self.class_of[position] = index
-            self.candidates.append(screened_options(problem, members, keep))
+        self.candidates = Screens(problem, classes, keep)
         self.classes = classes
         self.starts = list(starts)  # restarts, in order; then random assignments
         self.moves = [name for name, _ in MOVES]
@@ -415,6 +439,13 @@ def asymptotic_slopes(problem: Problem) -> list[float]:
     return slopes
 
 
+# Beyond this many buckets the channel bound prices each bucket by its grid floor alone
+# (a weaker bound, with no cost model call): pricing each was most of the set-up's time
+# on 20,000 tensors of distinct sizes (seconds), and no instance of the benchmark sets
+# or golden plans has as many buckets
+PRICED_BUCKETS = 5_000
+
+
 def lower_bound(problem: Problem, cap_mb: float, floors=None) -> float:
     """No plan with this bucket cap can be faster than this (see the module docstring).
 
@@ -428,15 +459,25 @@ def lower_bound(problem: Problem, cap_mb: float, floors=None) -> float:
     ready_so_far = 0.0
     distinct = _distinct_channels(problem)
     first_element, slope = _mixed_floor(problem, distinct)
-    for members, ready in zip(problem.buckets(cap_mb), model.bucket_ready_ms):
+    buckets = problem.buckets(cap_mb)
+    least = None  # per grid size, the least floor of every option: no pricing at all
+    if floors is not None and len(buckets) > PRICED_BUCKETS:
+        least = floors[1][distinct].min(axis=0)
+    for members, ready in zip(buckets, model.bucket_ready_ms):
         numel = sum(problem.tensors[p].numel for p in members)
         # the largest tensor's group costs at least what it costs alone (costs grow with
         # size): the whole bucket's price where it is one tensor
         largest = max(members, key=lambda p: problem.tensors[p].numel)
         alone = problem.tensors[largest]
-        cheapest = min(_channel_ms(problem, index, alone.numel, (alone.shape,))
-                       for index in distinct) if floors is None else \
-            _cheapest_above_floors(problem, distinct, floors, alone.numel, (alone.shape,))
+        if least is not None:
+            column = int(np.searchsorted(floors[0], alone.numel, side="right")) - 1
+            cheapest = float(least[column]) if column >= 0 else 0.0
+        elif floors is None:
+            cheapest = min(_channel_ms(problem, index, alone.numel, (alone.shape,))
+                           for index in distinct)
+        else:
+            cheapest = _cheapest_above_floors(problem, distinct, floors, alone.numel,
+                                              (alone.shape,))
         if len(members) > 1:
             # its tensors may be split between options: each group costs at least its
             # first element's price plus the cheapest marginal price of the rest (costs

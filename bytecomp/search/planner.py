@@ -60,6 +60,15 @@ EXACT_CAP_S = 10.0  # --algorithm exact without --budget: its time cap in second
 # of the optimum (the model's own error is several percent; --min-gain asks 5-10%)
 DEFAULT_STOP_GAP = 0.01
 DEFAULT_MIN_FIDELITY = 0.75  # GraVAC's threshold on the compression gain
+# The default search's wall-clock cap without --budget (seconds from the search's start):
+# it plans the documented range (up to MAX_TENSORS) in far less, so it only stops a search
+# that would otherwise run on; --budget replaces it, and caps the greedy's passes, the
+# exact pass and the annealing alike
+SEARCH_CAP_S = 30.0
+# Above this many tensors the default caps leave out 0 (one bucket per tensor) and the
+# lower bound is the channel bound alone (the relaxed one took seconds at 50,000)
+LARGE_TENSORS = 5_000
+MAX_TENSORS = 50_000  # parameter tensors a profile may have to be planned (docs/search.md)
 
 
 def default_evaluations(tensors: int) -> int:
@@ -69,6 +78,15 @@ def default_evaluations(tensors: int) -> int:
     measure it). Half what it was before the annealing began with a descent: since
     then the same plans or better come from half the walk (docs/search.md)."""
     return min(4000, max(600, 100_000 // max(1, tensors)))
+
+
+def default_caps(profiled_mb: float, tensors: int) -> list[float]:
+    """The bucket caps searched unless some are asked: the profiled cap and
+    :data:`DEFAULT_CAPS`, less 0 (one bucket per tensor) above
+    :data:`LARGE_TENSORS` tensors: a collective per tensor does not pay there, and
+    pricing each of that many buckets was most of the search's time."""
+    caps = [profiled_mb, *DEFAULT_CAPS]
+    return caps if tensors <= LARGE_TENSORS else [cap for cap in caps if cap > 0]
 
 
 def host_workers_of(cluster: Cluster) -> int:
@@ -252,6 +270,17 @@ def native_option(spec: str) -> Option:
     return Option(spec, "device", native_scheme(from_spec(spec)))
 
 
+def check_size(profile: Profile) -> None:
+    """At most :data:`MAX_TENSORS` tensors, or one line before any work: the search's
+    set-up (baselines, bounds, screens) grows with the tensors, and beyond the range it
+    is measured on it would not fit its time cap."""
+    count = len(profile.tensors)
+    if count > MAX_TENSORS:
+        raise BytecompError(f"{profile.label}: {count:,} parameter tensors, more than the "
+                            f"{MAX_TENSORS:,} bytecomp plans; merge small parameters into "
+                            f"larger ones (e.g. fused layers), or plan part of the model")
+
+
 class Planner:
     """Builds the problem for a profile and cluster, then searches it."""
 
@@ -260,6 +289,7 @@ class Planner:
                  objective: str | None = None, min_fidelity: float | None = None,
                  fidelity_weights: str = "params", calibrate: bool = True) -> None:
         self.profile = profile
+        check_size(profile)
         self.cluster = cluster or profiled_cluster(profile)
         if self.cluster.world_size < 2:
             raise BytecompError(f"{self.cluster.name}: a single rank has nothing to exchange, "
@@ -520,7 +550,8 @@ class Planner:
         evaluations, seed, stop_gap = options.evaluations, options.seed, options.stop_gap
         problem = self.problem
         baselines = self.baselines()
-        caps = sorted(set(options.caps or [self.profile.bucket_cap_mb, *DEFAULT_CAPS]))
+        caps = sorted(set(options.caps or default_caps(self.profile.bucket_cap_mb,
+                                                       len(problem.tensors))))
         caps = add_exchange(self.tree, {cap: problem.buckets(cap) for cap in caps})
         view = problem.restricted(len(self.searchable))
         searchable = set(self.searchable)
@@ -542,11 +573,13 @@ class Planner:
             stop_gap = 0.0 if spend else DEFAULT_STOP_GAP
         target = bound * (1 + stop_gap) if stop_gap > 0 else -math.inf
         first = offered[0]
+        # the default search's cap (--budget's, but exact's budget is its own, below)
+        deadline = started + (SEARCH_CAP_S if budget_s is None or algorithm == "exact"
+                              else budget_s)
         assignment, value, cap = greedy_over_caps(view, caps, first.cap, first.assignment,
-                                                  target=target)
+                                                  target=target, deadline=deadline)
         # --algorithm exact: the default search, then branch and bound within the budget
         default = algorithm in ("auto", "exact")
-        deadline = math.inf if budget_s is None or algorithm == "exact" else started + budget_s
         proof: ExactResult | None = None
         if default and len(problem.tensors) <= EXACT_AUTO_TENSORS:
             proof = exact_search(view, caps, assignment, cap, value, deadline,
@@ -564,6 +597,7 @@ class Planner:
         if proof is not None and proof.value < value - 1e-9:  # found, though not proven
             assignment, value, cap = proof.assignment, proof.value, proof.cap
         stopped = value <= target
+        cut = not stopped and not exact and time.perf_counter() >= deadline
         exact_note = None
         if algorithm == "exact" and not exact:
             limit = EXACT_CAP_S if budget_s is None else budget_s
@@ -579,7 +613,15 @@ class Planner:
             name += ", then branch and bound, stopped at its time cap"
         if stopped and not exact:
             name += f", stopped within {100 * stop_gap:g}% of the lower bound"
+        if cut:
+            name += f", stopped at its {deadline - started:g} s time cap"
         notes = self.notes + self.baseline_notes() + ([exact_note] if exact_note else [])
+        if cut:
+            whose = "--budget" if budget_s is not None and algorithm != "exact" else \
+                "the default; --budget sets it"
+            notes.append(f"the search stopped at its {deadline - started:g} s time cap "
+                         f"({whose}) before its evaluations were spent: the plan is the best "
+                         f"found")
         by_fidelity = problem.objective.uses_fidelity
         kept = _baseline_to_keep(baselines, searchable, value, min_gain,
                                  problem.fidelity(assignment) if by_fidelity else None)
@@ -637,7 +679,7 @@ def _lower_bound(problem: Problem, caps: list[float]) -> float:
     grid of sizes) is above the channel bound: elsewhere it cannot be the better one."""
     floors = channel_floors(problem, caps)
     channel = min(lower_bound(problem, cap, floors) for cap in caps)
-    if relaxed_bound_ceiling(problem, caps) <= channel:
+    if len(problem.tensors) > LARGE_TENSORS or relaxed_bound_ceiling(problem, caps) <= channel:
         return channel
     return max(channel, relaxed_bound(problem, caps))
 

@@ -29,6 +29,7 @@ from bytecomp.timeline.single_pass import simulate_single_pass
 
 UNASSIGNED = -1
 MAX_REMEMBERED = 50_000  # evaluated plans kept for lookup (a few MB at 1,500 tensors)
+REMEMBERED_BYTES = 256 << 20  # and at most about this much of their keys (4 B a tensor)
 OBJECTIVES = ("effective", "time")
 
 
@@ -310,7 +311,7 @@ class Problem:
             value = math.inf
         else:
             value = self.simulate(assignment, cap_mb).iteration_ms / divisor
-        if len(self._values) >= MAX_REMEMBERED:
+        if len(self._values) >= min(MAX_REMEMBERED, REMEMBERED_BYTES // len(key[1] or b"-")):
             self._values.clear()
         self._values[key] = value
         return value
