@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bytecomp.errors import BytecompError
+from bytecomp.mainguard import check_before_spawning
 from bytecomp.options import (
     BenchOptions,
     PlanOptions,
@@ -61,6 +62,7 @@ def profile(model: str | None = None, *, options: ProfileOptions | None = None,
     if model is not None:
         values["model"] = model
     chosen = ProfileOptions.build(options, **values)
+    check_before_spawning()
     for warning in check_nproc(chosen.nproc):
         warn(warning)
     name = chosen.model or "mlp"
@@ -100,6 +102,8 @@ def plan(profile: str | os.PathLike | Profile, *, options: PlanOptions | None = 
     from bytecomp.ui import announce as print_line
 
     chosen = PlanOptions.build(options, **values)
+    if chosen.verify and chosen.adaptive is None:  # the finalists train on spawned ranks
+        check_before_spawning()
     from bytecomp.profile_store import Profile, check_profile
 
     if announce is not None and not callable(announce):
@@ -283,6 +287,7 @@ def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
     from bytecomp.ui import Stage, warn
 
     chosen = BenchOptions.build(options, **values)
+    check_before_spawning()
     profile = path_argument(profile, "bench", "the profile directory")
     files = [path_argument(p, "bench", "a plan file")
              for p in (plans if isinstance(plans, (list, tuple)) else [plans])]

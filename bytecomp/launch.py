@@ -236,7 +236,10 @@ def spawn(fn: Callable, args: tuple, nproc: int, backend: str, timeout_s: float,
           on_stop: Callable[[], None] = lambda: None) -> None:
     """Run ``fn(*args)`` on ``nproc`` spawned ranks, each with its share of the cores as
     torch threads (:func:`threads_per_rank`); raise if any of them fails."""
+    from bytecomp.mainguard import check_main_guard
+
     check_nproc(nproc)
+    check_main_guard()  # each rank would run the script's unguarded calls again
     context = multiprocessing.get_context("spawn")
     errors = context.Queue()
     port = free_port()

@@ -25,12 +25,16 @@ The convention (docs/development.md#code-blocks-in-the-docs):
 A ``bash`` block runs its ``bytecomp`` commands in this process (the ``cli`` fixture:
 what the console script does, without a new interpreter each); a line that is not a
 ``bytecomp`` command is not run here, so its block must be marked. A ``python`` block runs
-as a script (``__name__ == "__main__"``).
+in this process with ``__name__ == "__main__"``, and (slow tier) as a script of its own,
+``python block.py``, as a reader saves and runs it: what a spawned rank does with a
+script (it runs it again: the main guard) only shows there (:func:`run_script`).
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -292,3 +296,21 @@ def test_the_block_runs_as_written(block, checkout, cli, capsys):
         exec(code, namespace)
     if block.note and block.note.startswith("run:"):
         CHECKS[block.note.removeprefix("run:").strip()](block, namespace, checkout)
+
+
+def run_script(code: str, where: Path, name: str = "example.py",
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """``code`` saved as ``where/name`` and run as ``python name`` from ``where``, with this
+    checkout's bytecomp importable: as a reader runs a page's example."""
+    (where / name).write_text(code)
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run([sys.executable, name], cwd=where, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": path})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [b for b in RUN_HERE if b.language == "python"],
+                         ids=lambda block: block.where)
+def test_the_python_block_runs_as_a_script(block, checkout):
+    done = run_script(block.code, checkout)
+    assert done.returncode == 0, f"{block.where} failed as a script:\n{done.stderr[-3000:]}"
