@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,14 +59,22 @@ from bytecomp.profiler.data import (
     corpus_digest,
     validation_batches,
 )
-from bytecomp.recipe import DEFAULT_OPTIMIZER, Builder, Recipe, optimizer_builder, parse_optimizer
+from bytecomp.recipe import (
+    DEFAULT_OPTIMIZER,
+    Builder,
+    Recipe,
+    SchedulerBuilder,
+    optimizer_builder,
+    parse_optimizer,
+    parse_scheduler,
+)
 
 # held-out batches of make_batch: seeds no training step draws (those are a few million at
 # most; torch's CPU generator takes the seed's low 32 bits)
 HELD_OUT_SEED = 2**31 - 1_000_000
 MAX_ARGUMENT = 1 << 20  # a built-in's argument (a width, a depth, a vocabulary, ...)
 # a built-in model's parameters and buffers: 4 GiB in float32, 16 GiB a rank with the
-# gradients and Adam's two moments (counted on the meta device before anything is built)
+# gradients and Adam's two moments (counted from the arguments before anything is built)
 MAX_MODEL_ELEMENTS = 1 << 30
 
 
@@ -84,6 +91,7 @@ class Workload:
     source: str | None = None  # a factory's module file: an input no output may replace
     optimizer: str | Builder = DEFAULT_OPTIMIZER  # a spec, or the factory's own builder
     validation_fn: list | Callable[[int], list] | None = None  # the factory's own batches
+    scheduler: str | SchedulerBuilder | None = None  # a spec, the factory's own, or none
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self.loss_fn is not None:
@@ -95,6 +103,27 @@ class Workload:
         if isinstance(self.optimizer, str):
             return optimizer_builder(self.optimizer)(parameters)
         return self.optimizer(parameters)
+
+    def make_scheduler(self, optimizer):
+        """The recipe's learning-rate scheduler over ``optimizer`` (None: a constant
+        rate), stepped after every optimizer step where bytecomp trains the recipe."""
+        if self.scheduler is None:
+            return None
+        if isinstance(self.scheduler, str):
+            return parse_scheduler(self.scheduler).build(optimizer)
+        made = self.scheduler(optimizer)
+        if not callable(getattr(made, "step", None)):
+            raise BytecompError(f"model {self.name}: the recipe's scheduler must return a "
+                                f"learning-rate scheduler (with step()), got "
+                                f"{type(made).__name__}")
+        return made
+
+    @property
+    def scheduler_spec(self) -> str | None:
+        """The learning-rate schedule, as a profile records it (None: none)."""
+        if self.scheduler is None or isinstance(self.scheduler, str):
+            return self.scheduler
+        return f"the factory's ({getattr(self.scheduler, '__qualname__', 'a function')})"
 
     @property
     def optimizer_spec(self) -> str:
@@ -207,9 +236,6 @@ class GPT(nn.Module):
     mask: torch.Tensor  # the causal mask, a non-persistent buffer
 
     def __init__(self, vocab: int, width: int, layers: int, heads: int, seq_len: int) -> None:
-        if width % heads:
-            raise BytecompError(f"transformer: width={width} must be a multiple of "
-                                f"heads={heads}")
         super().__init__()
         self.tokens = nn.Embedding(vocab, width)
         self.positions = nn.Embedding(seq_len, width)
@@ -280,6 +306,8 @@ def _digits(width=16, classes=10):
 
 
 def _transformer(layers=4, width=256, heads=4, seq_len=128, vocab=8192):
+    if width % heads:
+        raise BytecompError(f"transformer: width={width} must be a multiple of heads={heads}")
     return Recipe(GPT(vocab, width, layers, heads, seq_len), TextWindows(seq_len, vocab=vocab),
                   optimizer=DEFAULT_OPTIMIZER, batch_size=8)
 
@@ -297,20 +325,14 @@ def _bow(vocab=20000, width=32, hidden=256, classes=20, length=64):
                   optimizer="sgd:lr=0.1,momentum=0.9", batch_size=32)
 
 
-def _vision_model(name):
-    def build(classes=1000):
+def _vision(name):
+    def build(classes=1000, image=224):
         try:
             import torchvision
         except Exception:
             raise BytecompError(f"{name} needs torchvision: pip install 'bytecomp-ddp[vision]' "
                                 f"(torch==2.14.1 torchvision==0.29.1 on CPU-only machines)") from None
-        return getattr(torchvision.models, name)(num_classes=classes)
-    return build
-
-
-def _vision(name):
-    def build(classes=1000, image=224):
-        model = _vision_model(name)(classes)
+        model = getattr(torchvision.models, name)(num_classes=classes)
 
         def batch(n):
             return torch.randn(n, 3, image, image), torch.randint(0, classes, (n,))
@@ -329,24 +351,55 @@ BUILTINS: dict[str, Callable] = {
     "resnet50": _vision("resnet50"),
     "vgg16": _vision("vgg16"),
 }
-# Each built-in's model alone, from those of the factory's arguments it takes: what
-# _check_size builds on the meta device.
-MODELS: dict[str, Callable[..., nn.Module]] = {
-    "mlp": MLP, "cnn": ConvNet, "transformer": GPT, "lstm": LSTMLanguageModel,
-    "digits": DigitsNet, "bow": BagOfWords, "resnet18": _vision_model("resnet18"),
-    "resnet50": _vision_model("resnet50"), "vgg16": _vision_model("vgg16"),
+
+
+def _linear(a: int, b: int) -> int:
+    return a * b + b
+
+
+def _mlp_size(inputs, width, depth, classes):
+    sizes = [inputs] + [width] * depth
+    return sum(_linear(a, b) for a, b in zip(sizes, sizes[1:])) + _linear(sizes[-1], classes)
+
+
+def _cnn_size(width, classes):
+    channels = [3, width, 2 * width, 4 * width, 8 * width]
+    blocks = sum(9 * a * b + b + 4 * b + 1 for a, b in zip(channels, channels[1:]))  # + BN
+    return blocks + _linear(32 * width, 16 * width) + _linear(16 * width, classes)
+
+
+def _transformer_size(layers, width, heads, seq_len, vocab):
+    block = _linear(width, 3 * width) + _linear(width, width) + _linear(width, 4 * width) \
+        + _linear(4 * width, width) + 4 * width  # attention, feed-forward, two norms
+    return (vocab + seq_len) * width + layers * block + 2 * width + width * vocab \
+        + seq_len * seq_len  # the causal mask
+
+
+# Each built-in's parameters and buffers from its arguments (all given, defaults filled
+# in), before anything is built; tests/hostile/test_api_types.py checks them against the
+# models. The torchvision ones: their parameters at 1,000 classes, less the classifier's.
+SIZES: dict[str, Callable[..., int]] = {
+    "mlp": _mlp_size,
+    "cnn": _cnn_size,
+    "transformer": _transformer_size,
+    "lstm": lambda layers, width, seq_len, vocab: vocab * width + layers * (
+        8 * width * width + 8 * width) + _linear(width, vocab),
+    "digits": lambda width, classes: 9 * width + width + 18 * width * width + 2 * width
+    + _linear(32 * width, 4 * width) + _linear(4 * width, classes),
+    "bow": lambda vocab, width, hidden, classes, length: vocab * width + _linear(width, hidden)
+    + _linear(hidden, hidden) + _linear(hidden, classes),
+    "resnet18": lambda classes, image: 11_176_512 + _linear(512, classes),
+    "resnet50": lambda classes, image: 23_508_032 + _linear(2048, classes),
+    "vgg16": lambda classes, image: 134_260_544 + _linear(4096, classes),
 }
 
 
 def model_elements(name: str, args: dict) -> int:
     """The parameters and buffers of built-in ``name``'s model with ``args`` (the rest at
-    their defaults), counted on the meta device: nothing is allocated."""
+    their defaults), from the arguments alone: nothing is built."""
     bound = inspect.signature(BUILTINS[name]).bind(**args)
     bound.apply_defaults()
-    taken = inspect.signature(MODELS[name]).parameters
-    with torch.device("meta"):
-        model = MODELS[name](**{k: v for k, v in bound.arguments.items() if k in taken})
-    return sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers()))
+    return SIZES[name](**bound.arguments)
 
 
 def _check_size(name: str, args: dict) -> None:
@@ -395,19 +448,7 @@ def _builtin_args(name: str, text: str) -> dict:
 def _from_factory(spec: str) -> Workload:
     from bytecomp.model_spec import search_current_directory
 
-    from bytecomp.model_spec import search_current_directory
-    search_current_directory()  # as `python -m bytecomp` and a script beside it find it
-
     module_name, _, attribute = spec.partition(":")
-    except ModuleNotFoundError as error:
-        if not f"{module_name}.".startswith(f"{error.name}."):  # an import of its own failed
-            raise BytecompError(f"cannot import model factory module {module_name!r}: "
-                                f"ModuleNotFoundError: {error}"[:500]) from None
-        raise BytecompError(f"cannot import model factory module {module_name!r}: "
-                            f"ModuleNotFoundError: {error} (bytecomp looks on the Python "
-                            f"path, then in the current directory: run from the directory "
-                            f"that holds {module_name.split('.')[0]}, or put that directory "
-                            f"on PYTHONPATH)"[:500]) from None
     search_current_directory()  # as `python -m bytecomp` and a script beside it find it
     try:
         module = importlib.import_module(module_name)
@@ -466,13 +507,21 @@ def _workload(name: str, recipe: Recipe, args: dict, source: str | None = None) 
     batch_size = recipe.batch_size if recipe.batch_size is not None else 32
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise BytecompError(f"model {name}: batch_size must be a positive integer")
+    scheduler = recipe.scheduler
+    if isinstance(scheduler, str):
+        scheduler = parse_scheduler(scheduler).spec  # one line for a bad spec
+    elif scheduler is not None and not callable(scheduler):
+        raise BytecompError(f"model {name}: scheduler must be a spec or a function of the "
+                            f"optimizer")
     return Workload(name, recipe.model, recipe.make_batch, recipe.loss, batch_size, args, source,
-                    optimizer, recipe.validation)
+                    optimizer, recipe.validation, scheduler)
 
 
-def load_workload(spec: str, seed: int = 0, optimizer: str | None = None) -> Workload:
-    """Build the workload named by ``spec`` (see the module docstring); ``optimizer``: a
-    spec that replaces the recipe's (``bytecomp profile --optimizer``)."""
+def load_workload(spec: str, seed: int = 0, optimizer: str | None = None,
+                  scheduler: str | None = None) -> Workload:
+    """Build the workload named by ``spec`` (see the module docstring); ``optimizer`` and
+    ``scheduler``: specs that replace the recipe's (``bytecomp profile --optimizer``,
+    ``--scheduler``)."""
     name, _, rest = spec.strip().partition(":")
     torch.manual_seed(seed)
     if name in BUILTINS:
@@ -485,6 +534,8 @@ def load_workload(spec: str, seed: int = 0, optimizer: str | None = None) -> Wor
                             f"or give pkg.module:factory")
     if optimizer is not None:
         workload.optimizer = parse_optimizer(optimizer).spec
+    if scheduler is not None:
+        workload.scheduler = parse_scheduler(scheduler).spec
     return workload
 
 
