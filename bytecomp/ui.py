@@ -103,6 +103,11 @@ HEARTBEAT_S = 30.0  # piped, a phase that runs longer prints a line at least thi
 OVER_ALLOWANCE = 1.2  # a phase this far past its allowed time says so
 
 
+def seconds(value: float) -> str:
+    """``value`` seconds as a phase's line shows them: whole from 10 s, else a tenth."""
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
 class Reporter:
     """What a long command is doing, on stderr, from rank 0 only (``enabled``): a
     progress bar with the time elapsed and left per phase on a terminal; piped (a CI log)
@@ -162,14 +167,14 @@ class Reporter:
 
     def _heartbeat(self) -> None:
         """Piped: the current phase's steps so far, when nothing was said for a while."""
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(min(1.0, HEARTBEAT_S / 4)):
             if self._began and self._began[-1][0] and \
                     time.perf_counter() - self._said >= HEARTBEAT_S:
                 name, start = self._began[-1]
                 allowed = self._allowed.get(name)
                 self._say(f"  {name}: {self._done:,} of {self._total:,} steps, "
-                          f"{time.perf_counter() - start:.0f} s"
-                          + (f" of {allowed[0]:.0f} s allowed" if allowed else ""))
+                          f"{seconds(time.perf_counter() - start)}"
+                          + (f" of {seconds(allowed[0])} allowed" if allowed else ""))
 
     def end_phase(self) -> None:
         """End the current phase now (the next one, or the session's end, would too)."""
@@ -186,9 +191,9 @@ class Reporter:
         spent = time.perf_counter() - start
         allowed = self._allowed.get(name)
         if self._lines and allowed:
-            self._say(f"  {name}: {spent:.0f} s of {allowed[0]:.0f} s allowed")
+            self._say(f"  {name}: {seconds(spent)} of {seconds(allowed[0])} allowed")
         if allowed and spent > OVER_ALLOWANCE * allowed[0]:
-            self.warn(f"{name} took {spent:.0f} s of the {allowed[0]:.0f} s it is allowed"
+            self.warn(f"{name} took {seconds(spent)} of the {seconds(allowed[0])} it is allowed"
                       + (f": {allowed[1]}" if allowed[1] else ""))
 
     def phase(self, description: str, total: int, allowed_s: float | None = None,
@@ -204,7 +209,7 @@ class Reporter:
         if allowed_s is not None:
             self._allowed[description] = (allowed_s, more)
         if self._lines:
-            limit = f", at most {allowed_s:.0f} s" if allowed_s is not None else ""
+            limit = f", at most {seconds(allowed_s)}" if allowed_s is not None else ""
             self._say(f"{description}: {total:,} steps{limit}")
 
             def count(steps: int = 1, total: int | None = None) -> None:
