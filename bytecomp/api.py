@@ -75,7 +75,8 @@ def profile(model: str | None = None, *, options: ProfileOptions | None = None,
         force=chosen.force, device=chosen.device, timeout_s=chosen.timeout,
         max_mb=chosen.max_mb, machine=chosen.machine,
         fidelity_iterations=chosen.fidelity_iterations, ladders=list(chosen.ladder),
-        probe_steps=chosen.probe_steps, optimizer=chosen.optimizer, budget_s=chosen.budget,
+        probe_steps=chosen.probe_steps, optimizer=chosen.optimizer,
+        scheduler=chosen.scheduler, budget_s=chosen.budget,
         calibration=chosen.calibration, calibrate_only=chosen.calibrate_only,
         cache=chosen.cache)
     out = run_profile(config, chosen.nproc)

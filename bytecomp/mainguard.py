@@ -16,6 +16,7 @@ import ast
 import os
 import sys
 import tokenize
+import types
 
 from bytecomp.errors import BytecompError
 
@@ -74,7 +75,7 @@ def check_main_guard() -> None:
     if path is None:
         return
     main = sys.modules["__main__"]
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and not (frame.f_globals is vars(main)
                                      and frame.f_code.co_name == "<module>"):
         frame = frame.f_back

@@ -248,6 +248,14 @@ class ProfileOptions(Options):
                                    "sgd|adam|adamw[:lr=...,momentum=...,weight_decay=...,"
                                    "clip=...] (default: the workload recipe's; the built-ins: "
                                    "adam:lr=0.001).")
+    scheduler: str | None = option(None, "The learning-rate schedule of the profile's "
+                                   "training runs over many steps (the convergence probe; "
+                                   "plan's finalists and bench --train-steps then train "
+                                   "with it too), replacing the workload's: "
+                                   "cosine[:steps=...,min_lr=...,warmup=...], "
+                                   "step[:every=...,gamma=...,warmup=...] or "
+                                   "warmup[:steps=...,start=...] (default: the recipe's; "
+                                   "the built-ins: none).")
     calibration: str | None = option(None, "Reuse the cluster's tables of this calibration "
                                      "(--calibrate-only) or profile directory: collective, "
                                      "compressor, aggregation and copy sweeps, the executor's "
@@ -272,7 +280,7 @@ class ProfileOptions(Options):
                                 "calibration measures the tables that --calibration reuses")
         refuse_unused(self.calibrate_only, "with --calibrate-only (no model is profiled)",
                       {"--model": self.model, "--batch-size": self.batch_size,
-                       "--optimizer": self.optimizer})
+                       "--optimizer": self.optimizer, "--scheduler": self.scheduler})
 
 
 @dataclass(frozen=True)

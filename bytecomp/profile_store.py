@@ -131,6 +131,20 @@ class Profile:
         except BytecompError:
             return None  # "the factory's (...)"
 
+    def recipe_scheduler(self) -> str | None:
+        """The learning-rate schedule spec the profile's recipe trained with; None where it
+        had none, the factory built its own (building the workload builds it again) or
+        the profile predates schedules."""
+        from bytecomp.recipe import parse_scheduler
+
+        spec = (self.meta.get("recipe") or {}).get("scheduler")
+        if not isinstance(spec, str):
+            return None
+        try:
+            return parse_scheduler(spec).spec
+        except BytecompError:
+            return None  # "the factory's (...)"
+
     def evidence(self) -> tuple[bool, str]:
         """What convergence evidence the profile holds, in words, and whether it holds any
         (measured steps factors) or only the one-step gains."""

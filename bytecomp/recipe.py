@@ -18,6 +18,20 @@ parameters); ``bytecomp profile --optimizer SPEC`` names one of these:
 each with ``clip`` (default none): the gradients' total norm is clipped to it before
 every step (``torch.nn.utils.clip_grad_norm_``). Every value is range-checked; a
 bad spec is one line naming the choices.
+
+A recipe may also schedule the learning rate (``Recipe(scheduler=...)``): a function of
+the optimizer returning a ``torch.optim.lr_scheduler`` scheduler, or a spec
+(``bytecomp profile --scheduler SPEC``), stepped once after every optimizer step
+wherever bytecomp trains the recipe over many steps (the convergence probe, the
+finalists, ``bench --train-steps``):
+
+* ``cosine``: ``steps`` (default 1000) of cosine decay to ``min_lr`` (0);
+* ``step``: the rate times ``gamma`` (0.1) every ``every`` steps (100);
+* ``warmup``: a linear warm-up from ``start`` (0.1) x the rate to the rate over
+  ``steps`` (100), then constant;
+
+``cosine`` and ``step`` also take ``warmup`` (0: none), steps of that linear warm-up
+first, and ``start``.
 """
 
 from __future__ import annotations
@@ -46,6 +60,14 @@ OPTIMIZERS: dict[str, dict[str, tuple]] = {
 MAX_VALUE = 1e6  # no learning rate, decay or clip norm beyond this is a recipe
 DEFAULT_OPTIMIZER = "adam:lr=0.001"  # a recipe's when it names none
 Builder = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+SchedulerBuilder = Callable[[torch.optim.Optimizer], object]
+# name -> {parameter: (default, low, high)}: whole numbers where the default is an int
+_WARMUP = {"warmup": (0, 0, 10**7), "start": (0.1, 1e-6, 1.0)}
+SCHEDULERS: dict[str, dict[str, tuple]] = {
+    "cosine": {"steps": (1000, 1, 10**7), "min_lr": (0.0, 0.0, MAX_VALUE), **_WARMUP},
+    "step": {"every": (100, 1, 10**7), "gamma": (0.1, 1e-6, 1.0), **_WARMUP},
+    "warmup": {"steps": (100, 1, 10**7), "start": (0.1, 1e-6, 1.0)},
+}
 
 
 @dataclass
@@ -60,7 +82,11 @@ class Recipe:
       ``torch.optim.Optimizer`` (default ``adam:lr=0.001``);
     * ``validation``: fixed validation batches, a list or a function of the batch size
       (default: held-out batches of ``make_batch``);
-    * ``batch_size`` per rank (default 32)."""
+    * ``batch_size`` per rank (default 32);
+    * ``scheduler``: a spec (``"cosine:steps=1000,warmup=50"``; ``cosine``, ``step`` or
+      ``warmup``, as ``bytecomp profile --scheduler`` takes them) or a function of the
+      optimizer returning a ``torch.optim.lr_scheduler`` scheduler, stepped after every
+      optimizer step (default: none, a constant rate)."""
 
     model: nn.Module
     make_batch: Callable[[int], tuple]
@@ -68,6 +94,7 @@ class Recipe:
     optimizer: str | Builder | None = None
     validation: list | Callable[[int], list] | None = None
     batch_size: int | None = None
+    scheduler: str | SchedulerBuilder | None = None
 
 
 class ClippedOptimizer:
@@ -178,3 +205,79 @@ def parse_optimizer(text: str) -> OptimizerSpec:
 def optimizer_builder(spec: str) -> Builder:
     """The builder of a spec: ``parameters -> optimizer``."""
     return parse_optimizer(spec).build
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    """A parsed learning-rate schedule spec (see the module docstring)."""
+
+    name: str
+    values: tuple[tuple[str, float], ...]
+
+    @property
+    def spec(self) -> str:
+        """Canonical: every value the spec set, in the table's order."""
+        parts = [f"{key}={_shown(value)}" for key, value in self.values]
+        return self.name + (":" + ",".join(parts) if parts else "")
+
+    def build(self, optimizer) -> object:
+        """The scheduler over ``optimizer`` (a :class:`ClippedOptimizer`'s own optimizer:
+        torch's schedulers take a ``torch.optim.Optimizer``)."""
+        from torch.optim import lr_scheduler
+
+        settings = {key: default[0] for key, default in SCHEDULERS[self.name].items()}
+        settings.update(self.values)
+        inner = optimizer.optimizer if isinstance(optimizer, ClippedOptimizer) else optimizer
+        warmup, start = int(settings.get("warmup", 0)), settings["start"]
+        if self.name == "warmup":
+            return lr_scheduler.LinearLR(inner, start_factor=start, end_factor=1.0,
+                                         total_iters=int(settings["steps"]))
+        main = lr_scheduler.CosineAnnealingLR(inner, T_max=int(settings["steps"]),
+                                              eta_min=settings["min_lr"]) \
+            if self.name == "cosine" else \
+            lr_scheduler.StepLR(inner, step_size=int(settings["every"]), gamma=settings["gamma"])
+        if not warmup:
+            return main
+        first = lr_scheduler.LinearLR(inner, start_factor=start, end_factor=1.0,
+                                      total_iters=warmup)
+        return lr_scheduler.SequentialLR(inner, [first, main], milestones=[warmup])
+
+
+def parse_scheduler(text: str) -> SchedulerSpec:
+    """``cosine:steps=1000,warmup=50`` -> a :class:`SchedulerSpec`, every value checked."""
+    if not isinstance(text, str) or not text.strip():
+        raise BytecompError(f"empty scheduler spec; choose from {', '.join(SCHEDULERS)}")
+    name, _, rest = text.strip().partition(":")
+    name = name.strip().lower()
+    table = SCHEDULERS.get(name)
+    if table is None:
+        raise BytecompError(f"unknown scheduler {name!r}; choose from {', '.join(SCHEDULERS)}")
+    values: dict[str, float] = {}
+    items = [part.strip() for part in rest.split(",")] if rest.strip() else []
+    if "" in items:
+        raise BytecompError(f"scheduler {name}: {text.strip()!r} has an empty parameter "
+                            f"(parameters are key=value, one comma between two)")
+    for item in items:
+        key, equals, raw = (part.strip() for part in item.partition("="))
+        if key not in table:
+            import difflib
+
+            close = difflib.get_close_matches(key, list(table), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise BytecompError(f"scheduler {name}: unknown parameter {key!r}{hint}; valid: "
+                                f"{', '.join(table)}")
+        if not equals or not raw:
+            raise BytecompError(f"scheduler {name}: {key} needs a value ({key}=...)")
+        if key in values:
+            raise BytecompError(f"scheduler {name}: {key} given twice")
+        default, low, high = table[key]
+        try:
+            number = int(raw) if isinstance(default, int) else float(raw)
+        except ValueError:
+            kind = "a whole number" if isinstance(default, int) else "a number"
+            raise BytecompError(f"scheduler {name}: {key}={raw!r} is not {kind}") from None
+        if not (math.isfinite(number) and low <= number <= high):
+            raise BytecompError(f"scheduler {name}: {key}={raw} is out of range "
+                                f"[{low:g}, {high:g}]")
+        values[key] = number
+    return SchedulerSpec(name, tuple((key, values[key]) for key in table if key in values))

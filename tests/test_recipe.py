@@ -6,7 +6,9 @@ stays poor warned about."""
 from __future__ import annotations
 
 import math
+import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -298,3 +300,110 @@ def test_a_probe_that_learns_nothing_is_no_evidence_and_plan_says_so(cli, monkey
     assert load_profile(out).steps_factors == {}
     plan = cli("plan", out, "--out", tmp_path / "plan.yaml", "--model", "factories:tiny")
     assert "warning: raw gains only: in the convergence probe" in plan.stderr
+
+
+# -- learning-rate schedules ---------------------------------------------------------------
+
+@pytest.mark.parametrize("text, canonical", [
+    ("cosine", "cosine"), ("Cosine:steps=500, warmup=20", "cosine:steps=500,warmup=20"),
+    ("step:gamma=0.5,every=10", "step:every=10,gamma=0.5"),
+    ("warmup:start=0.01,steps=50", "warmup:steps=50,start=0.01"),
+])
+def test_scheduler_specs_parse_to_a_canonical_form(text, canonical):
+    from bytecomp.recipe import parse_scheduler
+
+    assert parse_scheduler(text).spec == canonical
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty scheduler spec"), ("linear", "unknown scheduler 'linear'; choose from cosine"),
+    ("step:gama=0.5", "unknown parameter 'gama' (did you mean 'gamma'?)"),
+    ("step:every=0", "every=0 is out of range"), ("cosine:steps=1.5", "not a whole number"),
+    ("warmup:start=2", "start=2 is out of range"), ("step:gamma", "gamma needs a value"),
+    ("cosine:min_lr=nan", "out of range"), ("step:every=2,every=3", "every given twice"),
+])
+def test_bad_scheduler_specs_are_one_clear_error(text, message):
+    from bytecomp.recipe import parse_scheduler
+
+    with pytest.raises(BytecompError, match=re.escape(message)):
+        parse_scheduler(text)
+
+
+def _rates(spec: str, steps: int, clip: bool = False) -> list[float]:
+    model = torch.nn.Linear(2, 2)
+    optimizer = parse_optimizer("sgd:lr=0.1" + (",clip=1" if clip else "")).build(
+        model.parameters())
+    from bytecomp.profiler.workloads import Workload
+
+    scheduler = Workload("net", model, lambda n: None, scheduler=spec).make_scheduler(optimizer)
+    rates = []
+    with warnings.catch_warnings():  # no optimizer step: the rates alone (its first step
+        warnings.simplefilter("ignore")  # imports torch._dynamo, seconds)
+        for _ in range(steps):
+            scheduler.step()
+            rates.append(optimizer.param_groups[0]["lr"])
+    return rates
+
+
+def test_each_schedule_moves_the_rate_as_it_says():
+    assert _rates("step:every=2,gamma=0.5", 6) == pytest.approx(
+        [0.1, 0.05, 0.05, 0.025, 0.025, 0.0125])
+    assert _rates("warmup:steps=4,start=0.2", 5, clip=True) == pytest.approx(
+        [0.04, 0.06, 0.08, 0.1, 0.1])  # through a clipped optimizer too
+    cosine = _rates("cosine:steps=4", 4)
+    assert cosine[1] == pytest.approx(0.05) and cosine[-1] == pytest.approx(0.0, abs=1e-12)
+    warm = _rates("cosine:steps=4,warmup=2,start=0.5", 6)
+    assert warm[0] == pytest.approx(0.075) and warm[1] == pytest.approx(0.1)
+    assert warm[-1] < warm[2] < 0.1
+    from bytecomp.profiler.workloads import Workload
+
+    assert Workload("net", torch.nn.Linear(2, 2), lambda n: None).make_scheduler(None) is None
+
+
+def test_the_profile_command_refuses_a_bad_scheduler_before_any_rank(cli):
+    done = cli("profile", "--scheduler", "cosine:stepz=3", "--nproc", "2")
+    assert done.returncode == 2
+    assert "unknown parameter 'stepz' (did you mean 'steps'?)" in done.stderr
+
+
+def test_a_profile_s_recorded_schedule_is_what_plan_and_bench_train_with():
+    from bytecomp.profile_store import Profile
+
+    def profile(recipe):
+        loaded = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "cnn")
+        return Profile({**loaded.meta, "recipe": recipe}, *[getattr(loaded, name) for name in (
+            "tensors", "collectives", "compressors", "copies", "path")])
+
+    assert profile({"scheduler": "cosine:warmup=5"}).recipe_scheduler() == "cosine:warmup=5"
+    assert profile({"scheduler": "the factory's (schedule)"}).recipe_scheduler() is None
+    assert profile({}).recipe_scheduler() is None
+
+
+def _probe_with_schedule(rank, world):
+    """The convergence probe of a small MLP whose recipe halves the rate every 2 steps:
+    every trainee's scheduler, as the probe left it."""
+    from bytecomp.profiler.probe import run_probe
+
+    workload = load_workload("mlp:inputs=16,width=32,depth=2")
+    made = []
+
+    def schedule(optimizer):
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+        made.append((optimizer, scheduler))
+        return scheduler
+
+    workload.scheduler = schedule
+    run_probe(workload, torch.device("cpu"), 8, 25.0, ["fp16"], 6, 3, world, 1)
+    return [(scheduler.last_epoch, optimizer.param_groups[0]["lr"])
+            for optimizer, scheduler in made]
+
+
+@pytest.mark.multirank
+def test_a_recipe_with_a_scheduler_steps_it_in_the_probe():
+    """fp32 DDP and fp16 trained 6 steps: each has its own scheduler, stepped after each
+    optimizer step, so the rate is 0.001 x 0.5^3 at the end, on every rank."""
+    from ranks import run_ranks
+
+    for seen in run_ranks(_probe_with_schedule, 2):
+        assert len(seen) == 2 and all(epoch == 6 for epoch, _ in seen)
+        assert all(lr == pytest.approx(0.001 * 0.5 ** 3) for _, lr in seen)

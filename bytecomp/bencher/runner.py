@@ -115,6 +115,7 @@ class Strategy:
     executor: Executor | None = None
     compute_only: bool = False
     data_seed: int | None = None  # its batches' seed, where not the run's (train_curves)
+    scheduler: object | None = None  # the recipe's learning-rate schedule (training only)
 
 
 @dataclass
@@ -368,7 +369,8 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
         if torch.cuda.is_available() else torch.device("cpu")
     spec = allowed_model(profile.meta["model"].get("spec"), config.model, profile.label,
                          "bench a profile of a built-in model")
-    workload = load_workload(spec, optimizer=profile.recipe_optimizer())
+    workload = load_workload(spec, optimizer=profile.recipe_optimizer(),
+                             scheduler=profile.recipe_scheduler())
     batch = to_device(workload.make_batch(int(profile.meta["batch_size"])), device)
     strategies = build_strategies(workload, device, profile, plans, specs, rank, world, shape[0],
                                   workload.make_optimizer)
@@ -436,6 +438,8 @@ def _converge(settings: ConvergenceConfig, workload, device, profile, plans, spe
     strategies = build_strategies(workload, device, profile, plans, specs, rank, world, nodes,
                                   optimizer, timing=False, levels=train_levels,
                                   reference_seed=settings.reference_seed)
+    for strategy in strategies:  # the schedule the probe and the finalists trained with
+        strategy.scheduler = workload.make_scheduler(strategy.optimizer)
     with reporter.session():
         progress = reporter.phase(f"training {len(strategies)} strategies",
                                   settings.train_steps)

@@ -94,7 +94,8 @@ def run_profile(config: ProfileConfig, nproc: int | None = None) -> Path:
     # an unknown model, a broken factory or a recipe that cannot train fails here
     with Stage(f"building {config.model} and checking its recipe (one training step, the "
                f"validation batches)"):
-        workload = load_workload(config.model, optimizer=config.optimizer)
+        workload = load_workload(config.model, optimizer=config.optimizer,
+                                 scheduler=config.scheduler)
         check_recipe(workload, config.batch_size or workload.batch_size)
     if config.cache and not config.calibration:
         inputs += _use_cache(config, nproc, backend, workload)

@@ -295,6 +295,8 @@ def train_curves(strategies, workload, batch_size: int, device, config: Converge
             loss.backward()
             strategy.optimizer.step()
             strategy.optimizer.zero_grad()
+            if getattr(strategy, "scheduler", None) is not None:  # the recipe's schedule
+                strategy.scheduler.step()
             times[index, step - 1] = 1000 * (_clock(device) - started)
             if strategy.executor is not None and strategy.executor.controller:
                 # the time between this executor's steps holds every other strategy's step

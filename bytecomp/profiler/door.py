@@ -98,6 +98,14 @@ def _check_optimizer(workload, model: torch.nn.Module, name: str) -> None:
         if lr is not None and not isinstance(lr, bool) and float(lr) <= 0:
             raise BytecompError(f"model {name}: its optimizer's learning rate is {float(lr):g} "
                                 f"(parameter group {index}); it must be positive")
+    try:  # the schedule too: built here, it fails before any rank starts
+        workload.make_scheduler(optimizer)
+    except BytecompError:
+        raise
+    except Exception as error:  # noqa: BLE001  # a user's function: one line
+        raise BytecompError(f"model {name}: its scheduler ({workload.scheduler_spec}) cannot "
+                            f"be built: {type(error).__name__}: "
+                            f"{' '.join(str(error).split())[:200]}") from None
 
 
 def _tensors(batch):

@@ -74,6 +74,7 @@ class FinalistsJob:
     # (and by more in all), from step flat_least on (ConvergenceConfig)
     flat_fall: float | None = None
     flat_least: int = 0
+    scheduler: str | None = None  # the profile's schedule spec (None: the recipe's own)
 
     def __post_init__(self) -> None:
         if not self.eval_every:
@@ -92,7 +93,7 @@ def train_finalists(job: FinalistsJob, nodes: int, ranks_per_node: int) -> None:
     reporter = Reporter(enabled=rank == 0)
     with reporter.session():
         building = reporter.phase("building the finalists", len(job.plans))
-        workload = load_workload(job.model, optimizer=job.optimizer)
+        workload = load_workload(job.model, optimizer=job.optimizer, scheduler=job.scheduler)
         evidence, batches = workload.evidence_batches(job.batch_size)
         device_ids = [device.index] if device.type == "cuda" else None
         trainees = []
@@ -101,8 +102,7 @@ def train_finalists(job: FinalistsJob, nodes: int, ranks_per_node: int) -> None:
             model = copy.deepcopy(workload.model).to(device)
             ddp = DistributedDataParallel(model, device_ids=device_ids,
                                           bucket_cap_mb=plan.bucket_cap_mb)
-            trainees.append(Trainee(name, ddp, workload.make_optimizer(model.parameters()),
-                                    apply_plan(ddp, plan)))
+            trainees.append(Trainee.of(name, ddp, workload, apply_plan(ddp, plan)))
             building()
         stops_flat = job.budget_s is not None and job.flat_fall is not None
         budget = Budget(job.budget_s, job.started, job.steps,

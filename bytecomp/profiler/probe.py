@@ -97,6 +97,14 @@ class Trainee:
     ddp: DistributedDataParallel
     optimizer: torch.optim.Optimizer
     executor: Any = None  # a bytecomp.runtime.Executor (not imported here: see run_probe)
+    scheduler: Any = None  # the recipe's learning-rate scheduler, stepped after the optimizer
+
+    @classmethod
+    def of(cls, name: str, ddp: DistributedDataParallel, workload, executor=None) -> Trainee:
+        """A trainee with the workload's recipe: its optimizer and scheduler over ``ddp``'s
+        parameters."""
+        optimizer = workload.make_optimizer(ddp.module.parameters())
+        return cls(name, ddp, optimizer, executor, workload.make_scheduler(optimizer))
 
 
 def steps_factor(curve: list[tuple[int, float]], reference: list[tuple[int, float]],
@@ -140,7 +148,7 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
         model = copy.deepcopy(workload.model).to(device)
         ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
         executor = apply_plan(ddp, plan, measure_gain=True) if plan is not None else None
-        return Trainee(name, ddp, workload.make_optimizer(model.parameters()), executor)
+        return Trainee.of(name, ddp, workload, executor)
 
     trainees = [trainee("fp32")]
     for spec in specs:

@@ -42,7 +42,7 @@ from bytecomp.profiler.probe import ProbeResult, run_probe
 from bytecomp.profiler.sweeps import SweepSettings
 from bytecomp.profiler.training import TrainingSettings, measure_training
 from bytecomp.profiler.workloads import data_source, describe, load_workload, parameter_count
-from bytecomp.recipe import parse_optimizer
+from bytecomp.recipe import parse_optimizer, parse_scheduler
 from bytecomp.ui import Reporter
 
 PROBE_EVALUATIONS = 10  # validation losses over a convergence probe
@@ -78,6 +78,7 @@ class ProfileConfig:
     started: float = field(default_factory=time.time)  # when the budget began
     ladders: list[str] = field(default_factory=list)  # families whose ladders are timed too
     optimizer: str | None = None  # a spec replacing the workload recipe's (--optimizer)
+    scheduler: str | None = None  # a schedule spec replacing the recipe's (--scheduler)
     calibration: str | None = None  # reuse this calibration's cluster tables (--calibration)
     calibrate_only: bool = False  # measure the cluster tables alone (--calibrate-only)
     cache: bool = True  # reuse and write the per-user cache of cluster tables (--no-cache)
@@ -91,6 +92,8 @@ class ProfileConfig:
         self._validate()
         if self.optimizer is not None:
             self.optimizer = parse_optimizer(self.optimizer).spec  # one line, before any rank
+        if self.scheduler is not None:
+            self.scheduler = parse_scheduler(self.scheduler).spec
         self.named_specs = bool(self.specs or self.ladders)
         specs = [from_spec(s).spec for s in self.specs] or default_specs()
         specs += [spec for family in self.ladders for spec in ladder_specs(family)]
@@ -189,7 +192,8 @@ def _probe_meta(config: ProfileConfig, probe: ProbeResult | None, workload) -> d
     ran = probe.steps if probe is not None else 0
     meta = {"steps": ran if probe and probe.rows else 0,
             "eval_every": max(1, ran // PROBE_EVALUATIONS),
-            "optimizer": workload.optimizer_spec, "data": data_source(workload)}
+            "optimizer": workload.optimizer_spec, "scheduler": workload.scheduler_spec,
+            "data": data_source(workload)}
     if probe is not None:
         meta.update(batches=probe.batches, fp32_improvement=probe.improvement,
                     informative=probe.informative, ran_steps=ran,
@@ -251,7 +255,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
     if device.type == "cuda":
         torch.cuda.set_device(device)
     topology = Topology.build(nodes, ranks_per_node)
-    workload = load_workload(config.model, optimizer=config.optimizer)
+    workload = load_workload(config.model, optimizer=config.optimizer,
+                             scheduler=config.scheduler)
     initial = copy.deepcopy(workload.model.state_dict())  # every phase starts from these
     batch_size = config.batch_size or workload.batch_size
     training = TrainingSettings(batch_size, config.bucket_cap_mb, config.warmup, config.iterations)
@@ -351,7 +356,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         "iterations": training.iterations,
         "warmup": training.warmup,
         "quick": config.quick,
-        "recipe": {"optimizer": workload.optimizer_spec, "data": data_source(workload)},
+        "recipe": {"optimizer": workload.optimizer_spec, "scheduler": workload.scheduler_spec,
+                   "data": data_source(workload)},
         "fidelity": {"iterations": config.fidelity_iterations, "warmup": training.warmup,
                      "optimizer": workload.optimizer_spec, "data": data_source(workload)},
         "probe": _probe_meta(config, probe, workload),

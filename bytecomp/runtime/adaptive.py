@@ -146,6 +146,7 @@ class Adaptation:
             self._switch(before, self.controller.level)
 
     def _name(self, level: int) -> str:
+        assert self.plan.levels  # an adaptive plan's
         return self.plan.levels[level].setting
 
     def _announce(self, line: str) -> None:

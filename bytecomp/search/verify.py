@@ -303,7 +303,7 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
                            steps or DEFAULT_STEPS, str(Path(folder) / "results.json"),
                            budget_s=None if steps is not None else budget_s, started=started,
                            flat_fall=None if steps is not None else SETTLED_FALL,
-                           flat_least=MIN_STEPS)
+                           flat_least=MIN_STEPS, scheduler=profile.recipe_scheduler())
         run_job(train_finalists, (job,), world, backend_for(profile.device_type), timeout_s)
         measured = load_results(job.out)
     for finalist in trained:
