@@ -1056,11 +1056,42 @@ def _calibration_cases() -> list[Case]:
     return cases + prefixed
 
 
+# -- round four: numbers past the stated maximum, model fields, built-in sizes -------------
+
+HUGE_MLP = "mlp:inputs=100000,width=100000,depth=2"  # 2 x 10^10 parameters
+
+
+def _round_four_cases() -> list[Case]:
+    nothing = lambda root: None  # noqa: E731
+    plan = ["plan", "{profile}", "--out", "{out}", "--no-verify"]
+    added = "executor.measured.added_ms.direct"
+    return [
+        Case("profile:budget=1e308", nothing,
+             ["profile", "--model", "mlp", "--budget", "1e308", "--out", "{out}.d"]),
+        Case("plan:verify-budget=1e308", nothing,
+             ["plan", "{profile}", "--out", "{out}", "--verify-budget", "1e308"]),
+        Case("plan:budget=nan", nothing, [*plan, "--budget", "nan"]),
+        Case("plan:evaluations=huge-int", nothing, [*plan, "--evaluations", "1" + "0" * 400]),
+        Case("profile.yaml:drop-model.spec", yaml_drop("profile/profile.yaml", "model.spec"),
+             PLAN_CMD),
+        Case("profile.yaml:drop-model.name", yaml_drop("profile/profile.yaml", "model.name"),
+             PLAN_CMD),
+        Case("profile.yaml:model.spec=int", yaml_set("profile/profile.yaml", "model.spec", 5),
+             PLAN_CMD),
+        Case("profile:model=huge-built-in", nothing,
+             ["profile", "--model", HUGE_MLP, "--out", "{out}.d"]),
+        Case(f"calibration.yaml:{added}=below-noise",
+             yaml_set("calibration/calibration.yaml", added, -5.0), CALIBRATE_CMD),
+        Case(f"profile.yaml:{added}=below-noise", recorded_edit(_set_in(added, -5.0)),
+             PLAN_CMD),
+    ]
+
+
 def all_cases() -> list[Case]:
     """The whole corpus, ids unique."""
     cases = (_profile_yaml_cases() + _table_cases() + _plan_cases() + _ladder_cases()
              + _cluster_cases() + _output_cases() + _round_two_cases() + _fields_cases()
-             + _misuse_cases() + _calibration_cases())
+             + _misuse_cases() + _calibration_cases() + _round_four_cases())
     ids = [case.id for case in cases]
     assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
     return cases

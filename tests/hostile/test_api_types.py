@@ -297,6 +297,28 @@ def test_a_built_in_too_large_for_memory_is_refused_before_it_is_built(spec, mes
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.slow  # a search before the finalists' model is built (seconds)
+def test_plan_refuses_a_huge_built_in_that_the_profile_names_before_training(cli, tmp_path):
+    """The finalists' model is built in the parent first: the size check refuses it there
+    (after the stage lines), before any rank starts."""
+    import shutil
+
+    import yaml
+
+    shutil.copytree(PROFILE, tmp_path / "p")
+    meta = yaml.safe_load((tmp_path / "p" / "profile.yaml").read_text())
+    meta["model"]["spec"] = "mlp:inputs=100000,width=100000,depth=2"
+    (tmp_path / "p" / "profile.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    done = cli("plan", tmp_path / "p", "--out", tmp_path / "plan.yaml", "--cluster", CLUSTER,
+               "--compressor", "topk:ratio=0.01", "--algorithm", "greedy", "--budget", "0",
+               "--bucket-cap-mb", "25")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot build the profile's model") and \
+        "20,001,200,010 parameters and buffers" in last, last
+    assert not (tmp_path / "plan.yaml").exists()
+
+
 @pytest.mark.slow  # builds each model at its defaults (seconds)
 def test_the_size_check_counts_what_the_built_model_holds():
     from bytecomp.profiler.workloads import BUILTINS, SIZES, load_workload, model_elements
