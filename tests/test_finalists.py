@@ -160,7 +160,8 @@ def test_bytecomp_plan_trains_the_finalists_and_records_them(cli, monkeypatch, t
            "sets the count)" in " ".join(done.stderr.split())
     curves = pd.read_csv(tmp_path / "plan.curves.csv")  # the evidence, beside the plan
     table = pd.read_csv(tmp_path / "plan.finalists.csv")
-    assert set(curves.finalist) <= set(table.finalist) and curves.step.max() == 60
+    assert set(curves.finalist) <= set(table.finalist)
+    assert curves[curves.curve_from == "trained"].step.max() == 60
     assert table.chosen.sum() == 1 and (tmp_path / "plan.curves.png").stat().st_size > 0
     assert "evidence: the finalists trained 60 steps on the profiled ranks (losses on " \
            "validation" in text
@@ -337,26 +338,25 @@ def test_a_trial_s_agreement_never_falls_on_one_candidate_s_steps_alone(step_ms,
 
 @pytest.mark.multirank
 def test_the_budgets_are_held_on_the_clock(cli, monkeypatch, tmp_path):
-    """A recipe whose every step sleeps (as on a busy machine): a full profile (not
-    --quick: its sweeps sized by their share of the budget) with --budget 40 ends within
-    40 s + 20% + one probe step, its probe fitted to what the measurements before it
-    left; plan --verify-budget 20 ends the finalists' training, on every rank (they stop
-    together, and the parent waits for all), within 20 s + 20% + one interleaved step of
-    all finalists."""
+    """A recipe whose every step sleeps (as on a busy machine): profile --budget 45 ends
+    within 45 s + 20% + one probe step, its stages held to their shares and its probe
+    fitted to what they left; plan --verify-budget 20 ends the finalists' training, on
+    every rank (they stop together, and the parent waits for all), within 20 s + 20% +
+    one interleaved step of all finalists."""
     import time
 
     monkeypatch.syspath_prepend(FIXTURES)
     profile = tmp_path / "profile"
     started = time.monotonic()
-    done = cli("profile", "--model", "factories:slow_step", "--nproc", "2",
+    done = cli("profile", "--model", "factories:slow_step", "--nproc", "2", "--quick",
                "--out", profile, "--compressor", "fp16", "--compressor", "topk:ratio=0.1",
-               "--budget", "40")
+               "--budget", "45")
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     meta = yaml.safe_load((profile / "profile.yaml").read_text())
     probe = meta["probe"]
-    assert probe["length"] == "budget" and probe["ran_steps"] >= 10, probe
-    assert took <= 40 * 1.2 + 0.1 * 3 * 1.5, (took, probe, meta["stages_s"])
+    assert probe["length"] == "budget" and probe["ran_steps"] >= 10, (probe, meta["stages_s"])
+    assert took <= 45 * 1.2 + 0.1 * 3 * 1.5, (took, probe, meta["stages_s"])
     # without a probe, so that plan's finalists are trained (not the probe's configurations)
     profile = tmp_path / "unprobed"
     done = cli("profile", "--model", "factories:slow_step", "--nproc", "2", "--quick",
@@ -510,3 +510,37 @@ def test_training_stops_once_fp32s_loss_has_flattened():
     assert not any(flat([p for p in curve if p[0] <= s], s, 0.03) for s in earlier)
     (steps, stopped, curve), _ = run_ranks(_train_until_flat, 2, None)
     assert steps == 600 and not stopped
+
+
+def test_the_evidence_shows_every_finalist_s_curve_and_where_it_came_from():
+    """Trained finalists' curves as measured; one whose factor the probe measured (or an
+    uncompressed one: fp32's steps) as fp32 DDP's curve stretched by that factor, marked
+    so; one that diverged (an infinite factor) has none."""
+    import csv
+    import io
+
+    from bytecomp.search.evidence import curves_csv, finalist_curves
+    from bytecomp.search.verify import Verification
+
+    def finalist(name, factor, time_ms=10.0):
+        return Finalist(name, "baseline", [0], 25.0, time_ms, 1.0, factor)
+
+    finalists = [finalist("fp32 DDP", 1.0), finalist("topk", 1.1, 5.0),
+                 finalist("fp16 hook", 1.5, 8.0), finalist("fp32 at cap 0", 1.0, 9.0),
+                 finalist("sign", math.inf, 2.0)]
+    fp32 = [[0, 4.0], [10, 3.0], [20, 2.5]]
+    verification = Verification(finalists, choose(finalists), 20, "validation", 1.0, 0.4,
+                                0.1, curves={"fp32 DDP": fp32, "topk": [[0, 4.0], [20, 2.9]]},
+                                factor_from={"fp32 DDP": "fp32", "topk": "trained",
+                                             "fp16 hook": "probe", "fp32 at cap 0": "fp32",
+                                             "sign": "trained"})
+    curves = finalist_curves(verification)
+    assert {name: origin for name, (_, origin) in curves.items()} == {
+        "fp32 DDP": "trained", "topk": "trained", "fp16 hook": "probe",
+        "fp32 at cap 0": "fp32"}
+    assert curves["fp16 hook"][0] == [[0, 4.0], [15, 3.0], [30, 2.5]]
+    rows = list(csv.DictReader(io.StringIO(curves_csv(verification))))
+    assert {row["finalist"] for row in rows} == set(curves)
+    probe = [row for row in rows if row["finalist"] == "fp16 hook"]
+    assert [row["curve_from"] for row in probe] == ["probe"] * 3
+    assert float(probe[-1]["predicted_s"]) == pytest.approx(30 * 8.0 / 1000)

@@ -7,10 +7,13 @@
   that came from (``trained`` here, ``probe``: the profile's convergence probe,
   ``fp32``: fp32 DDP's own steps, by definition), predicted time x factor, and which
   one was chosen;
-* ``plan.curves.csv``: every trained finalist's validation loss at each evaluation,
-  with the time the steps up to there would take on the target cluster (steps x the
-  finalist's predicted step);
-* ``plan.curves.png``: those curves against steps and against that predicted time.
+* ``plan.curves.csv``: every finalist's validation loss at each evaluation, with the
+  time the steps up to there would take on the target cluster (steps x the finalist's
+  predicted step) and where the curve came from (``curve_from``: ``trained`` here, or
+  fp32 DDP's trained curve stretched by the finalist's factor: ``probe`` or ``fp32``,
+  :func:`finalist_curves`);
+* ``plan.curves.png``: those curves against steps and against that predicted time,
+  trained ones solid, the others dashed.
 
 The plan file holds the factors and the choice (``info.finalists``,
 ``info.verification``); these files hold the curves they were read from.
@@ -24,7 +27,26 @@ from pathlib import Path
 
 FINALISTS_COLUMNS = ["finalist", "source", "bucket_cap_mb", "predicted_ms", "measured_ms",
                      "steps_factor", "factor_from", "value_ms", "chosen"]
-CURVES_COLUMNS = ["finalist", "step", "validation_loss", "predicted_s"]
+CURVES_COLUMNS = ["finalist", "step", "validation_loss", "predicted_s", "curve_from"]
+REFERENCE = "fp32 DDP"  # bytecomp.search.verify.REFERENCE: the curve every factor reads
+
+
+def finalist_curves(verification) -> dict[str, tuple[list, str]]:
+    """Every finalist's validation curve and where it came from: ``trained`` (measured
+    here), else fp32 DDP's trained curve with its steps stretched by the finalist's
+    factor, the curve that factor stands for: ``probe`` (the profile's convergence probe
+    measured the factor) or ``fp32`` (uncompressed: fp32 DDP's steps by definition). A
+    finalist without a finite factor, or a run without fp32 DDP's curve, has none."""
+    reference = verification.curves.get(REFERENCE)
+    curves: dict[str, tuple[list, str]] = {}
+    for finalist in verification.finalists:
+        name, factor = finalist.name, finalist.steps_factor
+        if name in verification.curves:
+            curves[name] = (verification.curves[name], "trained")
+        elif reference and factor is not None and factor == factor and factor < float("inf"):
+            curves[name] = ([[round(step * factor, 3), loss] for step, loss in reference],
+                            verification.factor_from.get(name, "probe"))
+    return curves
 
 
 def evidence_paths(out: str | Path) -> list[Path]:
@@ -56,15 +78,17 @@ def curves_csv(verification) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CURVES_COLUMNS)
-    for name, curve in verification.curves.items():
+    for name, (curve, origin) in finalist_curves(verification).items():
         for step, loss in curve:
-            writer.writerow([name, step, loss, round(step * predicted[name] / 1000, 6)])
+            writer.writerow([name, step, loss, round(step * predicted[name] / 1000, 6),
+                             origin])
     return out.getvalue()
 
 
 def draw_curves(verification, path: Path, title: str) -> None:
-    """Validation loss against steps and against predicted time, one line per trained
-    finalist (the chosen one thicker)."""
+    """Validation loss against steps and against predicted time, one line per finalist
+    (the chosen one thicker): solid with markers where trained, dashed where the curve
+    is fp32 DDP's stretched by a factor the probe measured (or fp32's own steps)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -73,14 +97,18 @@ def draw_curves(verification, path: Path, title: str) -> None:
     figure = Figure(figsize=(12, 4.5))
     FigureCanvasAgg(figure)
     by_steps, by_time = figure.subplots(1, 2)
-    for name, curve in verification.curves.items():
+    for name, (curve, origin) in finalist_curves(verification).items():
         steps = [step for step, _ in curve]
         losses = [loss for _, loss in curve]
         width = 2.5 if name == chosen else 1.2
-        label = f"{name} (chosen)" if name == chosen else name
-        by_steps.plot(steps, losses, marker="o", markersize=3, linewidth=width, label=label)
-        by_time.plot([s * predicted[name] / 1000 for s in steps], losses, marker="o",
-                     markersize=3, linewidth=width, label=label)
+        how = {"trained": "trained", "probe": "probe's factor x fp32 DDP's curve",
+               "fp32": "fp32 DDP's steps"}.get(origin, origin)
+        label = f"{name} ({how}{', chosen' if name == chosen else ''})"
+        style = {"marker": "o", "markersize": 3} if origin == "trained" else \
+            {"linestyle": "--"}
+        by_steps.plot(steps, losses, linewidth=width, label=label, **style)
+        by_time.plot([s * predicted[name] / 1000 for s in steps], losses, linewidth=width,
+                     label=label, **style)
     by_steps.set_xlabel("steps")
     by_time.set_xlabel("predicted time on the target cluster (s)")
     for axes in (by_steps, by_time):
