@@ -58,7 +58,13 @@ evaluations and no margin instead; ``--clusters`` and ``--allowed`` pick instanc
   40000`` about 3 minutes (measured on 2 cores beside others' jobs; each results file
   has its command, its duration and the load).
 
-    python benchmarks/search.py [--set classic|scale|exact|real] [--repeats 3] [--long-seconds 60]
+* ``small``: Planner set-up and search in process CPU time (a shared machine inflates
+  the wall clock, not it), median of ``--repeats``: the scale set's LSTM (10 tensors)
+  on its four clusters, top-k and every compressor, then 161 and 1,500 tensors; each
+  plan against the best compressor on every tensor (every searchable option, at the
+  plan's and the profiled cap).
+
+    python benchmarks/search.py [--set classic|scale|exact|real|small] [--repeats 3] [--long-seconds 60]
                                 [--long-evaluations 40000] [--clusters "8x8 V100 25G"]
                                 [--long-from benchmarks/results/search-scale.md]
                                 [--models LSTM VGG-16 ...] [--markdown out.md]
@@ -500,9 +506,58 @@ def real(args, console: Console) -> list[str]:
     return lines + [""] + summary
 
 
+def cpu_timed(profile, cluster, specs, repeats: int):
+    """Medians over ``repeats`` of the process CPU time (``time.process_time``: a busy,
+    shared machine inflates the wall clock, not this) of building the Planner and of its
+    search, in ms, the last result and its Planner."""
+    setups, searches, result, planner = [], [], None, None
+    for _ in range(repeats):
+        started = time.process_time()
+        planner = Planner(profile, cluster, specs)
+        built = time.process_time()
+        result = planner.search()
+        searches.append(1000 * (time.process_time() - built))
+        setups.append(1000 * (built - started))
+    return statistics.median(setups), statistics.median(searches), result, planner
+
+
+def small(args, console: Console) -> list[str]:
+    """The ``small`` set (issue 66): the scale set's 10-tensor LSTM on its four clusters,
+    top-k and every compressor, then 161 (ResNet-50) and 1,500 tensors (48-layer
+    transformer, 8x8 V100 100G, top-k): Planner set-up and search in process CPU time,
+    median of ``--repeats``; whether the plan was proven optimal, its evaluations, and
+    the plan against each compressor on every tensor at every cap (never worse)."""
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    headers = ["model", "tensors", "cluster", "allowed", "options", "set-up CPU ms",
+               "search CPU ms", "evaluations", "proven", "plan ms", "best uniform ms"]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    instances = [("LSTM", lstm_shapes(), 10.0, cluster, allowed, specs)
+                 for cluster in clusters() for allowed, specs in (("top-k", ONE), ("all", None))]
+    instances += [("ResNet-50-like", resnet50_shapes(), 150.0, v100(100.0), "top-k", ONE),
+                  (*LARGE_MODEL, v100(100.0), "top-k", ONE)]
+    for name, shapes, backward_ms, cluster, allowed, specs in instances:
+        profile = synthetic_profile(shapes, world_size=8, nodes=1, backward_ms=backward_ms)
+        setup_ms, search_ms, result, planner = cpu_timed(profile, cluster, specs, args.repeats)
+        problem = result.problem
+        uniform = min(problem.evaluate(problem.uniform(i), cap)
+                      for i in range(len(planner.searchable)) for cap in
+                      sorted({result.cap_mb, planner.profile.bucket_cap_mb}))
+        cells = [name, str(len(shapes)), cluster.name, allowed, str(len(planner.searchable)),
+                 f"{setup_ms:.1f}", f"{search_ms:.1f}", f"{result.evaluations:,}",
+                 "yes" if result.exact else "no", f"{result.value:.4f}", f"{uniform:.4f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+        console.print(" ".join(cells))
+    summary = [f"{time.perf_counter() - started:.0f} s in all; process CPU time, median of "
+               f"{args.repeats}; load average (1 minute) {load:.2f} at the start, "
+               f"{os.getloadavg()[0]:.2f} at the end"]
+    console.print(summary[0])
+    return lines + [""] + summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=("classic", "scale", "exact", "real"), default="classic")
+    parser.add_argument("--set", choices=("classic", "scale", "exact", "real", "small"),
+                        default="classic")
     parser.add_argument("--exact-cap", type=float, default=10.0,
                         help="exact set: the exact search's time cap in seconds")
     parser.add_argument("--repeats", type=int, default=3)
@@ -525,7 +580,7 @@ def main() -> None:
     args.earlier = None
     console = Console(width=220)
     lines = {"scale": scale, "classic": classic, "exact": exact,
-             "real": real}[args.set](args, console)
+             "real": real, "small": small}[args.set](args, console)
     if args.markdown:
         with open(args.markdown, "w") as handle:
             handle.write("\n".join(lines) + "\n")

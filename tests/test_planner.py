@@ -938,3 +938,37 @@ def test_the_lower_bound_holds_for_plans_that_mix_options_in_a_bucket():
     assert long.lower_bound_ms <= long.value + 1e-9
     default = Planner(profile, cluster, ["topk:ratio=0.01"]).search()
     assert default.value <= long.value * 1.01
+
+
+def _single_compressor_plans(planner, caps):
+    """Each compressor the search may use on every tensor (and fp32), at every cap."""
+    problem = planner.problem
+    view = problem.restricted(len(planner.searchable))
+    specs = [NO_COMPRESSION.spec, *planner.specs]
+    options = [i for i, o in enumerate(view.options) if o.spec in specs]
+    return [(view.evaluate(view.uniform(i), cap), view.options[i].label, cap)
+            for i in options for cap in caps]
+
+
+SINGLE_INSTANCES = [("lstm", "v100-nvlink-100g", ["topk:ratio=0.01"]),
+                    pytest.param("lstm", "v100-pcie-25g", None, marks=pytest.mark.slow),
+                    pytest.param("mlp", "gbe1", None, marks=pytest.mark.slow),
+                    pytest.param("resnet50", "v100-pcie-25g", ["topk:ratio=0.01", "randomk"],
+                                 marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("model, cluster, specs", SINGLE_INSTANCES)
+def test_the_plan_is_never_worse_than_one_compressor_on_every_tensor(model, cluster, specs):
+    """Issue 66: the search over every compressor ended worse than one of its parts. Its
+    plan is at least as good as each compressor it may use on every tensor, at every
+    bucket cap it searches (the baselines price those at the profiled cap alone)."""
+    from bytecomp.buckets import SEARCHED_CAPS_MB
+
+    shapes = {"lstm": lstm_shapes(), "mlp": mlp_shapes(5, 1024),
+              "resnet50": resnet50_shapes()}[model]
+    profile = synthetic_profile(shapes, world_size=8, nodes=1, backward_ms=10.0)
+    planner = Planner(profile, load_cluster(cluster), specs)
+    result = planner.search()
+    caps = sorted({profile.bucket_cap_mb, *SEARCHED_CAPS_MB})
+    best = min(_single_compressor_plans(planner, caps))
+    assert result.value <= best[0] + 1e-9, (result.value, best)
