@@ -338,3 +338,20 @@ def test_interference_is_measured_over_the_world_and_inside_a_node():
         assert interference["busy_collective_ms"] == pytest.approx(max(
             0.0, interference["collective_busy_ms"] - interference["collective_alone_ms"]),
             abs=1e-3)
+
+
+def test_the_profile_summary_title_holds_no_path_to_wrap():
+    """Piped (80 columns) a title wraps at the table's width: the path written goes on a
+    line of its own (``wrote PATH``), and the title's words stay whole."""
+    import io
+
+    from rich.console import Console
+
+    from bytecomp.profiler.runner import _summary
+
+    profile = load_profile(str(Path(__file__).resolve().parents[1] / "profiles" / "cnn"))
+    shown = io.StringIO()
+    Console(file=shown, width=80).print(_summary(profile))
+    text = shown.getvalue()
+    title = f"profile of {profile.meta['model']['spec']} on {profile.world_size} ranks"
+    assert " ".join(text.split()).startswith(title) and "->" not in text

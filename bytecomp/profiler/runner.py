@@ -43,7 +43,7 @@ from bytecomp.profiler.sweeps import SweepSettings
 from bytecomp.profiler.training import TrainingSettings, measure_training
 from bytecomp.profiler.workloads import data_source, describe, load_workload, parameter_count
 from bytecomp.recipe import parse_optimizer, parse_scheduler
-from bytecomp.ui import Reporter
+from bytecomp.ui import Reporter, console
 
 PROBE_EVALUATIONS = 10  # validation losses over a convergence probe
 PROBE_MOST_STEPS = 100  # a budgeted probe's most steps (--quick: QUICK_PROBE_STEPS)
@@ -172,9 +172,10 @@ def machine_description(config: ProfileConfig, device: torch.device) -> dict:
     }
 
 
-def _summary(profile: Profile, path: Path) -> Table:
+def _summary(profile: Profile) -> Table:
+    # the path is not in the title: a title wraps at the table's width, mid-path when piped
     table = Table(title=f"profile of {profile.meta['model']['spec']} on "
-                        f"{profile.world_size} ranks -> {path}")
+                        f"{profile.world_size} ranks")
     for column in ("phase", "median ms", "p10 ms", "p90 ms"):
         table.add_column(column, justify="left" if column == "phase" else "right")
     for name, stats in profile.meta["times"].items():
@@ -381,7 +382,9 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                       probe=pd.DataFrame(probe.rows if probe else [], columns=PROBE_COLUMNS),
                       aggregation=pd.DataFrame(aggregation, columns=list(TABLES["aggregation"])))
     path = save_profile(profile, config.out, config.force)
-    reporter.print(_summary(profile, path))
+    reporter.print(_summary(profile))
+    if reporter.enabled and not reporter.to_stderr:  # one line however narrow the
+        console.print(f"wrote {path}", soft_wrap=True, highlight=False)  # terminal, or piped
     took = time.time() - config.started
     if config.budget_s is not None and took > config.budget_s * 1.2:
         stages = {name: spent for name, spent in stages_s.items()
