@@ -67,7 +67,7 @@ def _number(name: str, kind: type, value: Any, least: float | None) -> int | flo
         if not isinstance(value, numbers.Integral) or isinstance(value, bool):
             raise BytecompError(f"{name} must be an integer (not a bool, a float or a "
                                 f"string), got {describe(value)}")
-        if not lowest <= value <= MAX_NUMBER:
+        if not lowest <= int(value) <= MAX_NUMBER:
             raise BytecompError(f"{name} must be an integer {span}, got {describe(value)}")
         return int(value)
     if not isinstance(value, numbers.Real) or isinstance(value, bool):

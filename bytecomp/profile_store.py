@@ -220,7 +220,7 @@ def _number(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float))
 
 
-def _check_finite(path: Path, value, where: str = "") -> None:
+def _check_finite(path: Path | str, value, where: str = "") -> None:
     """Every number anywhere in profile.yaml must be finite (a NaN compares false with
     everything, so it slips through range checks and hangs or corrupts the models)."""
     if isinstance(value, dict):
@@ -233,7 +233,7 @@ def _check_finite(path: Path, value, where: str = "") -> None:
         _fail(path, f"field '{where}' is {value} (must be a finite number)")
 
 
-def _check_interference(path: Path, entry) -> None:
+def _check_interference(path: Path | str, entry) -> None:
     """Optional: shares of the compute stream lost to communication, in [0, 1), and what a
     collective waits while the rank computes (ms)."""
     if entry is None:
@@ -253,7 +253,7 @@ def _milliseconds(value) -> bool:
     return _number(value) and math.isfinite(value) and 0 <= value < MAX_MS
 
 
-def _check_executor(path: Path, entry) -> None:
+def _check_executor(path: Path | str, entry) -> None:
     """Optional: the executor's fixed costs (model/overheads.py), in milliseconds."""
     if entry is None:
         return
@@ -279,7 +279,7 @@ def _difference_ms(value) -> bool:
     return _number(value) and math.isfinite(value) and MIN_DIFFERENCE_MS <= value < MAX_MS
 
 
-def check_executor_measured(path: Path, entry, where: str = "executor.measured") -> None:
+def check_executor_measured(path: Path | str, entry, where: str = "executor.measured") -> None:
     """Optional: what the executor's fixed costs were derived from
     (:class:`bytecomp.profiler.overheads.ExecutorMeasurement`): per path the backward's
     ms per added group (``added_ms``, ``hook_added_ms``, on a CPU job ``busy_added_ms``)
@@ -317,7 +317,7 @@ def _iso_time(value) -> bool:
     return True
 
 
-def _check_calibration(path: Path, entry, meta: dict) -> None:
+def _check_calibration(path: Path | str, entry, meta: dict) -> None:
     """Optional (profiles before calibrations have none: every table measured): where
     each cluster table came from, and with one from a calibration directory, which,
     when it was made and measured, and the link check that allowed it."""
@@ -394,7 +394,7 @@ def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
-def _check_stages(path: Path, entry) -> None:
+def _check_stages(path: Path | str, entry) -> None:
     """Optional: seconds each stage of the profile took, by name (informative)."""
     if entry is None:
         return
@@ -408,7 +408,7 @@ def _check_stages(path: Path, entry) -> None:
                         f"{seconds!r}")
 
 
-def _check_probe_meta(path: Path, entry) -> None:
+def _check_probe_meta(path: Path | str, entry) -> None:
     """Optional: the convergence probe's settings (its steps are named in plan's notes)."""
     if entry is None:
         return
@@ -439,7 +439,7 @@ def _check_probe_meta(path: Path, entry) -> None:
 MAX_RETRIES = 100  # the quality section's retries (bytecomp.profiler.quality.RETRIES)
 
 
-def _check_quality(path: Path, entry) -> None:
+def _check_quality(path: Path | str, entry) -> None:
     """Optional: the sweeps' fit quality (bytecomp.profiler.quality): the thresholds, the
     retries, the fits measured again and those that stayed poor (names checked against
     the tables by :func:`_check_quality_fits`)."""
@@ -479,7 +479,7 @@ def _check_quality(path: Path, entry) -> None:
                         f"got {worst!r}")
 
 
-def _check_quality_fits(path: Path, entry, collectives: pd.DataFrame,
+def _check_quality_fits(path: Path | str, entry, collectives: pd.DataFrame,
                         compressors: pd.DataFrame) -> None:
     """Every fit the quality section names is a sweep of collectives.csv
     (``collective allreduce/world/float32``) or compressors.csv (``compressor
@@ -500,7 +500,7 @@ def _check_quality_fits(path: Path, entry, collectives: pd.DataFrame,
                         f"collectives.csv or compressors.csv")
 
 
-def _check_times(path: Path, times: dict) -> None:
+def _check_times(path: Path | str, times: dict) -> None:
     """Every phase: a mapping of statistics in ms (median_ms at least); the phases the
     planner and simulator use must be there."""
     for name in REQUIRED_TIMES:
@@ -515,7 +515,7 @@ def _check_times(path: Path, times: dict) -> None:
                             f"of ms below {MAX_MS:g}, got {value!r}")
 
 
-def _check_phases(path: Path, times: dict) -> None:
+def _check_phases(path: Path | str, times: dict) -> None:
     """No phase of an iteration longer than the iteration (medians of separate timings do
     not add up exactly: a phase may exceed it by PHASE_SLACK)."""
     for suffix in ("", "_compute"):
@@ -607,7 +607,7 @@ def _check_meta(path: Path | str, meta: dict) -> None:
     _check_phases(path, meta["times"])
 
 
-def _row_fail(path: Path, table: pd.DataFrame, mask, column: str, reason: str,
+def _row_fail(path: Path | str, table: pd.DataFrame, mask, column: str, reason: str,
               show: bool = True) -> None:
     """Fail on the first row where ``mask`` holds, naming it (rows count from 1) and,
     with ``show``, its value."""
@@ -664,7 +664,7 @@ def _typed_table(path: Path | str, name: str, table: pd.DataFrame) -> pd.DataFra
     return table
 
 
-def _check_tensors(path: Path, tensors: pd.DataFrame, meta: dict) -> None:
+def _check_tensors(path: Path | str, tensors: pd.DataFrame, meta: dict) -> None:
     """Each row one parameter: numel a positive integer matching its shape, bytes numel x
     the dtype's size, a supported dtype, ready times in ready order within the backward
     pass."""
@@ -704,7 +704,7 @@ def _check_tensors(path: Path, tensors: pd.DataFrame, meta: dict) -> None:
                         f"{model[key]!r}")
 
 
-def _check_collectives(path: Path, table: pd.DataFrame, meta: dict) -> None:
+def _check_collectives(path: Path | str, table: pd.DataFrame, meta: dict) -> None:
     """Known collectives and dtypes; the groups a job of this shape sweeps (the world;
     inter-node with several nodes; intra-node with several nodes of several ranks),
     each with its size as rank count."""
@@ -732,7 +732,7 @@ def _check_collectives(path: Path, table: pd.DataFrame, meta: dict) -> None:
     _row_fail(path, table, table["bytes"] < 1, "bytes", "must be at least 1")
 
 
-def _check_specs(path: Path, table: pd.DataFrame, column: str) -> None:
+def _check_specs(path: Path | str, table: pd.DataFrame, column: str) -> None:
     for spec in dict.fromkeys(table[column]):
         try:
             from_spec(spec)
@@ -800,7 +800,7 @@ def _validated(meta: dict, meta_path: Path | str, table, where,
                    aggregation)
 
 
-def _check_sweep(path: Path, table: pd.DataFrame) -> None:
+def _check_sweep(path: Path | str, table: pd.DataFrame) -> None:
     """A compressor sweep's rows (compressors.csv, aggregation.csv): known specs, a cpu
     or cuda device, at least one element."""
     _check_specs(path, table, "spec")
@@ -814,7 +814,7 @@ def _check_sweep(path: Path, table: pd.DataFrame) -> None:
                   "is more than encode_ms (it is a part of it)")
 
 
-def _check_fidelity(path: Path, fidelity: pd.DataFrame, tensors: pd.DataFrame,
+def _check_fidelity(path: Path | str, fidelity: pd.DataFrame, tensors: pd.DataFrame,
                     compressors: pd.DataFrame) -> None:
     """One row per (tensor, compressor), each a tensor of tensors.csv and a compressor
     that compressors.csv timed (a gain without timings cannot be planned with)."""
@@ -831,7 +831,7 @@ def _check_fidelity(path: Path, fidelity: pd.DataFrame, tensors: pd.DataFrame,
               "spec", "appears twice for the same tensor (specs compared in canonical form)")
 
 
-def _check_probe(path: Path, probe: pd.DataFrame) -> None:
+def _check_probe(path: Path | str, probe: pd.DataFrame) -> None:
     """One row per compressor spec, its steps factor at most the probe's cap (bytecomp
     .profile.probe.MAX_FACTOR: "it does not learn")."""
     _check_specs(path, probe, "spec")
