@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_cli import assert_one_line_error  # one line, exit 2, no traceback
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import (
@@ -46,15 +47,6 @@ def _dead_pid() -> int:
     return process.pid
 
 
-def _one_line(result, *fragments: str) -> str:
-    assert result.returncode == 2, (result.returncode, result.stdout[-500:], result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
-
-
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["finalists.csv", "curves.csv", "curves.png"])
 def test_a_planted_evidence_link_is_refused_and_its_target_unchanged(cli, tmp_path, index):
     out_dir, outside = tmp_path / "o", tmp_path / "elsewhere" / "precious.txt"
@@ -63,9 +55,9 @@ def test_a_planted_evidence_link_is_refused_and_its_target_unchanged(cli, tmp_pa
     outside.write_text(OUTSIDE_TEXT)
     side = evidence_paths(out_dir / "plan.yaml")[index]
     side.symlink_to(outside)
-    line = _one_line(cli("plan", PROFILE, "--cluster", "gbe1", "--out", out_dir / "plan.yaml",
-                         "--verify-steps", "5"), side.name, "symbolic link")
-    assert "remove the link" in line
+    assert_one_line_error(cli("plan", PROFILE, "--cluster", "gbe1", "--out",
+                              out_dir / "plan.yaml", "--verify-steps", "5"),
+                          side.name, "symbolic link", "remove the link")
     assert outside.read_text() == OUTSIDE_TEXT
     assert side.is_symlink() and not (out_dir / "plan.yaml").exists()
 
@@ -73,7 +65,7 @@ def test_a_planted_evidence_link_is_refused_and_its_target_unchanged(cli, tmp_pa
 def test_a_dangling_evidence_link_is_refused_too(cli, tmp_path):
     side = evidence_paths(tmp_path / "plan.yaml")[1]
     side.symlink_to(tmp_path / "not-yet" / "target.csv")
-    _one_line(cli("plan", PROFILE, "--cluster", "gbe1", "--out", tmp_path / "plan.yaml",
+    assert_one_line_error(cli("plan", PROFILE, "--cluster", "gbe1", "--out", tmp_path / "plan.yaml",
                   "--verify-steps", "5"), "symbolic link")
     assert not (tmp_path / "not-yet").exists()
 
