@@ -78,7 +78,7 @@ def profile(model: str | None = None, *, options: ProfileOptions | None = None,
         probe_steps=chosen.probe_steps, optimizer=chosen.optimizer,
         scheduler=chosen.scheduler, budget_s=chosen.budget,
         calibration=chosen.calibration, calibrate_only=chosen.calibrate_only,
-        cache=chosen.cache)
+        cache=chosen.cache, clusters=list(chosen.cluster))
     out = run_profile(config, chosen.nproc)
     if os.environ.get("RANK", "0") != "0":
         return None

@@ -291,3 +291,33 @@ def test_the_pipeline_cost_benchmark_judges_the_issue_s_targets():
     assert lines[4].endswith("MISSED)")  # 25%, 20 steps
     assert "with the cache 400 s, 160% of the first profile's" in lines[5]
     assert lines[5].endswith("MISSED)")
+
+
+def test_the_probe_trains_only_compressors_a_plan_could_use(tmp_path):
+    """On a link so fast that no compressor sends any tensor sooner than fp32, and a
+    cluster the plans are for as fast, the probe trains none of them; by default a 1 GbE
+    cluster is weighed too, which keeps them all."""
+    from bytecomp.profiler.candidates import probe_candidates
+    from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
+
+    specs = ["fp16", "powersgd:rank=4", "signsgd"]
+    fast = tmp_path / "fast.yaml"
+    fast.write_text("name: fast\nnodes: 2\nranks_per_node: 1\n"
+                    "links:\n  inter: {bandwidth_gbps: 100000, latency_us: 1}\n")
+    for bandwidth, skipped in ((1e5, specs), (0.1, [])):
+        profile = synthetic_profile(mlp_shapes(), world_size=2, bandwidth_gbps=bandwidth,
+                                    latency_us=1.0, device="cpu", specs=specs)
+        tables = (profile.meta, profile.tensors, profile.collectives.to_dict("records"),
+                  profile.compressors.to_dict("records"), specs)
+        found = probe_candidates(*tables, [str(fast)])
+        assert found.skipped == skipped and found.trained == [s for s in specs
+                                                             if s not in skipped]
+        if skipped:
+            line = found.line([str(fast)])
+            assert line is not None and "leaves out 3 of 3 compressors" in line
+            assert f"sooner than fp32 on the profiled ranks or {fast}" in line
+            assert "--cluster" in line
+            kept = probe_candidates(*tables, [])  # gbe1
+            assert kept.trained == specs and kept.line([]) is None
+        else:
+            assert found.line([str(fast)]) is None

@@ -33,6 +33,7 @@ from bytecomp.profiler.calibration import (
     reuse_cluster,
     write_calibration,
 )
+from bytecomp.profiler.candidates import Candidates, probe_candidates
 from bytecomp.profiler.convergence import Budget
 from bytecomp.profiler.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profiler.fidelity import measure_fidelity
@@ -82,6 +83,7 @@ class ProfileConfig:
     calibration: str | None = None  # reuse this calibration's cluster tables (--calibration)
     calibrate_only: bool = False  # measure the cluster tables alone (--calibrate-only)
     cache: bool = True  # reuse and write the per-user cache of cluster tables (--no-cache)
+    clusters: list[str] = field(default_factory=list)  # what plans are for (--cluster)
     named_specs: bool = field(init=False, default=False)  # --compressor or --ladder given
     # set in the parent: the cache entry this job's tables go to (and come from, with
     # from_cache: then ``calibration`` is the entry)
@@ -90,6 +92,11 @@ class ProfileConfig:
 
     def __post_init__(self) -> None:
         self._validate()
+        if self.clusters:
+            from bytecomp.model.clusters import load_cluster
+
+            for name in self.clusters:  # one line for an unknown one, before any rank
+                load_cluster(name)
         if self.optimizer is not None:
             self.optimizer = parse_optimizer(self.optimizer).spec  # one line, before any rank
         if self.scheduler is not None:
@@ -186,7 +193,8 @@ def _summary(profile: Profile) -> Table:
     return table
 
 
-def _probe_meta(config: ProfileConfig, probe: ProbeResult | None, workload) -> dict:
+def _probe_meta(config: ProfileConfig, probe: ProbeResult | None, workload,
+                skipped: list[str] | None = None) -> dict:
     """profile.yaml's ``probe``: its steps (0: none ran, or it told nothing), what it
     measured on, how much fp32's loss fell, and what decided its length (a count, or
     the profile's budget: the steps it afforded, and whether the clock stopped it)."""
@@ -201,6 +209,8 @@ def _probe_meta(config: ProfileConfig, probe: ProbeResult | None, workload) -> d
                     length="--probe-steps" if config.probe_steps is not None else "budget",
                     planned_steps=probe.planned, stopped_by_budget=probe.stopped_by_budget,
                     settled=probe.settled, seconds=round(probe.seconds, 1))
+    if skipped:  # compressors no plan on the profiled ranks (or --cluster) could use
+        meta["skipped"] = list(skipped)
     return meta
 
 
@@ -230,6 +240,22 @@ def probe_budget(config: ProfileConfig) -> tuple[int, Budget | None]:
         return most, None
     return most, Budget(config.budget_s, config.started, most, least=min(10, most),
                         evaluations=PROBE_EVALUATIONS)
+
+
+def _candidates(config: ProfileConfig, tensors, collectives: list[dict],
+                compressors: list[dict], specs: list[str], topology, nodes: int,
+                device) -> Candidates:
+    """The compressors the probe trains (:mod:`bytecomp.profiler.candidates`), as rank 0
+    reckons them (collective: every rank gets the same)."""
+    found: list = [None]
+    if dist.get_rank() == 0:
+        meta = {"world_size": topology.size, "nodes": nodes,
+                "ranks_per_node": topology.ranks_per_node,
+                "device": {"type": device.type}, "model": {"name": config.model}}
+        found[0] = probe_candidates(meta, tensors, collectives, compressors, specs,
+                                    config.clusters)
+    dist.broadcast_object_list(found, src=0)
+    return found[0]
 
 
 def _check_reused(config: ProfileConfig, calibration, topology, device, reporter):
@@ -321,6 +347,14 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         probe = None
         workload.model.load_state_dict(initial)
         probe_steps, budget = probe_budget(config)
+        candidates = Candidates(fidelity_specs)
+        if probe_steps and fidelity_specs:
+            candidates = _candidates(config, tensors, collectives.rows, compressors.rows,
+                                     fidelity_specs, topology, nodes, device)
+            if (said := candidates.line(config.clusters)) is not None:
+                reporter.end_phase()
+                reporter.line(said)
+            fidelity_specs = candidates.trained
         if probe_steps and fidelity_specs:
             left = None if budget is None or budget.left() <= 0 else budget.left()
             probe = run_probe(workload, device, batch_size, config.bucket_cap_mb, fidelity_specs,
@@ -361,7 +395,7 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                    "data": data_source(workload)},
         "fidelity": {"iterations": config.fidelity_iterations, "warmup": training.warmup,
                      "optimizer": workload.optimizer_spec, "data": data_source(workload)},
-        "probe": _probe_meta(config, probe, workload),
+        "probe": _probe_meta(config, probe, workload, candidates.skipped),
         "times": times,
         "interference": interference,
         "executor": {**executor.to_meta(),

@@ -411,6 +411,15 @@ def _check_size(name: str, args: dict) -> None:
                             f"(4 GiB in float32): give smaller arguments")
 
 
+def check_builtin_size(spec: str) -> None:
+    """Where ``spec`` names a built-in: its arguments parse and its model is within
+    :data:`MAX_MODEL_ELEMENTS`, from the arguments alone (nothing is built), else one
+    line; any other spec passes (it is checked where it is built)."""
+    name, _, rest = spec.strip().partition(":")
+    if name in BUILTINS:
+        _check_size(name, _builtin_args(name, rest))
+
+
 def _build_builtin(name: str, args: dict) -> Recipe:
     _check_size(name, args)
     try:

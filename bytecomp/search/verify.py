@@ -171,9 +171,13 @@ def allowed_spec(profile, model: str | None) -> str:
     """The model spec of ``profile`` the finalists may train: a built-in, or the spec the
     user named (``model``); else one line (:mod:`bytecomp.model_spec`)."""
     from bytecomp.model_spec import allowed_model
+    from bytecomp.profiler.workloads import check_builtin_size
 
-    return allowed_model(profile.meta["model"].get("spec"), model, profile.label,
+    spec = allowed_model(profile.meta["model"].get("spec"), model, profile.label,
                          "plan with --no-verify (nothing is trained)")
+    if spec is not None:
+        check_builtin_size(spec)  # a built-in too large to build: one line, before any work
+    return spec
 
 
 def _check_runnable(planner: Planner, nproc: int | None,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_cli import assert_one_line_error  # one line, exit 2, no traceback
 
 import bytecomp
 from bytecomp.errors import BytecompError
@@ -297,10 +298,9 @@ def test_a_built_in_too_large_for_memory_is_refused_before_it_is_built(spec, mes
     assert "\n" not in str(raised.value)
 
 
-@pytest.mark.slow  # a search before the finalists' model is built (seconds)
-def test_plan_refuses_a_huge_built_in_that_the_profile_names_before_training(cli, tmp_path):
-    """The finalists' model is built in the parent first: the size check refuses it there
-    (after the stage lines), before any rank starts."""
+def test_plan_refuses_a_huge_built_in_that_the_profile_names_before_any_work(cli, tmp_path):
+    """The finalists' model size is checked from the spec's arguments (nothing built)
+    with the other checks of the spec, before the search: one line, nothing written."""
     import shutil
 
     import yaml
@@ -312,10 +312,7 @@ def test_plan_refuses_a_huge_built_in_that_the_profile_names_before_training(cli
     done = cli("plan", tmp_path / "p", "--out", tmp_path / "plan.yaml", "--cluster", CLUSTER,
                "--compressor", "topk:ratio=0.01", "--algorithm", "greedy", "--budget", "0",
                "--bucket-cap-mb", "25")
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: cannot build the profile's model") and \
-        "20,001,200,010 parameters and buffers" in last, last
+    assert_one_line_error(done, "20,001,200,010 parameters and buffers", "smaller arguments")
     assert not (tmp_path / "plan.yaml").exists()
 
 
