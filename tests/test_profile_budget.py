@@ -321,3 +321,59 @@ def test_the_probe_trains_only_compressors_a_plan_could_use(tmp_path):
             assert kept.trained == specs and kept.line([]) is None
         else:
             assert found.line([str(fast)]) is None
+
+
+DTYPE_CHECK = r'''
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def run(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    from bytecomp.profiler.sweeps import BYTE_COLLECTIVES, DTYPES, _collective_call
+    from bytecomp.profiler.timing import Clock, time_call_ms
+    clock, least = Clock(torch.device("cpu")), {}
+    for name in BYTE_COLLECTIVES:
+        for nbytes in (1 << 20, 4 << 20):
+            calls = {d: _collective_call(name, nbytes, t, None, 2, torch.device("cpu"))
+                     for d, t in DTYPES.items()}
+            for _ in range(7):  # interleaved: drift hits every dtype alike
+                for dtype, call in calls.items():
+                    dist.barrier()
+                    time_ms = time_call_ms(call, clock, 1)[0]
+                    key = (name, nbytes, dtype)
+                    least[key] = min(least.get(key, 1e9), time_ms)
+    if rank == 0:
+        with open(out, "w") as f:
+            for (name, nbytes, dtype), ms in least.items():
+                f.write(f"{name},{nbytes},{dtype},{ms}\n")
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(int(sys.argv[1]), sys.argv[2]), nprocs=2)
+'''
+
+
+@pytest.mark.multirank
+def test_collectives_without_arithmetic_take_the_same_time_in_every_dtype(tmp_path):
+    """What lets the sweep measure allgather, alltoall and broadcast once per byte count:
+    on 2 gloo ranks the same bytes take the same time in float32, float16 and uint8
+    (the least of 7 interleaved samples each, within 1.6x: a shared machine's noise;
+    the difference of a reduction's arithmetic would be systematic)."""
+    import socket
+
+    import pandas as pd
+
+    script = tmp_path / "dtypes.py"
+    script.write_text(DTYPE_CHECK)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "least.csv"
+    done = subprocess.run([sys.executable, str(script), str(port), str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = pd.read_csv(out, names=["collective", "bytes", "dtype", "ms"])
+    for (collective, nbytes), rows in table.groupby(["collective", "bytes"]):
+        assert len(rows) == 3
+        assert rows.ms.max() <= 1.6 * rows.ms.min(), (collective, nbytes, rows.to_dict())

@@ -39,7 +39,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uin
 # Collectives without reduction arithmetic move bytes, not dtypes: on gloo (2 ranks,
 # 4 KiB to 8 MiB) allgather, alltoall and broadcast of float32, float16 and uint8 took
 # the same time within the noise of a shared machine, in no consistent order
-# (tests/test_profile.py::test_collectives_without_arithmetic_take_the_same_time_in_every_dtype).
+# (tests/test_profile_budget.py::
+# test_collectives_without_arithmetic_take_the_same_time_in_every_dtype).
 # So they are measured once per byte count, in float32, and their rows stand for every
 # dtype; allreduce and reduce_scatter sum, and are measured per dtype.
 BYTE_COLLECTIVES = ("allgather", "alltoall", "broadcast")
