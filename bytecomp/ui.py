@@ -197,11 +197,12 @@ class Reporter:
                       + (f": {allowed[1]}" if allowed[1] else ""))
 
     def phase(self, description: str, total: int, allowed_s: float | None = None,
-              more: str = "") -> Callable[..., None]:
+              more: str = "", most: bool = False) -> Callable[..., None]:
         """Start a phase of ``total`` steps; return ``advance(steps=1, total=None)``
         (``total``: the phase's new length, where it is known only once started).
         ``allowed_s``: the time it may take (its share of a budget), shown beside it and
-        against what it took; ``more``: what gives it more, said if it overruns."""
+        against what it took; ``more``: what gives it more, said if it overruns;
+        ``most``: ``total`` is only the most it may take (the time decides)."""
         if self.enabled:
             self._end_phase()
         self._began.append((description, time.perf_counter()))
@@ -210,7 +211,7 @@ class Reporter:
             self._allowed[description] = (allowed_s, more)
         if self._lines:
             limit = f", at most {seconds(allowed_s)}" if allowed_s is not None else ""
-            self._say(f"{description}: {total:,} steps{limit}")
+            self._say(f"{description}: {'at most ' if most else ''}{total:,} steps{limit}")
 
             def count(steps: int = 1, total: int | None = None) -> None:
                 if total is not None and total != self._total:

@@ -377,3 +377,16 @@ def test_collectives_without_arithmetic_take_the_same_time_in_every_dtype(tmp_pa
     for (collective, nbytes), rows in table.groupby(["collective", "bytes"]):
         assert len(rows) == 3
         assert rows.ms.max() <= 1.6 * rows.ms.min(), (collective, nbytes, rows.to_dict())
+
+
+def test_piped_a_phase_the_time_decides_says_at_most_then_what_it_trains(capsys):
+    from bytecomp import ui
+
+    reporter = ui.Reporter()
+    with reporter.session():
+        advance = reporter.phase("training 6 finalists", 1000, most=True)
+        advance(0, total=10)
+        advance(10)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == ["training 6 finalists: at most 1,000 steps",
+                         "  training 6 finalists: 10 steps, as the time allows"]

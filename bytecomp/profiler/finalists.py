@@ -111,7 +111,8 @@ def train_finalists(job: FinalistsJob, nodes: int, ranks_per_node: int) -> None:
         config = ConvergenceConfig(job.steps, min(job.eval_every, job.steps), budget=budget,
                                    flat_fall=job.flat_fall if stops_flat else None,
                                    flat_least=job.flat_least)
-        progress = reporter.phase(f"training {len(trainees)} finalists", job.steps)
+        progress = reporter.phase(f"training {len(trainees)} finalists", job.steps,
+                                  most=budget is not None)
         training = train_curves(trainees, workload, job.batch_size, device, config, evidence,
                                 progress)
     for trainee in trainees:

@@ -361,7 +361,8 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                               probe_steps, max(1, probe_steps // PROBE_EVALUATIONS),
                               topology.size, nodes,
                               reporter.phase(f"convergence probe ({len(fidelity_specs) + 1})",
-                                             probe_steps, left), budget)
+                                             probe_steps, left, most=budget is not None),
+                              budget)
     if rank == 0 and calibration is None and config.cache_key is not None:
         write_calibration(config.cache_key.path(), True,
                           calibration_meta(config, cluster, topology, device, config.cache_key),
