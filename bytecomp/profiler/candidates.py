@@ -82,7 +82,8 @@ def probe_candidates(meta: dict, tensors: pd.DataFrame, collectives: list[dict],
     profile = Profile(meta, tensors, pd.DataFrame(collectives), pd.DataFrame(compressors))
     clusters = [profiled_cluster(profile)] + [load_cluster(name) for name in
                                               cluster_names or DEFAULT_CLUSTERS]
-    trained, skipped = [], []
+    trained: list[str] = []
+    skipped: list[str] = []
     for spec in specs:
         (trained if could_help(profile, spec, clusters) else skipped).append(spec)
     return Candidates(trained, skipped)
