@@ -390,3 +390,19 @@ def test_piped_a_phase_the_time_decides_says_at_most_then_what_it_trains(capsys)
     lines = capsys.readouterr().err.splitlines()
     assert lines[:2] == ["training 6 finalists: at most 1,000 steps",
                          "  training 6 finalists: 10 steps, as the time allows"]
+
+
+def test_a_cache_that_cannot_be_written_is_one_line_not_an_error(monkeypatch, tmp_path):
+    from bytecomp.profiler.cache import keep
+
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv(CACHE_ENV, str(blocked))
+    said: list[str] = []
+
+    def write(path: Path) -> None:
+        path.mkdir(parents=True)
+
+    keep(_key(), write, said.append)
+    assert len(said) == 1 and said[0].startswith("the cluster's tables could not be kept")
+    assert CACHE_ENV in said[0]

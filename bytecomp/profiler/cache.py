@@ -96,6 +96,17 @@ def lookup(key: ClusterKey, specs: list[str], needed_bytes: int,
     return path
 
 
+def keep(key: ClusterKey, write: Callable[[Path], None], say: Callable[[str], None]) -> None:
+    """``write(path)`` the entry of ``key``; a cache that cannot be written (a read-only
+    home, a full disk) costs the next profile its reuse, not this one its result: one
+    line, no error."""
+    try:
+        write(key.path())
+    except (OSError, BytecompError) as error:
+        say(f"the cluster's tables could not be kept in the cache ({error}); the next "
+            f"profile measures them again ({CACHE_ENV} sets where the cache is)")
+
+
 def reuse_line(calibration) -> str:
     """The line a profile that reuses the cache prints."""
     return (f"the cluster's tables come from the cache ({calibration.path}, measured "

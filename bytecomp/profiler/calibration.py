@@ -544,9 +544,11 @@ def run_calibration_rank(config, nodes: int, ranks_per_node: int) -> Path | None
     write_calibration(config.out, config.force,
                       calibration_meta(config, tables, topology, device), tables)
     if config.cache_key is not None:
-        write_calibration(config.cache_key.path(), True,
-                          calibration_meta(config, tables, topology, device,
-                                           config.cache_key), tables)
+        from bytecomp.profiler.cache import keep
+
+        meta = calibration_meta(config, tables, topology, device, config.cache_key)
+        keep(config.cache_key, lambda path: write_calibration(path, True, meta, tables),
+             reporter.warn)
     reporter.print(f"calibration -> {config.out}: {len(tables.collectives.rows)} collective "
                    f"rows, {len(tables.compressors.rows)} compressor rows, "
                    f"{len(tables.aggregation)} aggregation rows, {len(tables.copies)} copy rows")

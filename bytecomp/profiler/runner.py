@@ -23,7 +23,7 @@ from bytecomp.errors import BytecompError
 from bytecomp.plan_file import fingerprint
 from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile, save_profile
 from bytecomp.profiler.budget import SHARES, describe_split
-from bytecomp.profiler.cache import ClusterKey, reuse_line
+from bytecomp.profiler.cache import ClusterKey, keep, reuse_line
 from bytecomp.profiler.calibration import (
     calibration_meta,
     check_link,
@@ -364,9 +364,9 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                                              probe_steps, left, most=budget is not None),
                               budget)
     if rank == 0 and calibration is None and config.cache_key is not None:
-        write_calibration(config.cache_key.path(), True,
-                          calibration_meta(config, cluster, topology, device, config.cache_key),
-                          cluster)
+        meta = calibration_meta(config, cluster, topology, device, config.cache_key)
+        keep(config.cache_key, lambda path: write_calibration(path, True, meta, cluster),
+             reporter.warn)
     if rank != 0:
         return None
     stages_s = {"start-up": round(measuring - config.started, 3), **reporter.durations()}
