@@ -5,10 +5,11 @@ PyTorch's native hooks (fp16, PowerSGD), an fp32 fallback and an adaptive plan, 
 refactoring, so that one can show it changed no result to the bit.
 
 ``python tests/golden/executor.py --write`` records them (``executor.json``);
-``tests/test_golden.py`` runs every case again and compares. Floating-point
-results depend on the CPU's vector unit as well as on the code: the record keeps
-the CPU capability it was made on (``torch.backends.cpu.get_cpu_capability()``), and
-the test is skipped with that reason on a machine of another.
+``tests/test_golden.py`` runs every case again and compares, on any CPU.
+Floating-point results depend on the CPU's vector unit as well as on the code: the
+record keeps the CPU capability it was made on
+(``torch.backends.cpu.get_cpu_capability()``); on a machine of another (or with
+``ATEN_CPU_CAPABILITY`` set to another) every case is compared within the tolerance.
 
 Not every bit is bytecomp's to keep, though: a matrix product's summation order is
 the BLAS library's choice, made per CPU model (its blocking and kernels; 16-bit
@@ -20,8 +21,9 @@ included). The record therefore also keeps :func:`products`, a digest of
 the model's gradients on a fixed batch: where this machine's equals it, every case
 is compared to the bit (the digests) but those whose exchange multiplies matrices
 (:func:`library_order`: PowerSGD, ACP-SGD, PyTorch's PowerSGD hook), which are
-compared within :data:`TOLERANCE` (their parameters' and state's :func:`_values`);
-where it differs, every case is. What the code decides is checked to the bit on any
+compared within :data:`UPDATE_TOLERANCE` (their parameters' :func:`_values`, relative to
+the update) and :data:`LOWRANK_STATE_TOLERANCE` (their state's); where it or the capability differs,
+every case is, and the steps, bytes and switches of every case still to the bit. What the code decides is checked to the bit on any
 machine by ``tests/test_golden.py``: every rank holds the same parameters, and the
 runs that must match do (a plan run natively and through bytecomp's hook, a resumed
 run and the uninterrupted one).
@@ -55,14 +57,25 @@ def _digest(tensors) -> str:
     return digest.hexdigest()
 
 
-# A case compared within a tolerance (see the module docstring) is so relative to the norm
-# of what is compared: each of PROJECTIONS projections on fixed random sign vectors, and the
-# norm itself. Measured on 2 x 1 with the model's products computed in float64 before
-# rounding (another summation order, an ulp or so per product): parameters moved by at most
-# 3.4e-6 of their norm after 12 steps, the states (residuals, momentum) by 1.4e-5; with the
-# low-rank products so computed, 1.1e-7 and 7.7e-6. A wrong residual, scale or factor moves
-# them by 1e-3 or more.
+# A case compared within a tolerance (see the module docstring) is so through its
+# _values: the norm and PROJECTIONS projections on fixed random sign vectors. The
+# parameters' are compared relative to what training moved them by (the update: their
+# projections less the initial parameters', whose root mean square is about the update's
+# norm, 1% to 4.5% of the parameters' after 12 steps), the state's relative to its norm.
+# Measured against the record (made on an AMD EPYC with AVX512) on an Intel Xeon with
+# AVX512, and there with ATEN_CPU_CAPABILITY=avx2 and =default, every case on 2 x 1 and
+# 2 x 2: the parameters moved by at most 3.8e-4 of the update (int8 on 2 x 2 with AVX2: a
+# code rounded the other way moves its value by a whole step; element-wise cases
+# otherwise within 1.3e-4), the states (residuals, momentum) by 3.1e-5 of their norm
+# (threshold on 2 x 2). One compressor's output scaled by 1.01 moves them by more.
+UPDATE_TOLERANCE = 2e-3
 TOLERANCE = 1e-4
+# The state of a low-rank compressor (its residual: what the rank-r product left) turns
+# with the rank-r subspace where the gradient's singular values are close, as its factors
+# do (below): PowerSGD rank 4 on 2 x 2 moved its state by 1.1e-3 of its norm (ATEN default
+# capability; 4.4e-4 with AVX2, 7.2e-4 with AVX512), its parameters by 1.6e-4 of the
+# update. Its parameters are held to UPDATE_TOLERANCE, its state to this.
+LOWRANK_STATE_TOLERANCE = 1e-2
 PROJECTIONS = 8
 # A low-rank compressor's factors are not unique where the gradient's singular values are
 # close (a rotation inside their span gives the same product): the last bits turn them by
@@ -102,6 +115,18 @@ def _values(numbers: list[float]) -> list[float]:
                                         for k in range(PROJECTIONS)]
     return [math.sqrt(math.fsum(x * x for x in numbers)),
             *(math.fsum(x * s for x, s in zip(numbers, row)) for row in signs)]
+
+
+def initial_values() -> list[float]:
+    """:func:`_values` of SMALL's parameters before training, as :func:`_train` builds
+    them (the caller's random state is left as it was)."""
+    import torch
+
+    from bytecomp.profiler.workloads import load_workload
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return _values(_flat(list(load_workload(SMALL).model.parameters())))
 
 
 def _flat(tensors) -> list[float]:
