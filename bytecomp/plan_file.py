@@ -584,6 +584,7 @@ def _check_finalists(reader: _Reader, finalists) -> str:
                                              f"{' or null' if optional else ''}, got {value!r}")
         value, predicted = finalist.get("value"), finalist["predicted_ms"]
         factor = finalist.get("steps_factor")
+        _check_factor_range(reader, finalist, factor, where)
         expected = predicted * (1.0 if factor is None else factor)
         if value is not None and abs(value - expected) > 1e-3 * (1 + expected):
             reader.fail(f"{where}value", f"{value!r} is not predicted_ms x steps_factor "
@@ -593,6 +594,23 @@ def _check_finalists(reader: _Reader, finalists) -> str:
     if len(chosen) != 1:
         reader.fail("finalists", f"exactly one must be chosen, {len(chosen)} are")
     return chosen[0]
+
+
+def _check_factor_range(reader: _Reader, finalist: dict, factor, where: str) -> None:
+    """A finalist's optional ``steps_factor_low`` and ``steps_factor_high``: its factor's
+    range within fp32's loss noise floor (bytecomp.profiler.factors), both or neither,
+    numbers from 0 to the cap around its ``steps_factor``."""
+    low, high = finalist.get("steps_factor_low"), finalist.get("steps_factor_high")
+    if low is None and high is None:
+        return
+    for key, bound in (("steps_factor_low", low), ("steps_factor_high", high)):
+        if not _number(bound, 0.0, MAX_STEPS_FACTOR):
+            reader.fail(f"{where}{key}", f"must be a number from 0 to {MAX_STEPS_FACTOR:g}, "
+                                         f"given with the other bound, got {bound!r}")
+    # rounded to 4 places in the file, as the factor is
+    if factor is None or not float(low) - 1e-4 <= factor <= float(high) + 1e-4:
+        reader.fail(f"{where}steps_factor_low", f"the range {low!r} to {high!r} must hold the "
+                                                f"steps_factor ({factor!r})")
 
 
 def _check_verification(reader: _Reader, verification: dict | None, chosen: str) -> None:
@@ -618,6 +636,10 @@ def _check_verification(reader: _Reader, verification: dict | None, chosen: str)
             reader.fail(f"{where}{key}", f"must be a finite number from 0 to {high:g}, got "
                                          f"{value!r}" if high < math.inf else
                         f"must be a finite number, at least 0, got {value!r}")
+    floor = verification.get("loss_floor")  # optional: fp32's loss noise floor
+    if floor is not None and not (_number(floor, 0.0, math.inf) and math.isfinite(floor)):
+        reader.fail(f"{where}loss_floor", f"must be a finite number, at least 0, or absent, "
+                                          f"got {floor!r}")
     stopped = verification.get("stopped_by", STOPPED_STEPS)
     if stopped not in VERIFY_STOPS:
         reader.fail(f"{where}stopped_by", f"{stopped!r} is not one of {', '.join(VERIFY_STOPS)}")

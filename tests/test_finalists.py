@@ -121,7 +121,31 @@ def test_a_plans_finalists_round_trip():
     assert again.info["finalists"] == GOOD
 
 
+def test_a_factor_s_range_within_the_noise_floor_round_trips_and_is_optional():
+    import copy
+
+    ranged = copy.deepcopy(GOOD)
+    ranged[1].update(steps_factor_low=0.95, steps_factor_high=10.0)
+    data = _plan_with(ranged)
+    data["verification"] = {"steps": 96, "batches": "validation", "seconds": 30.0,
+                            "fp32_improvement": 0.4, "fp32_last_quarter": 0.01,
+                            "chosen": "bytecomp plan", "reason": "r", "loss_floor": 0.0123}
+    plan = plan_from_dict(data)
+    again = plan_from_dict(plan.to_dict())
+    assert again.info["finalists"] == ranged
+    assert again.info["verification"]["loss_floor"] == 0.0123
+    assert plan_from_dict(_plan_with(GOOD)).info["finalists"] == GOOD  # older files read
+    data["verification"]["loss_floor"] = -1
+    with pytest.raises(BytecompError, match=r"verification\.loss_floor"):
+        plan_from_dict(data)
+
+
 @pytest.mark.parametrize("damage,message", [
+    (lambda f: f[1].update(steps_factor_low=0.9), "finalists[1].steps_factor_high"),
+    (lambda f: f[1].update(steps_factor_low=1.2, steps_factor_high=2.0),
+     "finalists[1].steps_factor_low: the range 1.2 to 2.0 must hold the steps_factor"),
+    (lambda f: f[1].update(steps_factor_low=0.9, steps_factor_high=11.0),
+     "finalists[1].steps_factor_high"),
     (lambda f: f[0].update(chosen=True), "exactly one must be chosen, 2 are"),
     (lambda f: f[1].update(steps_factor=math.nan), "finalists[1].steps_factor"),
     (lambda f: f[1].update(predicted_ms=-1), "finalists[1].predicted_ms"),
@@ -407,6 +431,42 @@ def test_finalists_within_the_min_gain_margin_go_to_the_trial(planned):
             names = {plan.levels[i].setting for i in plan.adaptive.trial}
             assert names == {best.name, second.name}
             assert plan.adaptive.trial_steps >= 20
+
+
+def test_an_uncertain_finalist_goes_to_the_trial_rather_than_out(planned):
+    """A finalist whose factor the loss's noise floor leaves a range (up to the cap: it
+    ended a hair above fp32's losses) is 30% behind the chosen one by its factor, outside
+    the margin, but 5% ahead at the low end: the running job times it. The
+    same factor measured without a range stays out. The range is in the plan file."""
+    from bytecomp.search.planner import to_plan
+    from bytecomp.search.verify import Verification, chosen_result, trial_candidates, trial_plan
+
+    planner, result = planned
+    finalists = shortlist(planner, result)
+    fp32, *others = finalists
+    fp32.steps_factor = 1.0
+    best, second, *rest = sorted(others, key=lambda f: f.time_ms)
+    best.steps_factor = 1.0
+    second.steps_factor = best.time_ms / second.time_ms * 1.3
+    for other in rest:
+        other.steps_factor = 10.0
+    for ranged in (False, True):
+        # at its low end it is 5% ahead of the chosen one
+        second.steps_low, second.steps_high = (0.95 * best.time_ms / second.time_ms, 10.0) \
+            if ranged else (None, None)
+        assert second.uncertain == ranged
+        verification = Verification(finalists, choose(finalists), 50, "validation", 1.0, 0.5,
+                                    0.0)
+        assert verification.choice.finalist is best
+        candidates = [f.name for f in trial_candidates(planner, verification)]
+        assert candidates == ([best.name, second.name] if ranged else [best.name]), candidates
+        chosen = chosen_result(result, verification)
+        plan = trial_plan(planner, chosen, verification, to_plan(chosen, planner.profile))
+        assert (plan is not None) == ranged
+    meta = second.to_meta(False)
+    assert meta["steps_factor_low"] == round(second.steps_low, 4)
+    assert meta["steps_factor_high"] == 10.0
+    assert "steps_factor_low" not in best.to_meta(True)
 
 
 def test_the_verification_says_why_it_stopped_and_when_fp32_flattened():

@@ -10,8 +10,11 @@ with the loss on the evidence batches (validation, or held-out batches of
 ``make_batch``) at :data:`EVALUATIONS` points. A finalist's steps factor compares the
 two curves at the same losses (:func:`matched_factor`): for each loss fp32 DDP
 reached in the second half of the run, the steps the finalist took to first reach it
-over the steps fp32 DDP took; the median (fp32 DDP's own is 1 exactly, however noisy
-its curve). The factor over the first half of the run is kept beside it, and how much
+over the steps fp32 DDP took, each loss counted as reached within fp32's loss noise
+floor (:mod:`bytecomp.profiler.factors`); the median (fp32 DDP's own is 1 exactly,
+however noisy its curve), with its bounds within the floor beside it (a finalist
+inside the floor gets a factor near 1 and a range, not the cap). The factor over the
+first half of the run is kept beside it, and how much
 fp32's loss still fell over the last quarter, so that the plan can say whether the
 run saw a plateau. A budgeted run may stop once it has (``flat_fall``), and the
 results say why it stopped. Rank 0 writes the results as JSON.
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +39,9 @@ from bytecomp.profiler.convergence import (
     ConvergenceConfig,
     improvement,
     last_quarter,
-    steps_to,
     train_curves,
 )
+from bytecomp.profiler.factors import Factor, floored_factor, loss_floor
 from bytecomp.profiler.probe import MAX_FACTOR, Trainee, check_reference
 from bytecomp.profiler.runner import pick_device
 from bytecomp.profiler.workloads import load_workload
@@ -139,43 +141,43 @@ def stopped_by(training) -> str:
 def results(curves: dict[str, list[tuple[int, float]]], step_ms: dict[str, list[float]],
             steps: int, batches: str) -> dict:
     """Per finalist: its curve, its median step (ms, on the profiled ranks), its steps
-    factor over the second half of the run and over the second quarter (the first half's
-    second half), against :data:`REFERENCE`; and how much the reference's loss fell in
-    all and over the last quarter."""
+    factor over the second half of the run, with its bounds within fp32's loss noise
+    floor (``steps_factor_low``, ``steps_factor_high``), and over the second quarter
+    (the first half's second half), against :data:`REFERENCE`; and how much the
+    reference's loss fell in all and over the last quarter, and its floor over the
+    second half (``loss_floor``, in the loss's units)."""
     reference = curves[REFERENCE]
     check_reference(reference, "the finalists' training")
     finalists: dict[str, dict] = {}
+    floor = loss_floor(reference, steps / 2)
     out = {"steps": steps, "batches": batches, "fp32_improvement": improvement(reference),
-           "fp32_last_quarter": last_quarter(reference, steps), "finalists": finalists}
+           "fp32_last_quarter": last_quarter(reference, steps), "loss_floor": floor,
+           "finalists": finalists}
     reference_half = [(s, loss) for s, loss in reference if s <= steps / 2]
+    half_floor = loss_floor(reference_half, steps / 4)
     for name, curve in curves.items():
         half = [(s, loss) for s, loss in curve if s <= steps / 2]
         finite = [ms for ms in step_ms[name] if ms == ms]
+        factor = Factor(1.0, 1.0, 1.0) if name == REFERENCE else \
+            floored_factor(curve, reference, steps / 2, floor, MAX_FACTOR)
         finalists[name] = {
             "curve": [[s, loss] for s, loss in curve],
             "step_ms": statistics.median(finite) if finite else None,
-            "steps_factor": 1.0 if name == REFERENCE else matched_factor(curve, reference,
-                                                                         steps / 2),
+            "steps_factor": factor.value, "steps_factor_low": factor.low,
+            "steps_factor_high": factor.high,
             "steps_factor_half": 1.0 if name == REFERENCE else
-            matched_factor(half, reference_half, steps / 4) if len(half) > 1 else None}
+            matched_factor(half, reference_half, steps / 4, half_floor)
+            if len(half) > 1 else None}
     return out
 
 
 def matched_factor(curve: list[tuple[int, float]], reference: list[tuple[int, float]],
-                   from_step: float) -> float:
+                   from_step: float, floor: float = 0.0) -> float:
     """The median, over the losses ``reference`` reached at its evaluations from
     ``from_step`` on, of the steps ``curve`` took to first reach each over the steps
-    ``reference`` took (``MAX_FACTOR`` where it never did)."""
-    ratios = []
-    for step, level in reference:
-        if step < from_step or not math.isfinite(level):
-            continue
-        theirs = steps_to(reference, level)
-        if theirs is None or theirs <= 0:
-            continue
-        mine = steps_to(curve, level)
-        ratios.append(MAX_FACTOR if mine is None else min(MAX_FACTOR, mine / theirs))
-    return statistics.median(ratios) if ratios else MAX_FACTOR
+    ``reference`` took, both within ``floor`` of it (``MAX_FACTOR`` where it never
+    did): :func:`bytecomp.profiler.factors.floored_factor`'s value."""
+    return floored_factor(curve, reference, from_step, floor, MAX_FACTOR).value
 
 
 def load_results(path: str | Path) -> dict:

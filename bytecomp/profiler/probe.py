@@ -169,8 +169,11 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
     check_reference(reference, "the convergence probe")
     gains = probe_gains(training.gains, specs, steps / 2)
     fell = improvement(reference)
+    from bytecomp.profiler.factors import reference_factor  # within fp32's loss noise floor
+
     rows = [{"spec": spec, "steps": steps,
-             "steps_factor": round(steps_factor(training.curves[spec], reference, steps / 2), 4),
+             "steps_factor": round(max(1 / MAX_FACTOR, reference_factor(
+                 training.curves[spec], reference, steps / 2, MAX_FACTOR).value), 4),
              "gain": round(gain, 6)}
             for spec, gain in zip(specs, gains)] if fell >= MIN_IMPROVEMENT else []
     return ProbeResult(rows, batches, round(fell, 6), steps, training.planned,

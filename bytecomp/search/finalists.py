@@ -56,6 +56,23 @@ class Finalist:
     fidelity: float | None = None
     steps_factor: float | None = None  # measured: its steps over fp32 DDP's (None: untrained)
     notes: list[str] = field(default_factory=list)
+    # the factor's bounds within fp32's loss noise floor (bytecomp.profiler.factors; None:
+    # not measured so, e.g. the probe's factor or fp32's own)
+    steps_low: float | None = None
+    steps_high: float | None = None
+
+    @property
+    def uncertain(self) -> bool:
+        """Whether its measured factor is a range within the loss's noise floor."""
+        return self.steps_low is not None and self.steps_high is not None and \
+            self.steps_high > self.steps_low
+
+    @property
+    def best_value(self) -> float:
+        """Predicted time per step x the low end of its factor's range (the factor
+        itself where it has none): the best the noise floor allows it."""
+        low = self.steps_low if self.uncertain else None
+        return self.value if low is None else self.time_ms * low
 
     @property
     def value(self) -> float:
@@ -64,12 +81,17 @@ class Finalist:
         return self.time_ms * factor
 
     def to_meta(self, chosen: bool) -> dict:
-        return {"name": self.name, "source": self.source, "bucket_cap_mb": self.cap_mb,
+        meta = {"name": self.name, "source": self.source, "bucket_cap_mb": self.cap_mb,
                 "predicted_ms": round(self.time_ms, 4),
                 "fidelity": None if self.fidelity is None else round(self.fidelity, 6),
                 "steps_factor": None if self.steps_factor is None else round(self.steps_factor, 4),
                 "value": round(self.value, 4) if math.isfinite(self.value) else None,
                 "chosen": chosen}
+        if self.uncertain:  # optional: a range within fp32's loss noise floor
+            assert self.steps_low is not None and self.steps_high is not None
+            meta["steps_factor_low"] = round(self.steps_low, 4)
+            meta["steps_factor_high"] = round(self.steps_high, 4)
+        return meta
 
 
 def _key(planner: Planner, assignment: list[int], cap: float) -> tuple:

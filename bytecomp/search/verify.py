@@ -90,6 +90,10 @@ class Verification:
     # where measured steps chose a plan whose predicted fidelity is below --min-fidelity:
     # that fidelity and the floor (the search alone never picks such a plan)
     below_min_fidelity: tuple[float, float] | None = None
+    # fp32 DDP's loss noise floor over the second half of the run (the loss's units): the
+    # factors count a loss as reached within it (bytecomp.profiler.factors); None where
+    # nothing was trained
+    loss_floor: float | None = None
 
     @property
     def settled(self) -> bool:
@@ -125,6 +129,8 @@ class Verification:
                 "chosen": self.choice.finalist.name, "reason": self.choice.reason}
         if self.stopped_by is not None:
             meta["stopped_by"] = self.stopped_by
+        if self.loss_floor is not None and math.isfinite(self.loss_floor):
+            meta["loss_floor"] = round(self.loss_floor, 6)
         if self.below_min_fidelity is not None:
             fidelity, floor = self.below_min_fidelity
             meta["below_min_fidelity"] = {"fidelity": round(fidelity, 6),
@@ -311,9 +317,13 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
         run_job(train_finalists, (job,), world, backend_for(profile.device_type), timeout_s)
         measured = load_results(job.out)
     for finalist in trained:
-        factor = measured["finalists"][finalist.name]["steps_factor"]
+        found = measured["finalists"][finalist.name]
+        factor = found["steps_factor"]
         finalist.steps_factor = float(factor) if factor is not None else math.inf
         factor_from[finalist.name] = "fp32" if finalist.name == REFERENCE else "trained"
+        if finalist.name != REFERENCE and found.get("steps_factor_low") is not None:
+            finalist.steps_low = float(found["steps_factor_low"])
+            finalist.steps_high = float(found["steps_factor_high"])
     done = int(measured["steps"])
     verification = Verification(finalists, choose(finalists), done, measured["batches"],
                                 time.time() - started, float(measured["fp32_improvement"]),
@@ -327,7 +337,8 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
                                          measured["finalists"].items()},
                                 factor_from=factor_from,
                                 stopped_by=str(measured.get("stopped_by", STOPPED_STEPS)),
-                                trial_margin=margin)
+                                trial_margin=margin,
+                                loss_floor=measured.get("loss_floor"))
     verification.notes.append(verification.bought())
     return _overridden(verification, planner)
 
@@ -355,13 +366,15 @@ def _duration(seconds: float) -> str:
 def trial_candidates(planner: Planner, verification: Verification) -> list[Finalist]:
     """The trained finalists whose predicted time x measured steps factor is within the
     margin of the chosen one's (:attr:`Verification.trial_margin`, at least the
-    profile's noise and :data:`TRIAL_MARGIN`): what the running job times (the chosen
-    one first). Closer than that, neither the prediction nor the search's margin can
-    tell them apart."""
+    profile's noise and :data:`TRIAL_MARGIN`), or could be within the loss's noise floor
+    (an uncertain factor, :attr:`~bytecomp.search.finalists.Finalist.best_value`, its
+    low end: the floor cannot rule it out): what the running job times (the chosen one
+    first). Closer than that, neither the prediction nor the search's margin can tell
+    them apart."""
     chosen = verification.choice.finalist
     margin = max(TRIAL_MARGIN, planner.noise(), verification.trial_margin)
     near = [f for f in verification.finalists if f is not chosen and f.steps_factor is not None
-            and math.isfinite(f.value) and f.value <= chosen.value * (1 + margin)]
+            and math.isfinite(f.value) and min(f.value, f.best_value) <= chosen.value * (1 + margin)]
     return [chosen, *near]
 
 
