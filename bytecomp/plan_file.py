@@ -608,7 +608,8 @@ def _check_factor_range(reader: _Reader, finalist: dict, factor, where: str) -> 
             reader.fail(f"{where}{key}", f"must be a number from 0 to {MAX_STEPS_FACTOR:g}, "
                                          f"given with the other bound, got {bound!r}")
     # rounded to 4 places in the file, as the factor is
-    if factor is None or not float(low) - 1e-4 <= factor <= float(high) + 1e-4:
+    assert low is not None and high is not None  # _number held
+    if factor is None or not low - 1e-4 <= factor <= high + 1e-4:
         reader.fail(f"{where}steps_factor_low", f"the range {low!r} to {high!r} must hold the "
                                                 f"steps_factor ({factor!r})")
 
