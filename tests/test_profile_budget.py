@@ -406,3 +406,13 @@ def test_a_cache_that_cannot_be_written_is_one_line_not_an_error(monkeypatch, tm
     keep(_key(), write, said.append)
     assert len(said) == 1 and said[0].startswith("the cluster's tables could not be kept")
     assert CACHE_ENV in said[0]
+
+
+def test_a_series_keeps_the_next_size_past_the_limit_only_when_it_is_not_far_slower():
+    from bytecomp.profiler.sweeps import _within_budget
+
+    sizes_ = [1, 2, 3, 4]
+    assert _within_budget(sizes_, [10, 100, 900, 2000], 0.5) == [1, 2, 3]  # 900 ms: kept
+    assert _within_budget(sizes_, [10, 100, 1500, 2000], 0.5) == [1, 2]  # 3x: left out
+    assert _within_budget(sizes_, [5000, 6000, 7000, 8000], 0.5) == [1]  # always the first
+    assert _within_budget(sizes_, [1, 2, 3, 4], 0.5) == sizes_

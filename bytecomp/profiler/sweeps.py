@@ -197,9 +197,15 @@ def _time_collective(case: _CollectiveCase, clock: Clock, device) -> float:
 
 
 def _within_budget(series: list, times_ms: list[float], budget_s: float) -> list:
-    """The leading cases of a series, up to and including the first one over budget."""
+    """The leading cases of a series that its rounds time: those within ``budget_s``, and
+    the first one past it where that took at most twice as long (a doubling series' next
+    size: what the per-operation limit allows for, :func:`op_limit`); always the first.
+    A far slower one (a compressor's next size is 16 times larger) would spend the
+    rounds' time on one case; the fits extrapolate to it instead."""
     kept = []
     for case, time_ms in zip(series, times_ms):
+        if time_ms > 2 * budget_s * 1000 and kept:
+            break
         kept.append(case)
         if time_ms > budget_s * 1000:
             break
