@@ -338,3 +338,31 @@ def test_readme_training_snippet_runs_on_two_ranks(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "bytes_vs_fp32" in done.stdout
+
+
+@pytest.mark.multirank
+def test_readme_training_snippet_prints_one_line_per_rank_for_a_plan_of_another_world_size(
+        tmp_path):
+    """A plan made for 4 ranks, run on 2 by the README's snippet: one line on each rank
+    naming the fix, no traceback."""
+    from bytecomp.launch import free_port
+    from bytecomp.plan_file import Option, plan_for_model
+    from bytecomp.profiler.workloads import load_workload
+
+    model = load_workload("mlp:inputs=64,width=256,depth=3").model
+    plan_for_model(model, lambda name, p: Option("fp16", "device", "allreduce"), 4, 2,
+                   bucket_cap_mb=25).save(tmp_path / "plan.yaml")
+    (tmp_path / "snippet.py").write_text(readme_training_snippet())
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                           "2", "--master_port", str(free_port()), "--redirects", "2",
+                           "--log-dir", str(tmp_path / "logs"), "snippet.py"],
+                          cwd=tmp_path, env=environment, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0  # torchrun prints its own ChildFailedError: not the ranks'
+    for rank in range(2):  # each rank's stderr, as torchrun's --redirects keeps it
+        logged = next((tmp_path / "logs").rglob(f"attempt_0/{rank}/stderr.log")).read_text()
+        lines = [line for line in logged.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"error: rank {rank}: "), logged[-3000:]
+        assert "the plan is for 4 ranks but this job has 2" in lines[0] and \
+            "plan again with --cluster CONFIG for 2 ranks" in lines[0], lines[0]

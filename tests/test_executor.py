@@ -335,7 +335,8 @@ def mismatch(rank, world, case):
     ("ranks differ", "the plan differs between ranks"),
     ("another model", "the plan's tensor 'hidden.2.bias' is not in the model; prefixes tried"),
     ("other shapes", "the plan was made for another model (its fingerprint differs"),
-    ("another world size", "the plan is for 4 ranks but this job has 2"),
+    ("another world size", "the plan is for 4 ranks but this job has 2: plan again with "
+                           "--cluster CONFIG for 2 ranks"),
 ])
 @pytest.mark.multirank
 def test_mismatched_plans_fail_clearly_on_every_rank(case, message):
@@ -605,3 +606,24 @@ def test_group_times_are_recorded_for_the_steps_asked_in_phase_order():
                                                        "received", "done")]
             assert phases == sorted(phases) and phases[0] >= 0, row
         assert all(row["done_ms"] > row["launched_ms"] for row in rows)
+
+
+@pytest.mark.parametrize("words,seen", [
+    ("[pair.cc:537] Read error [127.0.0.1]:15754: Connection reset by peer. This is typically "
+     "caused by a remote worker hanging", ("closed its connection", None)),
+    ("[pair.cc:553] Connection closed by peer [127.0.0.1]:28892", ("closed its connection", None)),
+    ("Got the following error when running the callback: RuntimeError: [unbound_buffer.cc:78] "
+     "Timed out waiting 5000ms for recv operation to complete",
+     ("stopped responding", "timeout after 5 s")),
+    ("NCCL watchdog: Timed out waiting 1800000ms for ALLREDUCE",
+     ("stopped responding", "timeout after 1800 s")),
+    ("something else", ("failed or stopped responding", "something else")),
+])
+def test_a_failed_collective_is_told_as_what_was_seen_of_the_peer(words, seen):
+    from bytecomp.runtime.peers import Heartbeats, PeerFailure
+    from bytecomp.runtime.peers import seen as seen_of
+
+    assert seen_of(RuntimeError(words)) == seen
+    failure = Heartbeats(None, 0, 2).explain(RuntimeError(words))  # no store: no rank named
+    assert isinstance(failure, PeerFailure) and failure.ranks == [] and \
+        str(failure).startswith(f"a peer {seen[0]} (") and "\n" not in str(failure)

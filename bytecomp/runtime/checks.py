@@ -52,7 +52,11 @@ def local_problem(plan: Plan, model, params: dict, fallback: str | None,
     :func:`match_parameters`'s finding."""
     world = dist.get_world_size()
     if plan.world_size != world:
-        return f"the plan is for {plan.world_size} ranks but this job has {world}"
+        planned = plan.info.get("cluster")
+        made = f" (it was made for cluster {planned!r})" if isinstance(planned, str) else ""
+        return (f"the plan is for {plan.world_size} ranks but this job has {world}{made}: "
+                f"plan again with --cluster CONFIG for {world} ranks (a cluster config whose "
+                f"nodes x ranks_per_node is {world}), or run it on {plan.world_size} ranks")
     for entry in plan.entries:
         if entry.name not in params:
             return (f"{mismatch} (a plan for another model? fallback=\"fp32\" allreduces the "

@@ -16,13 +16,14 @@ Counters, not clocks: the ranks' clocks need not agree.
 
 from __future__ import annotations
 
+import queue
+import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Literal
 
 import torch.distributed as dist
 
+from bytecomp.comm.topology import job_timeout
 from bytecomp.errors import BytecompError
 
 BEAT_S = 0.5  # a live rank's heartbeat period
@@ -89,34 +90,51 @@ class Heartbeats:
             return [rank for rank in range(self.world)
                     if rank != self.rank and after[rank] == before[rank]]
 
-        pool = ThreadPoolExecutor(1, "bytecomp-peers")
+        # a daemon thread, not a pool's: a store that never answers (its host stopped)
+        # holds the thread, and the interpreter joins a pool's threads at exit (it hung)
+        answer: queue.Queue = queue.Queue(1)
+
+        def run() -> None:
+            try:
+                answer.put((True, watch()))
+            except Exception as error:  # noqa: BLE001 - the store's error, raised below
+                answer.put((False, error))
+
+        threading.Thread(target=run, name="bytecomp-peers", daemon=True).start()
         try:
-            return pool.submit(watch).result(timeout=SETTLE_S + STORE_WAIT_S)
-        except FutureTimeout:
+            ok, value = answer.get(timeout=SETTLE_S + STORE_WAIT_S)
+        except queue.Empty:
             raise TimeoutError("the job's store did not answer") from None
-        finally:
-            pool.shutdown(wait=False)
+        if not ok:
+            raise value
+        return value
 
     def explain(self, error: BaseException) -> BytecompError:
-        """``error`` of a failed exchange as one line naming the rank to blame, where it
-        is a peer's failure (a BytecompError of bytecomp's own passes through)."""
+        """``error`` of a failed exchange as one line naming the rank to blame and what was
+        seen (:func:`seen`), where it is a peer's failure (a BytecompError of bytecomp's
+        own passes through)."""
         if isinstance(error, BytecompError):
             return error
-        cause = " ".join(str(error).split())[:200] or type(error).__name__
+        what, detail = seen(error)
+
+        def line(rank: str, *more: str) -> str:
+            return f"{rank} {what} ({'; '.join(m for m in (detail, *more) if m)})"
+
         if self.store is None or self.world < 2:
-            return PeerFailure(f"a collective failed on rank {self.rank}: {cause}", [], error)
+            return PeerFailure(line("a peer", f"seen by rank {self.rank}"), [], error)
         try:
             silent = self.silent_ranks()
         except Exception:  # noqa: BLE001 - the store's host is the one that stopped
-            return PeerFailure(f"rank 0 failed or stopped responding (the job's store, which "
-                               f"it hosts unless torchrun's agent does, did not answer rank "
-                               f"{self.rank}): {cause}", [0], error)
+            return PeerFailure(line("rank 0", f"seen by rank {self.rank}", "the job's store, "
+                                    "which rank 0 hosts unless torchrun's agent does, did "
+                                    "not answer"), [0], error)
         if not silent:
             return PeerFailure(f"a collective failed on rank {self.rank}, every peer still "
-                               f"responding: {cause}", [], error)
+                               f"responding: {cause_of(error)}", [], error)
         named = ", ".join(str(rank) for rank in silent)
-        return PeerFailure(f"rank{'s' if len(silent) > 1 else ''} {named} failed or stopped "
-                           f"responding (seen by rank {self.rank}: {cause})", silent, error)
+        return PeerFailure(line(f"rank{'s' if len(silent) > 1 else ''} {named}",
+                                f"seen by rank {self.rank}", "no heartbeat since"),
+                           silent, error)
 
     def close(self) -> None:
         self._stop.set()
@@ -126,6 +144,32 @@ class Heartbeats:
 # DDP's own allreduce or of PyTorch's hooks, which bytecomp's futures do not see).
 TRANSPORT_WORDS = ("gloo", "nccl", "connection reset", "connection closed", "connection refused",
                    "timed out", "broken pipe", "socket", "peer")
+# gloo's and NCCL's words for a peer whose socket closed (killed, or its process ended)
+CLOSED_WORDS = ("connection reset", "connection closed", "connection refused", "broken pipe",
+                "end of file", "read error", "got 0 bytes")
+TIMEOUT_MS = re.compile(r"timed out waiting (\d+)\s*ms", re.IGNORECASE)
+
+
+def cause_of(error: BaseException) -> str:
+    """The transport's own words, on one line and at most 200 characters."""
+    return " ".join(str(error).split())[:200] or type(error).__name__
+
+
+def seen(error: BaseException) -> tuple[str, str | None]:
+    """What a failed collective saw of the peer: ("closed its connection", None), or
+    ("stopped responding", "timeout after 30 s") (the transport's timeout, else the job's),
+    else ("failed or stopped responding", the transport's words)."""
+    text = str(error).lower()
+    if any(word in text for word in CLOSED_WORDS):
+        return "closed its connection", None
+    waited = TIMEOUT_MS.search(text)
+    if waited:
+        return "stopped responding", f"timeout after {int(waited.group(1)) / 1000:g} s"
+    if "timed out" in text or "timeout" in text:
+        timeout = job_timeout()
+        return "stopped responding", (f"timeout after {timeout.total_seconds():g} s"
+                                      if timeout is not None else "a timeout")
+    return "failed or stopped responding", cause_of(error)
 
 
 def is_transport_error(error: BaseException) -> bool:
