@@ -268,10 +268,9 @@ class ProfileOptions(Options):
                                   "--calibrate-only")
     cluster: tuple[str, ...] = option((), "A cluster the plans will be for (repeatable; a name "
                                       "or YAML file, as plan --cluster): the convergence "
-                                      "probe trains every compressor that could send some "
-                                      "tensor sooner than fp32 there or on the profiled "
-                                      "ranks, and leaves out the others (default: gbe1, "
-                                      "the slowest shipped cluster).")
+                                      "probe trains only the compressors that could send "
+                                      "some tensor sooner than fp32 there or on the "
+                                      "profiled ranks (default: every compressor).")
     cache: bool = option(True, "Reuse the cluster's tables (sweeps, executor costs) that an "
                          "earlier profile on the same cluster measured, from the per-user "
                          "cache ($BYTECOMP_CACHE_DIR, else $XDG_CACHE_HOME/bytecomp or "

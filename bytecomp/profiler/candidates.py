@@ -7,8 +7,10 @@ sooner than fp32 does: its encode, exchange, decode and copies priced by the
 planner's models (:class:`~bytecomp.model.strategy.StrategyCosts`) below fp32's
 allreduce of the same array. One that does so for no tensor, no group of all of
 them and on no cluster (the profiled ranks, and each ``profile --cluster`` the
-plans are for, by default :data:`DEFAULT_CLUSTERS`) cannot make any plan faster, so it is not trained; the profile says
-which and why, and profile.yaml records them (``probe.skipped``).
+plans are for) cannot make any plan faster, so it is not trained; the profile says
+which and why, and profile.yaml records them (``probe.skipped``). Only a profile that
+names the clusters its plans are for leaves any out: without them, a profile made on
+a fast link might be planned for a slow one, and every compressor is trained.
 """
 
 from __future__ import annotations
@@ -23,9 +25,6 @@ from bytecomp.plan_file import Option
 from bytecomp.profile_store import Profile
 
 FP32 = Option("none", "device", "allreduce")
-# the clusters weighed beside the profiled ranks where --cluster names none: the slowest
-# shipped one (1 GbE), so that a profile made on a fast link keeps what a slow one needs
-DEFAULT_CLUSTERS = ("gbe1",)
 
 
 @dataclass
@@ -39,13 +38,12 @@ class Candidates:
         """The profile's line about what was left out and why (None: nothing)."""
         if not self.skipped:
             return None
-        where = "the profiled ranks" + "".join(f" or {name}"
-                                               for name in clusters or DEFAULT_CLUSTERS)
+        where = "the profiled ranks" + "".join(f" or {name}" for name in clusters)
         return (f"the convergence probe leaves out {len(self.skipped)} of "
                 f"{len(self.skipped) + len(self.trained)} compressors "
                 f"({', '.join(self.skipped)}): none sends any tensor sooner than fp32 on "
-                f"{where}, so no plan there could use them (--cluster NAME also weighs "
-                f"the cluster the plans are for)")
+                f"{where}, so no plan there could use them (each --cluster NAME names "
+                f"a cluster the plans are for)")
 
 
 def _total(cost) -> float:
@@ -74,14 +72,13 @@ def probe_candidates(meta: dict, tensors: pd.DataFrame, collectives: list[dict],
                      compressors: list[dict], specs: list[str],
                      cluster_names: list[str]) -> Candidates:
     """Split ``specs`` into those the probe trains and those no plan could use on the
-    profiled ranks or ``cluster_names`` (none: :data:`DEFAULT_CLUSTERS`), from the
-    profile's tables so far (its ``meta``: world, nodes, ranks per node, device)."""
+    profiled ranks or ``cluster_names``, from the profile's tables so far (its
+    ``meta``: world, nodes, ranks per node, device)."""
     from bytecomp.model.clusters import load_cluster
     from bytecomp.model.costs import profiled_cluster
 
     profile = Profile(meta, tensors, pd.DataFrame(collectives), pd.DataFrame(compressors))
-    clusters = [profiled_cluster(profile)] + [load_cluster(name) for name in
-                                              cluster_names or DEFAULT_CLUSTERS]
+    clusters = [profiled_cluster(profile)] + [load_cluster(name) for name in cluster_names]
     trained: list[str] = []
     skipped: list[str] = []
     for spec in specs:

@@ -348,7 +348,7 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
         workload.model.load_state_dict(initial)
         probe_steps, budget = probe_budget(config)
         candidates = Candidates(fidelity_specs)
-        if probe_steps and fidelity_specs:
+        if probe_steps and fidelity_specs and config.clusters:  # what the plans are for
             candidates = _candidates(config, tensors, collectives.rows, compressors.rows,
                                      fidelity_specs, topology, nodes, device)
             if (said := candidates.line(config.clusters)) is not None:

@@ -202,7 +202,7 @@ def _within_budget(series: list, times_ms: list[float], budget_s: float) -> list
     size: what the per-operation limit allows for, :func:`op_limit`); always the first.
     A far slower one (a compressor's next size is 16 times larger) would spend the
     rounds' time on one case; the fits extrapolate to it instead."""
-    kept = []
+    kept: list = []
     for case, time_ms in zip(series, times_ms):
         if time_ms > 2 * budget_s * 1000 and kept:
             break
