@@ -270,7 +270,8 @@ class ProfileOptions(Options):
                                       "or YAML file, as plan --cluster): the convergence "
                                       "probe trains only the compressors that could send "
                                       "some tensor sooner than fp32 there or on the "
-                                      "profiled ranks (default: every compressor).")
+                                      "profiled ranks (default: every compressor).",
+                                      path=True)
     cache: bool = option(True, "Reuse the cluster's tables (sweeps, executor costs) that an "
                          "earlier profile on the same cluster measured, from the per-user "
                          "cache ($BYTECOMP_CACHE_DIR, else $XDG_CACHE_HOME/bytecomp or "

@@ -189,6 +189,23 @@ def test_path_like_values_are_paths_and_numbers_are_stored_as_declared(tmp_path)
     assert SimulateOptions.build(trace=tmp_path / "t.json").trace == str(tmp_path / "t.json")
 
 
+PATH_NAMES = {"out", "cluster", "calibration", "trace", "png"}  # files and directories
+
+
+@pytest.mark.parametrize("cls", [ProfileOptions, PlanOptions, SimulateOptions, BenchOptions])
+def test_every_file_or_directory_option_takes_a_path_like(cls, tmp_path):
+    """An option named for a file, a directory or a cluster config (a name or a file) is
+    declared a path, so an os.PathLike is taken as its str, a repeatable one's too."""
+    import dataclasses
+
+    for item in dataclasses.fields(cls):
+        if item.name in PATH_NAMES:
+            assert item.metadata["path"], f"{cls.__name__}.{item.name} is not declared a path"
+            built = cls.build(**{item.name: tmp_path / "x"})
+            value = getattr(built, item.name)
+            assert value in (str(tmp_path / "x"), (str(tmp_path / "x"),)), (item.name, value)
+
+
 def test_a_profile_planned_by_path_like_arguments_writes_the_plan(tmp_path):
     result = bytecomp.plan(load_profile(PROFILE), cluster=CLUSTER, out=tmp_path / "plan.yaml",
                            **FAST)
