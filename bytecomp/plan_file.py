@@ -93,6 +93,11 @@ VERIFY_BATCHES = ("validation", "held-out training batches", "none")  # "none": 
 # (forced, or all the budget afforded)
 STOPPED_FLAT, STOPPED_BUDGET, STOPPED_STEPS = "flattened", "budget", "steps"
 VERIFY_STOPS = (STOPPED_FLAT, STOPPED_BUDGET, STOPPED_STEPS)
+# the kinds of plan whose model error a verified plan records (bytecomp.search.verify.
+# kind_of): the search's plans (bytecomp's executor) and the hand-picked baselines (DDP and
+# PyTorch's hooks); the error, measured over predicted ms per step, up to MAX_MODEL_ERROR
+MODEL_KINDS = ("searched", "hand-picked")
+MAX_MODEL_ERROR = 1000.0
 # How gradients reach the hook: DDP's buckets at bucket_cap_mb, or one bucket per tensor
 # (bucket_cap_mb 0: no tensor merged with another, each exchanged when its gradient is ready)
 EXCHANGES = ("ddp-buckets", "per-tensor")
@@ -641,6 +646,13 @@ def _check_verification(reader: _Reader, verification: dict | None, chosen: str)
     if floor is not None and not (_number(floor, 0.0, math.inf) and math.isfinite(floor)):
         reader.fail(f"{where}loss_floor", f"must be a finite number, at least 0, or absent, "
                                           f"got {floor!r}")
+    errors = verification.get("model_error")  # optional: measured / predicted, by kind
+    if errors is not None and not (isinstance(errors, dict) and errors and all(
+            kind in MODEL_KINDS and _number(ratio, 0.0, MAX_MODEL_ERROR) and ratio > 0
+            for kind, ratio in errors.items())):
+        reader.fail(f"{where}model_error", f"must map kinds of plan ({', '.join(MODEL_KINDS)}) "
+                                           f"to numbers above 0, at most {MAX_MODEL_ERROR:g}, "
+                                           f"got {errors!r}")
     stopped = verification.get("stopped_by", STOPPED_STEPS)
     if stopped not in VERIFY_STOPS:
         reader.fail(f"{where}stopped_by", f"{stopped!r} is not one of {', '.join(VERIFY_STOPS)}")

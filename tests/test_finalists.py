@@ -469,6 +469,67 @@ def test_an_uncertain_finalist_goes_to_the_trial_rather_than_out(planned):
     assert "steps_factor_low" not in best.to_meta(True)
 
 
+def test_a_short_list_keeps_a_plan_of_a_second_kind(planned):
+    """However short the list, the best "X or nothing" mix stays beside the searched
+    plan and the hooks: the runtime trial's real alternative."""
+    planner, result = planned
+    full = shortlist(planner, result)
+    mixes = [f.name for f in full if f.source == "mix"]
+    assert mixes
+    for limit in (3, 4):
+        short = shortlist(planner, result, limit=limit)
+        assert len(short) == limit and short[0].name == "fp32 DDP"
+        assert short[-1].name == mixes[0] and short[1].name == "bytecomp plan"
+
+
+def test_the_trial_runs_where_the_lead_is_within_the_model_s_measured_error(planned):
+    """The searched plan is predicted 20% ahead of the best hand-picked finalist (after
+    factors). Measured on the profiled ranks, searched plans ran 1.64x their prediction
+    and hand-picked ones 1.15x: the lead is within that error (43%), so the trial times
+    the alternative; measured as predicted, the static plan stands. The error is
+    recorded in the plan file."""
+    from bytecomp.search.verify import (
+        Verification,
+        alternative,
+        kind_of,
+        model_errors,
+        trial_candidates,
+    )
+
+    planner, result = planned
+    assert planner.cluster.measured
+    finalists = shortlist(planner, result)
+    for f in finalists:
+        f.steps_factor = 10.0
+    chosen = next(f for f in finalists if f.name == "bytecomp plan")
+    hand = [f for f in finalists if kind_of(f) == "hand-picked" and f.name != "fp32 DDP"]
+    assert hand and kind_of(chosen) == "searched"
+    chosen.steps_factor = 1.0
+    other = hand[0]
+    other.steps_factor = 1.2 * chosen.time_ms / other.time_ms
+    finalists[0].steps_factor = 1.0
+    for slow_searched, kept in ((1.64, True), (1.0, False)):
+        step_ms = {f.name: f.time_ms * (slow_searched if kind_of(f) == "searched" else 1.15)
+                   for f in finalists}
+        verification = Verification(finalists, choose(finalists), 50, "validation", 1.0,
+                                    0.5, 0.0, step_ms=step_ms)
+        assert verification.choice.finalist is chosen
+        verification.model_error = model_errors(planner, verification)
+        assert verification.model_error["searched"] == pytest.approx(slow_searched)
+        assert verification.model_error["hand-picked"] == pytest.approx(1.15)
+        assert (alternative(verification) is other) == kept
+        names = [f.name for f in trial_candidates(planner, verification)]
+        assert (other.name in names) == kept, names
+    meta = verification.to_meta()
+    assert meta["model_error"] == {"hand-picked": 1.15, "searched": 1.0}
+    data = _plan_with(GOOD)
+    data["verification"] = {**meta, "chosen": "bytecomp plan"}
+    assert plan_from_dict(data).info["verification"]["model_error"] == meta["model_error"]
+    data["verification"]["model_error"] = {"searched": 0}
+    with pytest.raises(BytecompError, match=r"verification\.model_error"):
+        plan_from_dict(data)
+
+
 def test_the_verification_says_why_it_stopped_and_when_fp32_flattened():
     from bytecomp.profiler.convergence import flat, last_quarter
     from bytecomp.search.verify import SETTLED_FALL, Verification, flattened

@@ -125,7 +125,7 @@ def shortlist(planner: Planner, result: SearchResult, options: SearchOptions | N
             seen[key].notes.append(f"also {name}")
             return
         time_ms = problem.simulate(assignment, cap).iteration_ms
-        if len(out) >= limit or (out and time_ms >= fp32_ms):
+        if out and time_ms >= fp32_ms:
             return
         seen[key] = Finalist(name, source, list(assignment), cap, time_ms,
                              problem.fidelity(assignment))
@@ -147,7 +147,19 @@ def shortlist(planner: Planner, result: SearchResult, options: SearchOptions | N
             add(f"{BaselineKind.POWERSGD_HOOK.value} (rank {rank})", "baseline", hook, cap)
     for assignment, cap, name in _other_mixes(planner, result, options):
         add(name, "mix", assignment, cap)
-    return out
+    return _kept(out, limit)
+
+
+def _kept(finalists: list[Finalist], limit: int) -> list[Finalist]:
+    """The first ``limit`` finalists, the last place given to the best plan of a second
+    kind where none made it (the first "X or nothing" mix beside the searched plan and
+    the hooks): the runtime trial then has a real alternative to the searched plan
+    whenever the model's measured error calls for one (bytecomp.search.verify)."""
+    kept = finalists[:limit]
+    if any(f.source == "mix" for f in kept) or limit < 3:
+        return kept
+    mix = next((f for f in finalists[limit:] if f.source == "mix"), None)
+    return kept if mix is None else kept[:limit - 1] + [mix]
 
 
 def _other_mixes(planner: Planner, result: SearchResult,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import scratch_directory
 from bytecomp.options import MAX_VERIFY_STEPS
 from bytecomp.plan_file import (
+    MODEL_KINDS,
     NO_COMPRESSION,
     STOPPED_BUDGET,
     STOPPED_FLAT,
@@ -94,6 +96,10 @@ class Verification:
     # factors count a loss as reached within it (bytecomp.profiler.factors); None where
     # nothing was trained
     loss_floor: float | None = None
+    # the model's measured error by kind of plan (kind_of): the median over the trained
+    # finalists of that kind of measured / predicted ms per step on the profiled ranks
+    # (model_errors); empty where not measured (nothing trained, or a what-if cluster)
+    model_error: dict[str, float] = field(default_factory=dict)
 
     @property
     def settled(self) -> bool:
@@ -131,6 +137,9 @@ class Verification:
             meta["stopped_by"] = self.stopped_by
         if self.loss_floor is not None and math.isfinite(self.loss_floor):
             meta["loss_floor"] = round(self.loss_floor, 6)
+        if self.model_error:
+            meta["model_error"] = {kind: round(ratio, 4)
+                                   for kind, ratio in sorted(self.model_error.items())}
         if self.below_min_fidelity is not None:
             fidelity, floor = self.below_min_fidelity
             meta["below_min_fidelity"] = {"fidelity": round(fidelity, 6),
@@ -339,6 +348,7 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
                                 stopped_by=str(measured.get("stopped_by", STOPPED_STEPS)),
                                 trial_margin=margin,
                                 loss_floor=measured.get("loss_floor"))
+    verification.model_error = model_errors(planner, verification)
     verification.notes.append(verification.bought())
     return _overridden(verification, planner)
 
@@ -368,14 +378,64 @@ def trial_candidates(planner: Planner, verification: Verification) -> list[Final
     margin of the chosen one's (:attr:`Verification.trial_margin`, at least the
     profile's noise and :data:`TRIAL_MARGIN`), or could be within the loss's noise floor
     (an uncertain factor, :attr:`~bytecomp.search.finalists.Finalist.best_value`, its
-    low end: the floor cannot rule it out): what the running job times (the chosen one
-    first). Closer than that, neither the prediction nor the search's margin can tell
-    them apart."""
+    low end: the floor cannot rule it out), and the best of the other kind where the
+    chosen one's lead over it is within the model's measured error (:func:`alternative`):
+    what the running job times (the chosen one first). Closer than that, neither the
+    prediction nor the search's margin can tell them apart."""
     chosen = verification.choice.finalist
     margin = max(TRIAL_MARGIN, planner.noise(), verification.trial_margin)
     near = [f for f in verification.finalists if f is not chosen and f.steps_factor is not None
             and math.isfinite(f.value) and min(f.value, f.best_value) <= chosen.value * (1 + margin)]
+    other = alternative(verification)
+    if other is not None and all(other is not f for f in near):
+        near.append(other)
     return [chosen, *near]
+
+
+SEARCHED, HAND_PICKED = MODEL_KINDS  # the kinds of plan (kind_of)
+
+
+def kind_of(finalist: Finalist) -> str:
+    """A finalist's kind of plan, for the model's error: :data:`HAND_PICKED` (fp32 DDP and
+    PyTorch's hooks, which DDP runs) or :data:`SEARCHED` (the search's plans and the
+    other mixes, which bytecomp's executor runs, group by group)."""
+    return HAND_PICKED if finalist.source == "baseline" else SEARCHED
+
+
+def model_errors(planner: Planner, verification: Verification) -> dict[str, float]:
+    """By kind of plan (:func:`kind_of`), the median over its trained finalists of the
+    measured median ms per step on the profiled ranks over the predicted one: where the
+    plan is for the profiled cluster itself (the prediction is then for the same ranks);
+    empty on a what-if cluster, or where nothing was timed."""
+    if not planner.cluster.measured:
+        return {}
+    ratios: dict[str, list[float]] = {}
+    for finalist in verification.finalists:
+        measured = verification.step_ms.get(finalist.name)
+        if measured is None or not math.isfinite(measured) or measured <= 0 or \
+                not 0 < finalist.time_ms < math.inf:
+            continue
+        ratios.setdefault(kind_of(finalist), []).append(measured / finalist.time_ms)
+    return {kind: statistics.median(values) for kind, values in ratios.items()}
+
+
+def alternative(verification: Verification) -> Finalist | None:
+    """The best finalist (least predicted time x measured factor) of the other kind than
+    the chosen one's, where the chosen one's predicted lead over it is within the
+    model's measured error for the chosen one's kind relative to the other's (the
+    chosen kind runs that much slower than predicted, against the other): the runtime
+    trial measures which is ahead. None where the lead is wider, or the error is not
+    measured for both kinds."""
+    chosen = verification.choice.finalist
+    mine, errors = kind_of(chosen), verification.model_error
+    others = [f for f in verification.finalists if kind_of(f) != mine
+              and f.steps_factor is not None and math.isfinite(f.value)]
+    if not others or len(errors) < 2 or mine not in errors:
+        return None
+    best = min(others, key=lambda f: f.value)
+    error = errors[mine] / errors[kind_of(best)] - 1
+    lead = best.value / chosen.value - 1 if chosen.value > 0 else math.inf
+    return best if lead <= error else None
 
 
 def trial_plan(planner: Planner, result: SearchResult, verification: Verification,
