@@ -524,6 +524,12 @@ SETS = [
         "time: the default search against a local search of 40,000 evaluations, the printed "
         "bound and gap, and the exact search up to 30 tensors (10 s cap); the run's duration "
         "and load at the end."),
+    Set(r"search-small\.md", "Search time on small problems, in process CPU time",
+        "python benchmarks/search.py --set small --repeats 5 --markdown "
+        "benchmarks/results/search-small.md",
+        "Planner set-up and search in process CPU time (median of 5) on the 10-tensor LSTM "
+        "shapes (4 GPU cluster configs, top-k or every compressor), 161 and 1,500 tensors, "
+        "each plan against the best single option on every tensor; the load at the end."),
     Set(r"search(-\d{4}-\d\d-\d\d[a-z]?)?\.md", "Search time, classic set",
         "python benchmarks/search.py --repeats 5 --markdown FILE",
         "10, 161 and 1,500 tensors, one compressor or all, two links, both objectives."),
