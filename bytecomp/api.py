@@ -53,11 +53,13 @@ def profile(model: str | None = None, *, options: ProfileOptions | None = None,
     of the torchrun job this process belongs to, where every rank calls it: rank 0
     returns the profile, the other ranks None.
     """
-    from bytecomp.launch import check_nproc
     from bytecomp.profile_store import load_profile
-    from bytecomp.profiler import ProfileConfig, run_profile
-    from bytecomp.profiler.workloads import safe_name
-    from bytecomp.ui import warn
+    from bytecomp.ui import Stage, warn
+
+    with Stage("loading torch", after_s=0, lines=False):  # seconds: say so, as bench does
+        from bytecomp.launch import check_nproc
+        from bytecomp.profiler import ProfileConfig, run_profile
+        from bytecomp.profiler.workloads import safe_name
 
     if model is not None:
         values["model"] = model
@@ -284,7 +286,6 @@ def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
     (``bytecomp bench``); ``train_steps=N`` also trains each to a target validation loss.
     Spawns ``nproc`` ranks or runs on the torchrun job's: rank 0 returns the result, the
     other ranks None."""
-    from bytecomp.launch import check_nproc
     from bytecomp.ui import Stage, warn
 
     chosen = BenchOptions.build(options, **values)
@@ -296,10 +297,11 @@ def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
         raise BytecompError("bench needs a plan to measure (--plan)")
     if chosen.cluster is not None:  # checked before any rank starts
         load_cluster(chosen.cluster)
-    for warning in check_nproc(chosen.nproc):
-        warn(warning)
     with Stage("loading torch", after_s=0, lines=False):
         from bytecomp.bencher import BenchConfig, ConvergenceConfig, run_bench
+        from bytecomp.launch import check_nproc
+    for warning in check_nproc(chosen.nproc):
+        warn(warning)
     convergence = ConvergenceConfig(
         chosen.train_steps, min(chosen.eval_every, chosen.train_steps), chosen.to_loss,
         chosen.lr, target_fraction=chosen.target_fraction,

@@ -185,13 +185,17 @@ def _entries_for(planner: Planner, finalist: Finalist) -> list[PlanEntry]:
 def allowed_spec(profile, model: str | None) -> str:
     """The model spec of ``profile`` the finalists may train: a built-in, or the spec the
     user named (``model``); else one line (:mod:`bytecomp.model_spec`)."""
-    from bytecomp.model_spec import allowed_model
-    from bytecomp.profiler.workloads import check_builtin_size
+    from bytecomp.model_spec import allowed_model, builtin_name
 
     spec = allowed_model(profile.meta["model"].get("spec"), model, profile.label,
                          "plan with --no-verify (nothing is trained)")
-    if spec is not None:
-        check_builtin_size(spec)  # a built-in too large to build: one line, before any work
+    if spec is not None and builtin_name(spec) is not None:
+        # a built-in too large to build: one line, before any work (its sizes live beside
+        # the models, with torch: seconds to import, so the wait is shown)
+        with Stage(f"checking {spec} (loading torch)", after_s=0, lines=False):
+            from bytecomp.profiler.workloads import check_builtin_size
+
+            check_builtin_size(spec)
     return spec
 
 
