@@ -45,10 +45,11 @@ run: install
 	$(BIN)/bytecomp plan profiles/transformer --cluster gbe1 --out plan.yaml --verify-budget 90
 
 # The fast tier (under 3 minutes here): unit tests, references, the hostile corpus and a
-# few multi-rank smoke tests. test-all: every test (multi-rank, faults, notebooks,
-# benchmark smoke runs), what CI runs.
+# few multi-rank smoke tests, spread over the machine's cores (pytest-xdist). test-all:
+# every test (multi-rank, faults, notebooks, benchmark smoke runs), what CI runs, one at a
+# time (its tests time real ranks and budgets on the clock).
 test: install-dev
-	$(BIN)/python -m pytest -q -m "not slow" --durations=15
+	$(BIN)/python -m pytest -q -n auto -m "not slow" --durations=15
 
 test-all: install-dev
 	$(BIN)/python -m pytest -q --durations=15

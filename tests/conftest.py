@@ -14,6 +14,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# pytest-xdist's workers (make test runs the fast tier on every core) start with COLUMNS=80
+# and LINES=24: bytecomp's rich consoles, made at import, would keep that width for good.
+# Without them the width is read at each print, as the tests set it (the cli fixture: 160).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 # Triton reads TRITON_INTERPRET when it is first imported (its own @jit helpers, tl.sum and
 # the like, are made then), and torch.compile's tests import it: without a GPU, the kernel
 # tests' interpreter must be on from the start of the session (tests/test_kernels.py).
