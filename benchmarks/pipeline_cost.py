@@ -27,7 +27,14 @@ so). Needs a quiet machine.
 
     sudo python benchmarks/pipeline_cost.py --out benchmarks/results/pipeline_cost
     sudo python benchmarks/pipeline_cost.py --bandwidth 100mbit --task charlstm
+    sudo python benchmarks/pipeline_cost.py --profiles-only --bandwidth 100mbit \
+        --out benchmarks/results/pipeline_cost-profiles-100mbit  # steps 1-2 alone
     python benchmarks/pipeline_cost.py --dry-run      # the commands, none run
+
+Each link is its own piece (``--bandwidth``, its own ``--out``), so the whole
+measurement (about an hour a link: the references' 1,200 s profiles dominate) runs in
+pieces; ``--profiles-only`` measures steps 1 and 2 (the budget, the probe's share, the
+cache) in minutes.
 """
 
 from __future__ import annotations
@@ -123,6 +130,9 @@ def link(bandwidth: str, out: Path, args, runner: Runner) -> list[dict]:
                              str(profiles["default"]), *machine], log, env)
         rows.append({"link": bandwidth, "task": name, "command": command, **cost,
                      **({} if runner.dry else profile_facts(profiles["default"]))})
+        if args.profiles_only:  # the budget, the probe's share and the cache alone
+            print(f"{folder.name} {name}: profiled", flush=True)
+            continue
         cost = runner.timed([*emulate, *BYTECOMP, "profile", *model, "--out",
                              str(profiles["reference"]), "--no-cache", "--budget",
                              f"{REFERENCE_BUDGET_S:g}", *machine], log, env)
@@ -209,6 +219,10 @@ def main() -> None:
                         help="a link to emulate (repeatable; default: both)")
     parser.add_argument("--train-steps", type=int, default=200)
     parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--profiles-only", action="store_true",
+                        help="only the default profiles (the first task's without the "
+                             "cache, the others' with it): the budget, probe and cache "
+                             "targets, minutes instead of an hour a link")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the commands, run none (no root needed)")
     parser.add_argument("--summarize", action="store_true",

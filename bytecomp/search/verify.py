@@ -280,8 +280,9 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
     # refused up front, whatever is trained, before anything imports the model's module
     spec = None if planner.profile.meta.get("synthetic") else allowed_spec(planner.profile,
                                                                            model)
-    from bytecomp.launch import backend_for, run_job
-    from bytecomp.profiler.finalists import FinalistsJob, load_results, train_finalists
+    with Stage("loading torch", after_s=0, lines=False, enabled=announce is not None):
+        from bytecomp.launch import backend_for, run_job  # seconds: shown, not silent
+        from bytecomp.profiler.finalists import FinalistsJob, load_results, train_finalists
 
     with Stage("choosing the finalists (searching the best plan with each other "
                "promising compressor)", enabled=announce is not None):
