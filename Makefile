@@ -46,13 +46,15 @@ run: install
 
 # The fast tier (under 3 minutes here): unit tests, references, the hostile corpus and a
 # few multi-rank smoke tests, spread over the machine's cores (pytest-xdist). test-all:
-# every test (multi-rank, faults, notebooks, benchmark smoke runs), what CI runs, one at a
-# time (its tests time real ranks and budgets on the clock).
+# every test, what CI runs: the fast tier as make test runs it, then the second tier
+# (multi-rank, faults, notebooks, benchmark smoke runs) one test at a time, since its
+# tests time real ranks and budgets on the clock.
 test: install-dev
 	$(BIN)/python -m pytest -q -n auto -m "not slow" --durations=15
 
 test-all: install-dev
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n auto -m "not slow" --durations=5
+	$(BIN)/python -m pytest -q -m slow --durations=15
 
 lint: install-dev
 	$(BIN)/ruff check bytecomp tests benchmarks examples
