@@ -429,6 +429,13 @@ SETS = [
         "plan with the earlier default's step count, each with its finalists' evidence "
         "(`*.finalists.csv`, `*.curves.csv`, `*.curves.png`), and the log; `summary.md` "
         "and `pipeline_cost.csv` collect the times, stages and targets."),
+    Set(r"pipeline_cost-profiles-100mbit/", "The profile inside its budget, 100 Mbit/s",
+        "sudo python benchmarks/pipeline_cost.py --profiles-only --bandwidth 100mbit --out "
+        "benchmarks/results/pipeline_cost-profiles-100mbit",
+        "On 2 x 1 emulated ranks at 100 Mbit/s, quiet machine: the default profile of the "
+        "charlstm factory (measuring the cluster into a fresh cache) and of a 1.45M-parameter "
+        "transformer (the cluster's tables from that cache), each stage against its share "
+        "of --budget 240, the probe's share and steps; the log and the profiles."),
     Set(r"convergence-bow/", "Time to fp32 DDP's final loss: the sparse-embedding cell",
         "sudo python benchmarks/convergence_matrix.py --task bow-sgd --bandwidth 100mbit "
         "--out benchmarks/results/convergence-bow",
