@@ -155,23 +155,30 @@ def _shown(value) -> str:
     return f"{value:g}"
 
 
-def parse_optimizer(text: str) -> OptimizerSpec:
-    """``sgd:lr=0.05,momentum=0.9`` -> an :class:`OptimizerSpec`, every value checked."""
+def _split_spec(text: str, kind: str, tables: dict) -> tuple[str, dict, list[tuple[str, ...]]]:
+    """A ``name:key=value,...`` spec of ``kind`` (optimizer, scheduler): its name (one of
+    ``tables``), that name's table and its items as ``(key, "=" or "", value)``; one line
+    for an empty spec, an unknown name or an empty item."""
     if not isinstance(text, str) or not text.strip():
-        raise BytecompError(f"empty optimizer spec; choose from {', '.join(OPTIMIZERS)}")
+        raise BytecompError(f"empty {kind} spec; choose from {', '.join(tables)}")
     name, _, rest = text.strip().partition(":")
     name = name.strip().lower()
-    table = OPTIMIZERS.get(name)
+    table = tables.get(name)
     if table is None:
-        raise BytecompError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
-    values: dict[str, float | bool] = {}
-    clip = None
+        raise BytecompError(f"unknown {kind} {name!r}; choose from {', '.join(tables)}")
     items = [part.strip() for part in rest.split(",")] if rest.strip() else []
     if "" in items:
-        raise BytecompError(f"optimizer {name}: {text.strip()!r} has an empty parameter "
+        raise BytecompError(f"{kind} {name}: {text.strip()!r} has an empty parameter "
                             f"(parameters are key=value, one comma between two)")
-    for item in items:
-        key, equals, raw = (s.strip() for s in item.partition("="))
+    return name, table, [tuple(part.strip() for part in item.partition("=")) for item in items]
+
+
+def parse_optimizer(text: str) -> OptimizerSpec:
+    """``sgd:lr=0.05,momentum=0.9`` -> an :class:`OptimizerSpec`, every value checked."""
+    name, table, items = _split_spec(text, "optimizer", OPTIMIZERS)
+    values: dict[str, float | bool] = {}
+    clip = None
+    for key, equals, raw in items:
         if key != "clip" and key not in table:
             raise BytecompError(f"optimizer {name}: unknown parameter {key!r}; valid: "
                                 f"{', '.join([*table, 'clip'])}")
@@ -245,20 +252,9 @@ class SchedulerSpec:
 
 def parse_scheduler(text: str) -> SchedulerSpec:
     """``cosine:steps=1000,warmup=50`` -> a :class:`SchedulerSpec`, every value checked."""
-    if not isinstance(text, str) or not text.strip():
-        raise BytecompError(f"empty scheduler spec; choose from {', '.join(SCHEDULERS)}")
-    name, _, rest = text.strip().partition(":")
-    name = name.strip().lower()
-    table = SCHEDULERS.get(name)
-    if table is None:
-        raise BytecompError(f"unknown scheduler {name!r}; choose from {', '.join(SCHEDULERS)}")
+    name, table, items = _split_spec(text, "scheduler", SCHEDULERS)
     values: dict[str, float] = {}
-    items = [part.strip() for part in rest.split(",")] if rest.strip() else []
-    if "" in items:
-        raise BytecompError(f"scheduler {name}: {text.strip()!r} has an empty parameter "
-                            f"(parameters are key=value, one comma between two)")
-    for item in items:
-        key, equals, raw = (part.strip() for part in item.partition("="))
+    for key, equals, raw in items:
         if key not in table:
             import difflib
 
