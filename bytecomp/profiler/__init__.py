@@ -30,16 +30,10 @@ def _remove_partial_output(out: Path) -> None:
 def _cluster_key(config: ProfileConfig, nproc: int | None, backend: str) -> ClusterKey:
     """This job's cache key, from the options or the torchrun environment."""
     from bytecomp.compress import kernels
-    from bytecomp.launch import threads_per_rank
+    from bytecomp.profiler.calibration import local_job
     from bytecomp.profiler.runner import device_name
 
-    if in_torchrun():
-        shape = torchrun_shape()
-        nodes, per_node, threads = shape.nodes, shape.ranks_per_node, torch.get_num_threads()
-    else:
-        nodes, per_node = 1, 1 if nproc is None else nproc
-        threads = threads_per_rank(per_node)
-    device = pick_device(config.device, 0)
+    nodes, per_node, threads, device = local_job(config, nproc)
     return ClusterKey(nodes * per_node, nodes, per_node, backend, device.type,
                       device_name(device), kernels.describe(device),
                       threads if device.type == "cpu" else 0, config.quick)

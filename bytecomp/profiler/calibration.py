@@ -599,22 +599,30 @@ def write_calibration(out, force: bool, meta: dict, tables: ClusterTables) -> No
             pd.DataFrame(rows, columns=columns).to_csv(temporary / f"{name}.csv", index=False)
 
 
-def check_before_ranks(config, nproc: int | None) -> list[Path]:
-    """In the parent, before any rank starts: ``config.calibration`` is a valid
-    calibration made on a job like this one (:func:`check_job`); ``config.specs`` become
-    its specs where none were named (:func:`select_specs`). Returns the files it reads,
-    which no output may overwrite."""
+def local_job(config, nproc: int | None) -> tuple[int, int, int, torch.device]:
+    """This job's nodes, ranks per node, threads per rank and rank 0's device, before any
+    rank starts: from torchrun's environment, else ``nproc`` local ranks on one node."""
     from bytecomp.launch import in_torchrun, threads_per_rank, torchrun_shape
-    from bytecomp.profiler.runner import device_name, pick_device
+    from bytecomp.profiler.runner import pick_device
 
-    calibration = load_calibration(config.calibration)
     if in_torchrun():
         shape = torchrun_shape()
         nodes, per_node, threads = shape.nodes, shape.ranks_per_node, torch.get_num_threads()
     else:
         nodes, per_node = 1, 1 if nproc is None else nproc
         threads = threads_per_rank(per_node)
-    device = pick_device(config.device, 0)
+    return nodes, per_node, threads, pick_device(config.device, 0)
+
+
+def check_before_ranks(config, nproc: int | None) -> list[Path]:
+    """In the parent, before any rank starts: ``config.calibration`` is a valid
+    calibration made on a job like this one (:func:`check_job`); ``config.specs`` become
+    its specs where none were named (:func:`select_specs`). Returns the files it reads,
+    which no output may overwrite."""
+    from bytecomp.profiler.runner import device_name
+
+    calibration = load_calibration(config.calibration)
+    nodes, per_node, threads, device = local_job(config, nproc)
     check_job(calibration, nodes, per_node, device.type, device_name(device),
               kernels.describe(device), threads)
     config.specs = select_specs(calibration, config.specs, config.named_specs)
