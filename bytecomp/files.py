@@ -343,16 +343,17 @@ def _private_directory(parent: Path, prefix: str, purpose: str) -> Path:
     return folder
 
 
-def _is_ours(folder: Path, allowed: set[str]) -> bool:
+def _is_ours(folder: Path, allowed: set[str] | None) -> bool:
     """Whether ``folder`` is a private directory bytecomp made: a real directory (not a
     link) of this user, holding a regular marker file in bytecomp's words and no entry
-    but the marker and ``allowed``."""
+    but the marker and ``allowed`` (None: anything, inside the user's private scratch
+    root, where only bytecomp writes)."""
     try:
         info = os.lstat(folder)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             return False
         names = set(os.listdir(folder))
-        if MARKER not in names or not names <= allowed | {MARKER}:
+        if MARKER not in names or (allowed is not None and not names <= allowed | {MARKER}):
             return False
         handle = os.open(folder / MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
                          | os.O_CLOEXEC)
@@ -541,11 +542,7 @@ def remove_stale_scratch() -> list[Path]:
         return removed
     for entry in entries:
         match = pattern.fullmatch(entry.name)
-        if match is None or _alive(int(match.group(1))):
-            continue
-        marker = entry / MARKER
-        if entry.is_symlink() or not entry.is_dir() or marker.is_symlink() \
-                or not marker.is_file():
+        if match is None or _alive(int(match.group(1))) or not _is_ours(entry, None):
             continue
         _remove_private(entry)
         removed.append(entry)
