@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from refusal import one_line_error
 
 from bytecomp.errors import BytecompError
 from bytecomp.launch import free_port
@@ -60,13 +61,6 @@ def here(tmp_path: Path) -> Path:
     return copy
 
 
-def one_line(result, *fragments: str, code: int = 2) -> str:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 # -- in this process, before any rank ---------------------------------------------------------
@@ -98,36 +92,36 @@ def test_a_world_size_mismatch_is_one_line_before_any_rank(cli, tmp_path):
     calibration = here(tmp_path)
     result = cli("profile", *SHORT, "--nproc", "1", "--calibration", calibration,
                  "--out", tmp_path / "p")
-    line = one_line(result, f"calibration {calibration} does not match this job",
+    line = one_line_error(result, f"calibration {calibration} does not match this job",
                     "2 ranks (1 node x 2) there, 1 rank (1 node x 1) here",
                     "bytecomp profile --calibrate-only")
     assert not (tmp_path / "p").exists(), line
     meta = yaml.safe_load((calibration / "calibration.yaml").read_text())
     meta["device"]["name"] = "a TPU of some kind"
     (calibration / "calibration.yaml").write_text(yaml.safe_dump(meta))
-    one_line(cli("profile", *SHORT, "--nproc", "2", "--calibration", calibration,
+    one_line_error(cli("profile", *SHORT, "--nproc", "2", "--calibration", calibration,
                  "--out", tmp_path / "p"), "device cpu 'a TPU of some kind' there")
 
 
 def test_compressors_the_calibration_did_not_time_are_refused(cli, tmp_path):
-    one_line(cli("profile", *SHORT, "--nproc", "2", "--calibration", here(tmp_path),
+    one_line_error(cli("profile", *SHORT, "--nproc", "2", "--calibration", here(tmp_path),
                  "--compressor", "int8", "--out", tmp_path / "p"),
              "has no timings of int8", "leave it out")
 
 
 def test_calibration_inputs_and_options_are_checked(cli, tmp_path):
-    one_line(cli("profile", "--calibration", tmp_path, "--out", tmp_path / "p"),
+    one_line_error(cli("profile", "--calibration", tmp_path, "--out", tmp_path / "p"),
              "holds neither calibration.yaml nor profile.yaml")
-    one_line(cli("profile", "--calibration", tmp_path / "none", "--out", tmp_path / "p"),
+    one_line_error(cli("profile", "--calibration", tmp_path / "none", "--out", tmp_path / "p"),
              "does not exist")
-    one_line(cli("profile", "--calibrate-only", "--calibration", CALIBRATION),
+    one_line_error(cli("profile", "--calibrate-only", "--calibration", CALIBRATION),
              "--calibration and --calibrate-only do not go together")
-    one_line(cli("profile", "--calibrate-only", "--model", "cnn", "--out", tmp_path / "c"),
+    one_line_error(cli("profile", "--calibrate-only", "--model", "cnn", "--out", tmp_path / "c"),
              "--model has no effect with --calibrate-only")
     copy = here(tmp_path)
-    one_line(cli("profile", *SHORT, "--nproc", "2", "--calibration", copy, "--out", copy,
+    one_line_error(cli("profile", *SHORT, "--nproc", "2", "--calibration", copy, "--out", copy,
                  "--force"), "which replacing it would delete")
-    one_line(cli("plan", copy), "is a calibration", "not a profile")
+    one_line_error(cli("plan", copy), "is a calibration", "not a profile")
 
 
 def test_a_damaged_calibration_is_one_line(tmp_path):

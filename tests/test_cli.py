@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from refusal import one_line_error
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_output_file, read_text_file, write_text_atomic
@@ -19,13 +20,6 @@ from bytecomp.files import check_output_file, read_text_file, write_text_atomic
 PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "cnn")
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode == 2, result
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_compressors_lists_every_compressor_with_payload_and_ratio(cli):
@@ -43,15 +37,15 @@ def test_compressors_accepts_specs(cli):
 
 
 def test_bad_spec_is_one_line_and_exit_code_2(cli):
-    assert_one_line_error(cli("compressors", "topk:ratio=2"), "ratio=2", "0 < ratio <= 1")
-    assert_one_line_error(cli("compressors", "zip"), "unknown compressor 'zip'", "topk")
+    one_line_error(cli("compressors", "topk:ratio=2"), "ratio=2", "0 < ratio <= 1")
+    one_line_error(cli("compressors", "zip"), "unknown compressor 'zip'", "topk")
 
 
 def test_parse_errors_are_one_line_with_a_pointer_to_help(cli):
-    assert_one_line_error(cli("compressors", "--numel", "0"), "--numel",
+    one_line_error(cli("compressors", "--numel", "0"), "--numel",
                           "bytecomp compressors --help")
-    assert_one_line_error(cli("plan", "--no-verify", PROFILE, "--bogus"), "No such option: --bogus")
-    assert_one_line_error(cli("plan"), "Missing argument")
+    one_line_error(cli("plan", "--no-verify", PROFILE, "--bogus"), "No such option: --bogus")
+    one_line_error(cli("plan"), "Missing argument")
 
 
 @pytest.mark.slow
@@ -60,7 +54,7 @@ def test_a_real_process_prints_a_parse_error_as_one_line():
     result = subprocess.run([sys.executable, "-m", "bytecomp", "compressors", "--numel", "0"],
                             capture_output=True, text=True,
                             env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"}, timeout=120)
-    assert_one_line_error(result, "--numel", "bytecomp compressors --help")
+    one_line_error(result, "--numel", "bytecomp compressors --help")
 
 
 def test_bad_values_and_unusable_paths_fail_before_any_work(cli, tmp_path):
@@ -93,7 +87,7 @@ def test_bad_values_and_unusable_paths_fail_before_any_work(cli, tmp_path):
           "--target-fraction", "1.5"), "--target-fraction must be in (0, 1]"),
     ]
     for args, fragment in cases:
-        assert_one_line_error(cli(*args, cwd=tmp_path), fragment)
+        one_line_error(cli(*args, cwd=tmp_path), fragment)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.yaml", "file.txt"]
 
 
@@ -102,7 +96,7 @@ def test_simulate_checks_every_output_before_writing_any(cli, tmp_path):
     (tmp_path / "file.txt").write_text("x")
     result = cli("simulate", PROFILE, "plan.yaml", "--trace", str(trace), "--png",
                  str(tmp_path / "file.txt" / "gantt.png"), cwd=tmp_path)
-    assert_one_line_error(result, "--png", "is a file, not a directory")
+    one_line_error(result, "--png", "is a file, not a directory")
     assert not trace.exists()
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from refusal import one_line_error
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import (
@@ -33,13 +34,6 @@ PLANNED = ROOT / "benchmarks" / "results" / "emulated" / "cnn-2x1-1gbit"
 FAST = ["--compressor", "fp16", "--algorithm", "greedy", "--budget", "0", "--bucket-cap-mb", "25"]
 
 
-def one_line(result, *fragments: str) -> str:
-    assert result.returncode == 2, (result.returncode, result.stdout[-500:], result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture
@@ -89,7 +83,7 @@ def test_a_special_file_as_a_profile_table_is_one_line(cli, profile, tmp_path, k
     table = profile / "tensors.csv"
     table.unlink()
     os.mkfifo(table) if kind == "fifo" else table.symlink_to("/dev/zero")
-    one_line(cli("plan", "--no-verify", profile, "--out", tmp_path / "plan.yaml", *FAST), "tensors.csv",
+    one_line_error(cli("plan", "--no-verify", profile, "--out", tmp_path / "plan.yaml", *FAST), "tensors.csv",
              "not a regular file")
 
 
@@ -105,7 +99,7 @@ def test_a_billion_laughs_cluster_config_is_refused_at_once(cli, tmp_path):
     config = tmp_path / "laughs.yaml"
     config.write_text(BILLION_LAUGHS)
     started = time.monotonic()
-    one_line(cli("plan", "--no-verify", PROFILE, "--cluster", config, "--out", tmp_path / "p.yaml", *FAST),
+    one_line_error(cli("plan", "--no-verify", PROFILE, "--cluster", config, "--out", tmp_path / "p.yaml", *FAST),
              "laughs.yaml: not valid YAML", "anchors and aliases")
     assert time.monotonic() - started < 5
 
@@ -129,13 +123,13 @@ def test_the_yaml_loader_refuses_what_no_bytecomp_file_needs(text, reason):
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, "fast", None])
 def test_every_phase_time_is_validated_not_only_four(cli, profile, tmp_path, value):
     edit_meta(profile, lambda m: m["times"]["backward_compute"].update(median_ms=value))
-    one_line(cli("plan", "--no-verify", profile, "--out", tmp_path / "plan.yaml", *FAST),
+    one_line_error(cli("plan", "--no-verify", profile, "--out", tmp_path / "plan.yaml", *FAST),
              "times.backward_compute.median_ms")
 
 
 def test_a_missing_backward_compute_is_one_line(cli, profile, tmp_path):
     edit_meta(profile, lambda m: m["times"].pop("backward_compute"))
-    one_line(cli("plan", "--no-verify", profile, *FAST), "missing field 'times.backward_compute'")
+    one_line_error(cli("plan", "--no-verify", profile, *FAST), "missing field 'times.backward_compute'")
 
 
 def test_a_nan_anywhere_in_profile_yaml_is_refused(profile):
@@ -277,10 +271,10 @@ def test_a_ladders_levels_are_validated_like_the_rest(cli, tmp_path):
     with pytest.raises(BytecompError, match="bucket_cap_mb: must be a number of MB from 0"):
         load_plan(path)
     _ladder_plan(path, lambda d: d.update(nodes=1, ranks_per_node=2))
-    one_line(cli("simulate", PLANNED / "profile", path, "--level", "1"), "is for 1 x 2 ranks")
-    one_line(cli("simulate", PLANNED / "profile", _ladder_plan(path), "--level", "2"),
+    one_line_error(cli("simulate", PLANNED / "profile", path, "--level", "1"), "is for 1 x 2 ranks")
+    one_line_error(cli("simulate", PLANNED / "profile", _ladder_plan(path), "--level", "2"),
              "has no level 2")
-    one_line(cli("simulate", PLANNED / "profile", path, "--png", path), "is the input")
+    one_line_error(cli("simulate", PLANNED / "profile", path, "--png", path), "is the input")
 
 
 def test_a_damaged_controller_state_is_refused():
@@ -308,15 +302,15 @@ def test_bench_checks_every_plan_before_any_rank_starts(cli, tmp_path):
     for edit, fragment in (({"nodes": 1, "ranks_per_node": 1, "world_size": 1}, "is for 1 x 1"),
                            ({"model_fingerprint": "f" * 64}, "another model")):
         second.write_text(yaml.safe_dump({**plan, **edit}))
-        one_line(cli("bench", PLANNED / "profile", "--plan", PLANNED / "plan.yaml", "--plan",
+        one_line_error(cli("bench", PLANNED / "profile", "--plan", PLANNED / "plan.yaml", "--plan",
                      second, "--out", tmp_path / "bench", "--nproc", "2"), "second.yaml",
                  fragment)
     second.write_text(yaml.safe_dump({**plan, "nodes": 1, "ranks_per_node": 2}))
-    one_line(cli("bench", PLANNED / "profile", "--plan", second, "--plan", PLANNED / "plan.yaml",
+    one_line_error(cli("bench", PLANNED / "profile", "--plan", second, "--plan", PLANNED / "plan.yaml",
                  "--out", tmp_path / "bench", "--nproc", "2"), "second.yaml", "is for 1 x 2")
     second.write_text(yaml.safe_dump(plan))
     before = second.read_bytes()
-    one_line(cli("bench", PLANNED / "profile", "--plan", PLANNED / "plan.yaml", "--plan", second,
+    one_line_error(cli("bench", PLANNED / "profile", "--plan", PLANNED / "plan.yaml", "--plan", second,
                  "--out", second, "--force", "--nproc", "2"), "is the input")
     assert second.read_bytes() == before and time.monotonic() - started < 20
     assert not (tmp_path / "bench").exists()
@@ -330,7 +324,7 @@ def test_plans_with_no_compressor_are_fp32_and_one_without_timings_one_line(
     table = profile / "compressors.csv"
     table.write_text(table.read_text().splitlines()[0] + "\n")
     (profile / "fidelity.csv").unlink()
-    one_line(cli("plan", "--no-verify", profile, "--compressor", "none", "--strict", "--out",
+    one_line_error(cli("plan", "--no-verify", profile, "--compressor", "none", "--strict", "--out",
                  tmp_path / "a.yaml"), "compressor none has no cpu timings")
     result = cli("plan", "--no-verify", profile, "--out", tmp_path / "b.yaml", "--algorithm", "greedy")
     assert result.returncode == 0, result.stderr
@@ -369,14 +363,14 @@ def test_a_hierarchical_plan_on_one_rank_per_node_is_one_line(cli, tmp_path):
     plan["tensors"][0].update(action="compress", compressor="fp16", place="device",
                               collective="hierarchical", group=999)
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
-    one_line(cli("simulate", PLANNED / "profile", tmp_path / "plan.yaml"), "hierarchical")
+    one_line_error(cli("simulate", PLANNED / "profile", tmp_path / "plan.yaml"), "hierarchical")
 
 
 def test_a_plan_of_another_shape_is_refused(cli, tmp_path):
     plan = yaml.safe_load((PLANNED / "plan.yaml").read_text())
     plan.update(nodes=1, ranks_per_node=2)  # the profile is 2 nodes x 1
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
-    one_line(cli("simulate", PLANNED / "profile", tmp_path / "plan.yaml"),
+    one_line_error(cli("simulate", PLANNED / "profile", tmp_path / "plan.yaml"),
              "is for 1 x 2 ranks", "has 2 x 1", "pass --cluster")
 
 
@@ -385,9 +379,9 @@ def test_a_plan_of_another_shape_is_refused(cli, tmp_path):
 
 def test_an_output_that_is_an_input_is_refused_before_any_work(cli, profile, tmp_path):
     before = {p.name: p.read_bytes() for p in profile.iterdir()}
-    one_line(cli("plan", "--no-verify", profile, "--out", profile / "profile.yaml", *FAST),
+    one_line_error(cli("plan", "--no-verify", profile, "--out", profile / "profile.yaml", *FAST),
              "is the input", "profile.yaml")
-    one_line(cli("simulate", PLANNED / "profile", PLANNED / "plan.yaml", "--trace",
+    one_line_error(cli("simulate", PLANNED / "profile", PLANNED / "plan.yaml", "--trace",
                  profile / "tensors.csv", "--png", PLANNED / "plan.yaml"), "is the input")
     assert {p.name: p.read_bytes() for p in profile.iterdir()} == before
 
@@ -422,13 +416,13 @@ def test_a_full_disk_writes_neither_the_trace_nor_the_png(cli, tmp_path, monkeyp
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
     trace, png = tmp_path / "trace.json", tmp_path / "gantt.png"
-    one_line(cli("simulate", PLANNED / "profile", PLANNED / "plan.yaml", "--trace", trace,
+    one_line_error(cli("simulate", PLANNED / "profile", PLANNED / "plan.yaml", "--trace", trace,
                  "--png", png), "No space left on device")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_too_long_output_name_is_one_line(cli, tmp_path):
-    one_line(cli("plan", "--no-verify", PROFILE, "--out", tmp_path / ("p" * 300), *FAST), "too long")
+    one_line_error(cli("plan", "--no-verify", PROFILE, "--out", tmp_path / ("p" * 300), *FAST), "too long")
 
 
 # Stale temporaries, bytecomp's own and a user's named like them: tests/hostile/test_side_files.py

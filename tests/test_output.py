@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import typer.main
 import yaml
+from refusal import one_line_error
 
 from bytecomp.cli import app
 from bytecomp.compress import COMPRESSORS, from_spec
@@ -28,12 +29,6 @@ CNN = str(ROOT / "profiles" / "cnn")  # profiled on 1 x 2 ranks, with fidelity
 ELLIPSIS = "…"
 
 
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.returncode == 2, result
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def plan_json(cli, tmp_path, *extra: str):
@@ -124,7 +119,7 @@ def test_bench_json_is_bench_csv_with_the_caption_s_errors(tmp_path):
                                      ("bench", CNN, "--plan", "plan.yaml"), ("compressors",)])
 def test_a_bad_format_is_one_line_and_exit_2_before_any_work(cli, tmp_path, command):
     result = cli(*command, "--format", "xml", cwd=tmp_path)
-    assert_one_line_error(result, "--format must be table or json", "'xml'")
+    one_line_error(result, "--format must be table or json", "'xml'")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from refusal import one_line_error
 
 import bytecomp.search.algorithms as algorithms_module
 import bytecomp.search.bound as bound_module
@@ -587,12 +588,6 @@ def bytecomp(cli):
     return lambda *args: cli(*args, cwd=ROOT)
 
 
-def one_line_error(result, *fragments):
-    assert result.returncode == 2, result
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_plan_and_simulate_commands(bytecomp, tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from refusal import one_line_error
 
 FIXTURES = str(Path(__file__).resolve().parents[1] / "fixtures")
 
@@ -35,9 +36,7 @@ def test_a_bad_recipe_is_refused_before_any_rank(cli, monkeypatch, tmp_path, fac
     out = tmp_path / "profile"
     done = cli("profile", "--model", f"factories:{factory}", "--nproc", "2", "--quick",
                "--out", out)
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == 2 and len(lines) == 1, done.stderr
-    assert REFUSED[factory] in lines[0], lines[0]
+    one_line_error(done, REFUSED[factory])
     assert not out.exists()
 
 
