@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_cli import assert_one_line_error  # one line, exit 2, no traceback
+from refusal import one_line_error
 
 import bytecomp
 from bytecomp.errors import BytecompError
@@ -329,7 +329,7 @@ def test_plan_refuses_a_huge_built_in_that_the_profile_names_before_any_work(cli
     done = cli("plan", tmp_path / "p", "--out", tmp_path / "plan.yaml", "--cluster", CLUSTER,
                "--compressor", "topk:ratio=0.01", "--algorithm", "greedy", "--budget", "0",
                "--bucket-cap-mb", "25")
-    assert_one_line_error(done, "20,001,200,010 parameters and buffers", "smaller arguments")
+    one_line_error(done, "20,001,200,010 parameters and buffers", "smaller arguments")
     assert not (tmp_path / "plan.yaml").exists()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_cli import assert_one_line_error  # one line, exit 2, no traceback
+from refusal import one_line_error
 
 from bytecomp.model_spec import BUILTIN_MODELS, allowed_model
 from bytecomp.profiler.workloads import BUILTINS
@@ -60,7 +60,7 @@ def test_plan_does_not_run_a_spec_only_the_profile_names(cli, named, tmp_path, s
     profile, _, marker = named(spec)
     done = cli("plan", profile, "--out", tmp_path / "plan.yaml", "--compressor", "fp16",
                "--algorithm", "greedy")
-    assert_one_line_error(done, "which is code bytecomp does not run because a file names it",
+    one_line_error(done, "which is code bytecomp does not run because a file names it",
                           f"pass --model {spec}", "--no-verify")
     _nothing_ran(marker)
     assert not (tmp_path / "plan.yaml").exists()
@@ -70,7 +70,7 @@ def test_plan_does_not_run_a_spec_only_the_profile_names(cli, named, tmp_path, s
 def test_bench_does_not_run_a_spec_only_the_profile_names(cli, named, tmp_path, spec):
     profile, plan, marker = named(spec)
     done = cli("bench", profile, "--plan", plan, "--out", tmp_path / "bench", "--nproc", "2")
-    assert_one_line_error(done, "which is code bytecomp does not run because a file names it",
+    one_line_error(done, "which is code bytecomp does not run because a file names it",
                           f"pass --model {spec}")
     _nothing_ran(marker)
     assert not (tmp_path / "bench").exists()
@@ -97,7 +97,7 @@ def test_naming_the_spec_on_the_command_line_allows_it(cli, named, tmp_path):
 
 def test_a_model_other_than_the_profiles_is_refused(cli, named, tmp_path):
     profile, _, marker = named(f"{SIDE_EFFECT}:factory")
-    assert_one_line_error(cli("plan", profile, "--out", tmp_path / "plan.yaml", "--model",
+    one_line_error(cli("plan", profile, "--out", tmp_path / "plan.yaml", "--model",
                               "other_module:factory"),
                           "--model other_module:factory is not the model")
     _nothing_ran(marker)
@@ -105,9 +105,9 @@ def test_a_model_other_than_the_profiles_is_refused(cli, named, tmp_path):
 
 def test_model_has_no_effect_where_nothing_is_trained(cli, tmp_path):
     profile = PLANNED / "profile"
-    assert_one_line_error(cli("plan", profile, "--out", tmp_path / "p.yaml", "--no-verify",
+    one_line_error(cli("plan", profile, "--out", tmp_path / "p.yaml", "--no-verify",
                               "--model", "cnn"), "--model has no effect with --no-verify")
-    assert_one_line_error(cli("plan", profile, "--out", tmp_path / "p.yaml", "--adaptive",
+    one_line_error(cli("plan", profile, "--out", tmp_path / "p.yaml", "--adaptive",
                               "topk", "--model", "cnn"), "--model has no effect with --adaptive")
 
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error  # one line, exit 2, no traceback
+from refusal import one_line_error
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import (
@@ -55,7 +55,7 @@ def test_a_planted_evidence_link_is_refused_and_its_target_unchanged(cli, tmp_pa
     outside.write_text(OUTSIDE_TEXT)
     side = evidence_paths(out_dir / "plan.yaml")[index]
     side.symlink_to(outside)
-    assert_one_line_error(cli("plan", PROFILE, "--cluster", "gbe1", "--out",
+    one_line_error(cli("plan", PROFILE, "--cluster", "gbe1", "--out",
                               out_dir / "plan.yaml", "--verify-steps", "5"),
                           side.name, "symbolic link", "remove the link")
     assert outside.read_text() == OUTSIDE_TEXT
@@ -65,7 +65,7 @@ def test_a_planted_evidence_link_is_refused_and_its_target_unchanged(cli, tmp_pa
 def test_a_dangling_evidence_link_is_refused_too(cli, tmp_path):
     side = evidence_paths(tmp_path / "plan.yaml")[1]
     side.symlink_to(tmp_path / "not-yet" / "target.csv")
-    assert_one_line_error(cli("plan", PROFILE, "--cluster", "gbe1", "--out", tmp_path / "plan.yaml",
+    one_line_error(cli("plan", PROFILE, "--cluster", "gbe1", "--out", tmp_path / "plan.yaml",
                   "--verify-steps", "5"), "symbolic link")
     assert not (tmp_path / "not-yet").exists()
 
