@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import MAX_HOST_WORKERS, Plan, load_plan
+from bytecomp.plan_file import MAX_HOST_WORKERS, load_plan
+from bytecomp.plan_types import Plan
 from bytecomp.runtime.checks import agree, check_bucket_cap, local_problem, match_parameters
 from bytecomp.runtime.executor import Executor, device_of
 from bytecomp.runtime.groups import build_groups
@@ -55,7 +56,7 @@ def apply_plan(ddp_model, plan: Plan | str | Path, fallback: str | None = None,
     ddp = ddp_of(ddp_model)
     check_unhooked(ddp, "apply_plan")
     plan = load(plan)
-    runner = _prepare(ddp.module, plan, fallback, host_workers, native, measure_gain, ddp)
+    runner = prepare(ddp.module, plan, fallback, host_workers, native, measure_gain, ddp)
     runner.register(ddp)
     claim(ddp, f"bytecomp.apply_plan({plan_label(plan)})")
     return runner
@@ -183,7 +184,7 @@ def _is_fsdp(model) -> bool:
     return isinstance(model, kinds)
 
 
-def _prepare(model, plan: Plan, fallback: str | None, host_workers: int | None, native: bool,
+def prepare(model, plan: Plan, fallback: str | None, host_workers: int | None, native: bool,
              measure_gain: bool, ddp=None, caller: str = "apply_plan") -> Executor | NativeRun:
     """Check ``plan`` against ``model`` (the module DDP wraps) and the job on every rank,
     and build what runs it (not yet registered). ``caller``: the function the user

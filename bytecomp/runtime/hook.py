@@ -19,15 +19,15 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import Plan
+from bytecomp.plan_types import Plan
 from bytecomp.runtime.apply import (
     PYTHON_REDUCER,
-    _prepare,
     check_settings,
     check_unhooked,
     claim,
     load,
     plan_label,
+    prepare,
 )
 from bytecomp.runtime.executor import Executor
 from bytecomp.runtime.native import NativeRun
@@ -113,7 +113,7 @@ class PlanHook:
         try:
             module, ddp = self._module(bucket)
             fallback, host_workers, native = self._settings
-            runner = _prepare(module, self.plan, fallback, host_workers, native, False, ddp,
+            runner = prepare(module, self.plan, fallback, host_workers, native, False, ddp,
                               caller="comm_hook")
             if self._loaded is not None:
                 runner.load_state_dict(self._loaded)

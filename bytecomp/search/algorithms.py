@@ -457,7 +457,7 @@ def lower_bound(problem: Problem, cap_mb: float, floors=None) -> float:
     model = problem.iteration_model(cap_mb)
     channel = 0.0
     ready_so_far = 0.0
-    distinct = _distinct_channels(problem)
+    distinct = distinct_channels(problem)
     first_element, slope = _mixed_floor(problem, distinct)
     buckets = problem.buckets(cap_mb)
     least = None  # per grid size, the least floor of every option: no pricing at all
@@ -473,7 +473,7 @@ def lower_bound(problem: Problem, cap_mb: float, floors=None) -> float:
             column = int(np.searchsorted(floors[0], alone.numel, side="right")) - 1
             cheapest = float(least[column]) if column >= 0 else 0.0
         elif floors is None:
-            cheapest = min(_channel_ms(problem, index, alone.numel, (alone.shape,))
+            cheapest = min(channel_ms(problem, index, alone.numel, (alone.shape,))
                            for index in distinct)
         else:
             cheapest = _cheapest_above_floors(problem, distinct, floors, alone.numel,
@@ -495,11 +495,13 @@ def _mixed_floor(problem: Problem, distinct: list[int]) -> tuple[float, float]:
     """The least channel price of a one-element group over ``distinct`` options, and the
     least asymptotic price per element over every option (0 where a low-rank compressor
     is one: its factors grow like a square root)."""
-    first = min(_channel_ms(problem, index, 1, ((1, 1),)) for index in distinct)
+    first = min(channel_ms(problem, index, 1, ((1, 1),)) for index in distinct)
     return first, min(asymptotic_slopes(problem), default=0.0)
 
 
-def _channel_ms(problem: Problem, index: int, numel: int, shapes: tuple) -> float:
+def channel_ms(problem: Problem, index: int, numel: int, shapes: tuple) -> float:
+    """The channel's price of option ``index`` for a group of ``numel`` elements (its
+    ``shapes`` where the option is low-rank)."""
     option = problem.options[index]
     return problem.costs.cost(option, numel,
                               shapes if problem.low_rank[index] else None).channel_ms
@@ -517,11 +519,11 @@ def _cheapest_above_floors(problem: Problem, distinct: list[int], floors, numel:
     for rank in np.argsort(below, kind="stable"):
         if below[rank] >= cheapest:
             break
-        cheapest = min(cheapest, _channel_ms(problem, distinct[rank], numel, shapes))
+        cheapest = min(cheapest, channel_ms(problem, distinct[rank], numel, shapes))
     return cheapest
 
 
-def _distinct_channels(problem: Problem) -> list[int]:
+def distinct_channels(problem: Problem) -> list[int]:
     """One option index per (compressor, scheme, place): the options whose channel costs
     may differ."""
     distinct: dict[tuple, int] = {}

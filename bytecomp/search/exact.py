@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 from bytecomp.model.strategy import GroupCost
-from bytecomp.search.algorithms import EPSILON, _channel_ms, _distinct_channels
+from bytecomp.search.algorithms import EPSILON, channel_ms, distinct_channels
 from bytecomp.search.problem import UNASSIGNED, Problem
 from bytecomp.timeline.iteration import IterationModel, SimGroup
 
@@ -131,7 +131,7 @@ class _CapSearch:
         self.best_value = math.inf
         self.partial = [UNASSIGNED] * len(problem.tensors)
         self.gathers = problem.costs.gathers
-        distinct = _distinct_channels(problem)
+        distinct = distinct_channels(problem)
         numel = problem._numel
         self.sequence = sorted(range(len(problem.tensors)), key=lambda p: (-numel[p], p))
         self.current: list[list[SimGroup]] = [
@@ -151,7 +151,7 @@ class _CapSearch:
         hundred nanoseconds under it on the test instances.)"""
         problem = self.problem
         largest = problem.tensors[max(members, key=lambda p: problem.tensors[p].numel)]
-        return min(_channel_ms(problem, index, largest.numel, (largest.shape,))
+        return min(channel_ms(problem, index, largest.numel, (largest.shape,))
                    for index in distinct)
 
     def _distinct_options(self, position: int) -> list[int]:
