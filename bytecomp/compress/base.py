@@ -174,12 +174,10 @@ class Compressor:
     pytorch_hook: ClassVar[str | None] = None
     ladder: ClassVar[tuple[str, tuple] | None] = None
     kernel: ClassVar[str | None] = None
-    # every class attribute above: what a wrapper (error feedback) takes from its inner one
-    TRAITS: ClassVar[tuple[str, ...]] = (
-        "name", "summary", "params", "summable", "gatherable", "chunkable", "fixed_size",
-        "default_ef", "requires_ef", "round_collectives", "compresses", "cast_dtype",
-        "metered_without_ef", "per_matrix", "measured_payload", "payload_estimate",
-        "pytorch_hook", "ladder", "kernel")
+    # the names of every class attribute above, in their order: what a wrapper (error
+    # feedback) takes from its inner one. Set below the class from its annotations, so
+    # that a trait is declared once, above.
+    TRAITS: ClassVar[tuple[str, ...]]
 
     def __init__(self, **values: Any) -> None:
         self.values = {key: p.default for key, p in self.params.items()}
@@ -287,6 +285,9 @@ class Compressor:
         for payload in payloads:
             total += self.decompress(payload, ctx).float()
         return out.copy_(total.div_(len(payloads)))
+
+
+Compressor.TRAITS = tuple(name for name in Compressor.__annotations__ if name != "TRAITS")
 
 
 # -- helpers shared by the compressors -------------------------------------------

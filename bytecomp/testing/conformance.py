@@ -28,6 +28,8 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SIZES = (0, 1, 9, 1000, 4097)
 ROUNDS = ("allreduce", "allgather")
 ESTIMATES = ("bound", "target")
+# the traits that are flags: those whose base default is True or False
+FLAGS = tuple(trait for trait in Compressor.TRAITS if isinstance(getattr(Compressor, trait), bool))
 
 
 def _fail(cls: type[Compressor], what: str) -> AssertionError:
@@ -52,9 +54,7 @@ def check_declared(cls: type[Compressor]) -> None:
     if COMPRESSORS.get(cls.name) is not cls:
         raise _fail(cls, "not registered under its name (decorate it with "
                          "bytecomp.compress.register)")
-    for trait in ("summable", "gatherable", "chunkable", "fixed_size", "default_ef",
-                  "requires_ef", "compresses", "metered_without_ef", "per_matrix",
-                  "measured_payload"):
+    for trait in FLAGS:
         if not isinstance(getattr(cls, trait), bool):
             raise _fail(cls, f"{trait} must be True or False")
     rounds = _default(cls).collectives_of_rounds()
