@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from bytecomp.errors import BytecompError
+from bytecomp.specs import parse_spec
 
 # name -> {parameter: (default, low, high, low_open)}; values are floats unless bool
 _POSITIVE = (0.0, math.inf, True)
@@ -155,27 +156,9 @@ def _shown(value) -> str:
     return f"{value:g}"
 
 
-def _split_spec(text: str, kind: str, tables: dict) -> tuple[str, dict, list[tuple[str, ...]]]:
-    """A ``name:key=value,...`` spec of ``kind`` (optimizer, scheduler): its name (one of
-    ``tables``), that name's table and its items as ``(key, "=" or "", value)``; one line
-    for an empty spec, an unknown name or an empty item."""
-    if not isinstance(text, str) or not text.strip():
-        raise BytecompError(f"empty {kind} spec; choose from {', '.join(tables)}")
-    name, _, rest = text.strip().partition(":")
-    name = name.strip().lower()
-    table = tables.get(name)
-    if table is None:
-        raise BytecompError(f"unknown {kind} {name!r}; choose from {', '.join(tables)}")
-    items = [part.strip() for part in rest.split(",")] if rest.strip() else []
-    if "" in items:
-        raise BytecompError(f"{kind} {name}: {text.strip()!r} has an empty parameter "
-                            f"(parameters are key=value, one comma between two)")
-    return name, table, [tuple(part.strip() for part in item.partition("=")) for item in items]
-
-
 def parse_optimizer(text: str) -> OptimizerSpec:
     """``sgd:lr=0.05,momentum=0.9`` -> an :class:`OptimizerSpec`, every value checked."""
-    name, table, items = _split_spec(text, "optimizer", OPTIMIZERS)
+    name, table, items = parse_spec(text, "optimizer", OPTIMIZERS)
     values: dict[str, float | bool] = {}
     clip = None
     for key, equals, raw in items:
@@ -252,7 +235,7 @@ class SchedulerSpec:
 
 def parse_scheduler(text: str) -> SchedulerSpec:
     """``cosine:steps=1000,warmup=50`` -> a :class:`SchedulerSpec`, every value checked."""
-    name, table, items = _split_spec(text, "scheduler", SCHEDULERS)
+    name, table, items = parse_spec(text, "scheduler", SCHEDULERS)
     values: dict[str, float] = {}
     for key, equals, raw in items:
         if key not in table:

@@ -21,6 +21,7 @@ from typing import TypeVar
 from bytecomp.compress.base import Compressor, Param, format_value
 from bytecomp.compress.feedback import ErrorFeedback
 from bytecomp.errors import SpecError
+from bytecomp.specs import parse_spec
 
 COMPRESSORS: dict[str, type[Compressor]] = {}  # by name, in the order they registered
 
@@ -94,21 +95,11 @@ def from_spec(spec: str | Compressor) -> Compressor:
     """
     if isinstance(spec, Compressor):
         return spec
-    if not isinstance(spec, str) or not spec.strip():
-        raise SpecError(f"empty compressor spec; choose from: {', '.join(COMPRESSORS)}")
-    name, _, rest = spec.strip().partition(":")
-    name = name.strip().lower()
-    cls = COMPRESSORS.get(name)
-    if cls is None:
-        raise SpecError(f"unknown compressor {name!r}; choose from: {', '.join(COMPRESSORS)}")
+    name, cls, items = parse_spec(spec, "compressor", COMPRESSORS, where="{name}",
+                                  choose="choose from: ", error=SpecError)
     allowed = parameters_of(cls)
     values = {}
-    items = [part.strip() for part in rest.split(",")] if rest.strip() else []
-    if "" in items:
-        raise SpecError(f"{name}: {spec.strip()!r} has an empty parameter (parameters are "
-                        f"key=value, one comma between two)")
-    for item in items:
-        key, equals, text = (s.strip() for s in item.partition("="))
+    for key, equals, text in items:
         if key not in allowed:
             valid = ", ".join(allowed)
             raise SpecError(f"{name}: unknown parameter {key!r}; valid parameters: {valid}")

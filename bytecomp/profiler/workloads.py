@@ -68,6 +68,7 @@ from bytecomp.recipe import (
     parse_optimizer,
     parse_scheduler,
 )
+from bytecomp.specs import split_items, split_name
 
 # held-out batches of make_batch: seeds no training step draws (those are a few million at
 # most; torch's CPU generator takes the seed's low 32 bits)
@@ -415,7 +416,7 @@ def check_builtin_size(spec: str) -> None:
     """Where ``spec`` names a built-in: its arguments parse and its model is within
     :data:`MAX_MODEL_ELEMENTS`, from the arguments alone (nothing is built), else one
     line; any other spec passes (it is checked where it is built)."""
-    name, _, rest = spec.strip().partition(":")
+    name, rest = split_name(spec, fold=False)
     if name in BUILTINS:
         _check_size(name, _builtin_args(name, rest))
 
@@ -434,12 +435,7 @@ def _build_builtin(name: str, args: dict) -> Recipe:
 def _builtin_args(name: str, text: str) -> dict:
     allowed = inspect.signature(BUILTINS[name]).parameters
     args = {}
-    items = [part.strip() for part in text.split(",")] if text.strip() else []
-    if "" in items:
-        raise BytecompError(f"model {name}: {text.strip()!r} has an empty argument (arguments "
-                            f"are key=value, one comma between two)")
-    for item in items:
-        key, _, value = (s.strip() for s in item.partition("="))
+    for key, _, value in split_items(text, f"model {name}", text.strip(), noun="argument"):
         if key not in allowed:
             raise BytecompError(f"model {name}: unknown argument {key!r}; valid: "
                                 f"{', '.join(allowed)}")
@@ -531,7 +527,7 @@ def load_workload(spec: str, seed: int = 0, optimizer: str | None = None,
     """Build the workload named by ``spec`` (see the module docstring); ``optimizer`` and
     ``scheduler``: specs that replace the recipe's (``bytecomp profile --optimizer``,
     ``--scheduler``)."""
-    name, _, rest = spec.strip().partition(":")
+    name, rest = split_name(spec, fold=False)
     torch.manual_seed(seed)
     if name in BUILTINS:
         args = _builtin_args(name, rest)
