@@ -20,7 +20,7 @@ from bytecomp.comm.exchanges import Exchange, peers_of
 from bytecomp.comm.schemes import SCHEMES, Scheme, register_scheme, supported_schemes
 from bytecomp.compress import COMPRESSORS, Compressor, from_spec, register
 from bytecomp.compress.base import SOLO, Peers, meta_of
-from bytecomp.model.schemes import SCHEME_COSTS, ExchangeCost, SchemeCost, register_scheme_cost
+from bytecomp.model.schemes import ExchangeCost, SchemeCost
 from bytecomp.plan_file import Option, plan_for_model
 from bytecomp.testing import check_compressor
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
@@ -76,18 +76,6 @@ class ReduceBroadcastExchange(Exchange):
         return mean if out is None else out.copy_(mean.reshape(out.shape))
 
 
-class ReduceBroadcast(Scheme):
-    name = "reducebcast"
-    label = "RB"
-    summary = "reduce onto rank 0, then broadcast (summable single-round payloads)"
-
-    def supports(self, compressor):
-        return compressor.summable and compressor.rounds == 1
-
-    def exchange(self, x, compressor, state, topology):
-        return ReduceBroadcastExchange(x, compressor, state, topology.world)
-
-
 class ReduceBroadcastCost(SchemeCost):
     """Priced as two broadcasts of the payload (a reduce is a broadcast backwards)."""
 
@@ -98,18 +86,29 @@ class ReduceBroadcastCost(SchemeCost):
                             collectives=2)
 
 
+class ReduceBroadcast(Scheme):
+    name = "reducebcast"
+    label = "RB"
+    summary = "reduce onto rank 0, then broadcast (summable single-round payloads)"
+    pricing = ReduceBroadcastCost
+
+    def supports(self, compressor):
+        return compressor.summable and compressor.rounds == 1
+
+    def exchange(self, x, compressor, state, topology):
+        return ReduceBroadcastExchange(x, compressor, state, topology.world)
+
+
 @contextlib.contextmanager
 def registered():
     """ToyFP8 and ReduceBroadcast registered, for the block only."""
     register(ToyFP8)
     register_scheme(ReduceBroadcast)
-    register_scheme_cost("reducebcast")(ReduceBroadcastCost)
     try:
         yield
     finally:
         COMPRESSORS.pop("toyfp8", None)
         SCHEMES.pop("reducebcast", None)
-        SCHEME_COSTS.pop("reducebcast", None)
 
 
 @pytest.fixture

@@ -2,10 +2,10 @@
 
 A scheme is an object (:class:`Scheme`) registered by name (:func:`register_scheme`):
 it declares what it supports and needs, builds the staged exchange of a tensor
-(:mod:`bytecomp.comm.exchanges`) and lays out the residuals its stages keep. The
-planner's tree, the plan file's validation and the executor ask the registry,
-never a scheme's name; the cost model prices each scheme by the same name
-(:mod:`bytecomp.model.schemes`).
+(:mod:`bytecomp.comm.exchanges`), lays out the residuals its stages keep and names
+its pricing (:attr:`Scheme.pricing`, a :class:`bytecomp.model.schemes.SchemeCost`).
+The planner's tree, the plan file's validation, the cost model and the executor ask
+this one registry, never a scheme's name.
 
 The built-in schemes, in the order the planner offers them:
 
@@ -64,6 +64,10 @@ class Scheme:
     * ``intra_dtype``: the 16-bit dtype of its intra-node stages (``"float16"``), if any.
     * ``native``: it is the compressor's own rounds over the whole job, as PyTorch's
       DDP communication hooks exchange a bucket.
+    * ``pricing``: how the cost model prices it: a
+      :class:`bytecomp.model.schemes.SchemeCost` subclass, or its import path
+      (``"package.module:Class"``, imported where a plan is priced: a built-in's names
+      one in :mod:`bytecomp.model.schemes`, which imports this module).
     """
 
     name: ClassVar[str] = ""
@@ -75,6 +79,7 @@ class Scheme:
     channel_by_place: ClassVar[bool] = False
     intra_dtype: ClassVar[str | None] = None
     native: ClassVar[bool] = False
+    pricing: ClassVar[str | type] = ""
 
     def supports(self, compressor: Compressor) -> bool:
         """Whether ``compressor`` can run on this scheme."""
@@ -122,8 +127,8 @@ S = TypeVar("S", bound=type[Scheme])
 
 def register_scheme(cls: S) -> S:
     """Class decorator: make the scheme ``cls`` (an instance of it) available by its
-    name to the planner, the plan file and the executor; its cost model is registered
-    with :func:`bytecomp.model.schemes.register_scheme_cost`."""
+    name to the planner, the plan file, the cost model (its :attr:`Scheme.pricing`) and
+    the executor."""
     if not cls.name or not cls.label:
         raise ValueError(f"{cls.__name__} needs a name and a label to be registered")
     if cls.name in SCHEMES and type(SCHEMES[cls.name]) is not cls:
@@ -198,6 +203,7 @@ class AllReduce(Scheme):
     uncompressed = True
     whole = True
     native = True
+    pricing = "bytecomp.model.schemes:OneStageCost"
 
     def supports(self, compressor):
         return compressor.collectives_of_rounds()[-1] == "allreduce"
@@ -220,6 +226,7 @@ class AllGather(Scheme):
     label = "AG"
     summary = "every rank's payload gathered and decompressed"
     whole = True
+    pricing = "bytecomp.model.schemes:OneStageCost"
 
     def supports(self, compressor):
         return compressor.gatherable and compressor.rounds == 1
@@ -242,6 +249,7 @@ class TwoShot(Scheme):
     label = "2S"
     summary = "alltoall of chunks, each averaged and re-compressed by one rank, allgather"
     channel_by_place = True
+    pricing = "bytecomp.model.schemes:TwoShotCost"
 
     def supports(self, compressor):
         return compressor.gatherable and compressor.rounds == 1 and compressor.chunkable
@@ -269,6 +277,7 @@ class Hierarchical(Scheme):
     summary = "intra-node reduce-scatter, inter-node compressed exchange, intra-node allgather"
     uncompressed = True
     several_nodes = True
+    pricing = "bytecomp.model.schemes:HierarchicalCost"  # its 16-bit variants' too
 
     def supports(self, compressor):
         return True
@@ -317,6 +326,7 @@ class TwoLevel(Scheme):
     summary = "two-shot inside the node around an inter-node exchange (Espresso)"
     several_nodes = True
     channel_by_place = True
+    pricing = "bytecomp.model.schemes:TwoLevelCost"
 
     def supports(self, compressor):  # two-shot inside the node
         return compressor.gatherable and compressor.rounds == 1 and compressor.chunkable

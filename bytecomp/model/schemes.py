@@ -1,22 +1,23 @@
-"""What each collective scheme costs: one pricing per scheme, by the names of
-:mod:`bytecomp.comm.schemes` (a test checks that both registries name the same
-schemes).
+"""What each collective scheme costs: the pricings the schemes of
+:mod:`bytecomp.comm.schemes` name (each scheme's :attr:`~bytecomp.comm.schemes.Scheme.pricing`:
+one registry holds a scheme's exchange and its pricing).
 
 A pricing turns a merged group of ``numel`` elements into an :class:`ExchangeCost`
 (see :mod:`bytecomp.model.strategy` for what each part means), from the collective
 and compression times that :class:`~bytecomp.model.strategy.StrategyCosts` gives
-(the :class:`Pricing` protocol). Register one for a new scheme with
-:func:`register_scheme_cost`.
+(the :class:`Pricing` protocol). A new scheme names its own in its ``pricing``.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 from collections.abc import Callable
-from typing import ClassVar, NamedTuple, Protocol, TypeVar
+from typing import ClassVar, NamedTuple, Protocol
 
 from bytecomp.comm.rounds import native_rounds
-from bytecomp.comm.schemes import Scheme
+from bytecomp.comm.schemes import SCHEMES, Scheme
 from bytecomp.compress import Compressor
 
 COUNT_BYTES = 8  # one int64 element count per payload tensor, for variable sizes
@@ -90,33 +91,29 @@ class SchemeCost:
         return self.collectives
 
 
-SCHEME_COSTS: dict[str, SchemeCost] = {}
-
-P = TypeVar("P", bound=type[SchemeCost])
-
-
-def register_scheme_cost(*names: str) -> Callable[[P], P]:
-    """Class decorator: price the schemes ``names`` with (an instance of) the class."""
-    def register(cls: P) -> P:
-        for name in names:
-            SCHEME_COSTS[name] = cls()
-        return cls
-    return register
-
-
 def scheme_cost(name: str) -> SchemeCost:
-    """The pricing of the scheme ``name`` (``ValueError`` where none is registered)."""
-    pricing = SCHEME_COSTS.get(name)
-    if pricing is None:
-        raise ValueError(f"no cost model for the collective scheme {name!r} (register one "
-                         f"with bytecomp.model.schemes.register_scheme_cost)")
-    return pricing
+    """The pricing of the registered scheme ``name`` (its ``pricing``; ``ValueError``
+    where there is no such scheme or it names none)."""
+    scheme = SCHEMES.get(name)
+    if scheme is None or not scheme.pricing:
+        raise ValueError(f"no cost model for the collective scheme {name!r} (declare one: "
+                         f"its Scheme's pricing, a bytecomp.model.schemes.SchemeCost)")
+    return _pricing(scheme.pricing)
+
+
+@functools.cache
+def _pricing(declared: str | type) -> SchemeCost:
+    """An instance of the pricing class ``declared`` (or of the class at its import path
+    ``"package.module:Class"``), one per class."""
+    if isinstance(declared, str):
+        module, _, attribute = declared.partition(":")
+        return getattr(importlib.import_module(module), attribute)()
+    return declared()
 
 
 # -- the built-in schemes' costs -------------------------------------------------------------
 
 
-@register_scheme_cost("allreduce", "allgather")
 class OneStageCost(SchemeCost):
     """The scheme's rounds over the whole job (the compressor's own, or an allgather)."""
 
@@ -143,7 +140,6 @@ class OneStageCost(SchemeCost):
                             0.0, nbytes, collectives=1)
 
 
-@register_scheme_cost("twoshot")
 class TwoShotCost(SchemeCost):
     """Every chunk encoded; on the channel an alltoall, the average of this rank's chunk,
     its re-encode and an allgather; every gathered chunk decoded."""
@@ -166,7 +162,6 @@ class TwoShotCost(SchemeCost):
                             collectives=2 + (0 if compressor.fixed_size else 2))
 
 
-@register_scheme_cost("hierarchical", "hierarchical-fp16", "hierarchical-bf16")
 class HierarchicalCost(SchemeCost):
     """Intra-node reduce-scatter and allgather (in the scheme's ``intra_dtype``, with their
     casts on the channel), around the compressor's own exchange of this rank's chunk
@@ -201,7 +196,6 @@ class HierarchicalCost(SchemeCost):
                             collectives=count)
 
 
-@register_scheme_cost("twolevel")
 class TwoLevelCost(SchemeCost):
     """Every chunk encoded; on the channel an intra-node alltoall of the payloads, their
     average, the inter-node exchange of this rank's chunk (its encode, collectives and
