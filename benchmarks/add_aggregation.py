@@ -30,7 +30,7 @@ import torch.distributed as dist
 from bytecomp.errors import BytecompError
 from bytecomp.files import write_text_atomic
 from bytecomp.launch import run_job
-from bytecomp.profile_store import TABLES
+from bytecomp.profile_tables import TABLES
 from bytecomp.profiler import load_profile
 from bytecomp.profiler.runner import ProfileConfig
 from bytecomp.profiler.sweeps import sweep_aggregation

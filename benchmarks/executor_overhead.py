@@ -73,14 +73,8 @@ from bytecomp.comm.compat import all_gather_flat
 from bytecomp.compress import from_spec
 from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.launch import backend_for, free_port
-from bytecomp.plan_file import (
-    FINALISTS,
-    Adaptive,
-    Option,
-    ladder_for_model,
-    plan_for_model,
-    plan_from_dict,
-)
+from bytecomp.plan_file import FINALISTS, ladder_for_model, plan_for_model, plan_from_dict
+from bytecomp.plan_types import Adaptive, Option
 from bytecomp.profiler.workloads import load_workload
 
 TOPK = "topk:ratio=0.01"

@@ -28,10 +28,14 @@ def __getattr__(name):
         from bytecomp import runtime
 
         return getattr(runtime, name)
-    if name in ("load_plan", "Plan"):
-        from bytecomp import plan_file
+    if name == "load_plan":
+        from bytecomp.plan_file import load_plan
 
-        return getattr(plan_file, name)
+        return load_plan
+    if name == "Plan":
+        from bytecomp.plan_types import Plan
+
+        return Plan
     if name == "BytecompError":
         from bytecomp.errors import BytecompError
 

@@ -38,7 +38,7 @@ from bytecomp.search.pipeline import PlanResult, load_cluster, run_plan
 if TYPE_CHECKING:
     import pandas as pd
 
-    from bytecomp.plan_file import Plan
+    from bytecomp.plan_types import Plan
     from bytecomp.profile_store import Profile
 
 
@@ -298,19 +298,11 @@ def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
     if chosen.cluster is not None:  # checked before any rank starts
         load_cluster(chosen.cluster)
     with Stage("loading torch", after_s=0, lines=False):
-        from bytecomp.bencher import BenchConfig, ConvergenceConfig, run_bench
+        from bytecomp.bencher import BenchConfig, run_bench
         from bytecomp.launch import check_nproc
     for warning in check_nproc(chosen.nproc):
         warn(warning)
-    convergence = ConvergenceConfig(
-        chosen.train_steps, min(chosen.eval_every, chosen.train_steps), chosen.to_loss,
-        chosen.lr, target_fraction=chosen.target_fraction,
-        reference_seed=chosen.reference_seed) if chosen.train_steps else None
-    folder = run_bench(BenchConfig(profile, files[0], chosen.out, files[1:],
-                                   list(chosen.compressor), chosen.cluster, chosen.iterations,
-                                   chosen.warmup, chosen.force, convergence,
-                                   chosen.train_levels, chosen.every, tables=chosen.tables,
-                                   model=chosen.model), chosen.nproc)
+    folder = run_bench(BenchConfig.from_options(profile, files, chosen), chosen.nproc)
     if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 wrote the files
         return None
     return BenchResult.read(folder)

@@ -114,7 +114,7 @@ def compressors(
     """List the compressors: parameters, capabilities and payload size."""
     from bytecomp.comm.schemes import SCHEMES, supported_schemes
     from bytecomp.compress import COMPRESSORS, from_spec, kernels
-    from bytecomp.profile_store import MAX_INTEGER
+    from bytecomp.schema import MAX_INTEGER
 
     as_json = _check_format(output_format)
     if not 1 <= numel <= MAX_INTEGER:  # the most elements a profiled tensor may have

@@ -24,16 +24,16 @@ import numbers
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from bytecomp.buckets import SEARCHED_CAPS_MB
 from bytecomp.errors import BytecompError
+from bytecomp.plan_types import MAX_VERIFY_STEPS  # plan --verify-steps
 
 ALGORITHMS = ("auto", "greedy", "local", "exact")  # plan --algorithm
 MAX_EVALUATIONS = 10**9  # plan --evaluations (the annealing's)
-MAX_VERIFY_STEPS = 100_000  # plan --verify-steps
 DEFAULT_VERIFY_BUDGET_S = 180.0  # plan --verify-budget
 DEFAULT_GAIN_THRESHOLD = 0.75  # plan --gain-threshold (GraVAC's)
 DEFAULT_WINDOW = 10  # plan --window
@@ -47,6 +47,15 @@ def option(default: Any, help: str, *names: str, min: int | None = None,
     name, its command-line spellings; ``path``: a file or directory."""
     return field(default=default, metadata={"help": help, "names": names, "min": min,
                                             "cli": cli, "path": path})
+
+
+def default_of(options: type, name: str) -> Any:
+    """The default of option ``name`` of the options dataclass ``options``, for a stage's
+    configuration that has the same setting (declared once, here)."""
+    for item in fields(options):
+        if item.name == name:
+            return item.default
+    raise KeyError(name)
 
 
 def describe(value: Any) -> str:
@@ -199,6 +208,35 @@ def require_positive(option_name: str, value: float) -> None:
 def _percent(option_name: str, value: float | None) -> None:
     if value is not None and not 0 <= value < 100:
         raise BytecompError(f"{option_name} is a percentage in [0, 100), got {value:g}")
+
+
+def check_verification(steps: int | None, budget_s: float) -> None:
+    """The finalists' training settings range-checked (``bytecomp plan``'s options and
+    :func:`bytecomp.search.verify.verify` alike); one line for the first out of range."""
+    if steps is not None and not 1 <= steps <= MAX_VERIFY_STEPS:
+        raise BytecompError(f"--verify-steps must be from 1 to {MAX_VERIFY_STEPS:,}, got "
+                            f"{steps}")
+    require_positive("--verify-budget", budget_s)
+
+
+def check_search(name: Callable[[str], str], algorithm: str, budget: float | None,
+                 evaluations: int | None, min_gain: float | None,
+                 stop_gap: float | None) -> None:
+    """The search's settings range-checked, for ``bytecomp plan``'s options and
+    :class:`~bytecomp.search.options.SearchOptions` alike (one declaration of each range;
+    ``name``: how the message names a setting, by its field name in PlanOptions); one line
+    for the first out of range. The margin and the stop gap are percentages."""
+    if algorithm not in ALGORITHMS:
+        raise BytecompError(f"{name('algorithm')} must be {', '.join(ALGORITHMS[:-1])} or "
+                            f"{ALGORITHMS[-1]}, got {algorithm!r}")
+    if budget is not None and not 0 <= budget < math.inf:
+        raise BytecompError(f"{name('budget')} must be a non-negative number of seconds, "
+                            f"got {budget:g}")
+    if evaluations is not None and not 0 <= evaluations <= MAX_EVALUATIONS:
+        raise BytecompError(f"{name('evaluations')} must be an integer from 0 to "
+                            f"{MAX_EVALUATIONS:,}, got {evaluations}")
+    _percent(name("min_gain"), min_gain)
+    _percent(name("stop_gap"), stop_gap)
 
 
 @dataclass(frozen=True)
@@ -381,23 +419,14 @@ class PlanOptions(Options):
                           "--static")
 
     def check(self) -> None:
-        from bytecomp.plan_file import MAX_BUCKET_CAP_MB
+        from bytecomp.schema import MAX_BUCKET_CAP_MB
 
-        if self.algorithm not in ALGORITHMS:
-            raise BytecompError(f"--algorithm must be {', '.join(ALGORITHMS[:-1])} or "
-                                f"{ALGORITHMS[-1]}, got {self.algorithm!r}")
+        check_search(lambda name: cli_name(PlanOptions, name), self.algorithm, self.budget,
+                     self.evaluations, self.min_gain, self.stop_gap)
         for cap in self.bucket_cap_mb:
             if not 0 <= cap <= MAX_BUCKET_CAP_MB:  # also false for NaN
                 raise BytecompError(f"--bucket-cap-mb must be a number of MB from 0 (one "
                                     f"bucket per tensor) to {MAX_BUCKET_CAP_MB:g}, got {cap:g}")
-        if self.budget is not None and not 0 <= self.budget < math.inf:
-            raise BytecompError(f"--budget must be a non-negative number of seconds, got "
-                                f"{self.budget:g}")
-        if self.evaluations is not None and not 0 <= self.evaluations <= MAX_EVALUATIONS:
-            raise BytecompError(f"--evaluations must be an integer from 0 to "
-                                f"{MAX_EVALUATIONS:,}, got {self.evaluations}")
-        _percent("--min-gain", self.min_gain)
-        _percent("--stop-gap", self.stop_gap)
         self._check_verification()
         self._check_adaptive()
         refuse_unused(self.objective == "time", "with --objective time (fidelity is not "
@@ -405,15 +434,12 @@ class PlanOptions(Options):
         check_cluster(self.cluster)
 
     def _check_verification(self) -> None:
-        if self.verify_steps is not None and not 1 <= self.verify_steps <= MAX_VERIFY_STEPS:
-            raise BytecompError(f"--verify-steps must be from 1 to {MAX_VERIFY_STEPS:,}, got "
-                                f"{self.verify_steps}")
+        check_verification(self.verify_steps, self.verify_budget_s)
         refuse_unused(not self.verify, "with --no-verify (nothing is trained)",
                       {"--verify-steps": self.verify_steps,
                        "--verify-budget": self.verify_budget, "--model": self.model})
         refuse_unused(not self.verify, "with --no-verify (no finalists are trained or tried)",
                       {"--static": self.static or None, "--nproc": self.nproc})
-        require_positive("--verify-budget", self.verify_budget_s)
 
     def _check_adaptive(self) -> None:
         from bytecomp.plan_file import MAX_WINDOW, TIMINGS

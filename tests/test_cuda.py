@@ -108,7 +108,8 @@ def _train_on_cuda(rank, world, host_share: int):
 
     import bytecomp
     from bytecomp.comm.schemes import supported_schemes
-    from bytecomp.plan_file import Option, plan_for_model
+    from bytecomp.plan_file import plan_for_model
+    from bytecomp.plan_types import Option
     from bytecomp.profiler.workloads import load_workload
 
     torch.manual_seed(0)

@@ -321,7 +321,8 @@ def readme_training_snippet() -> str:
 def test_readme_training_snippet_runs_on_two_ranks(tmp_path):
     """The README's step 3, as written, with a plan for its model and world size."""
     from bytecomp.launch import free_port
-    from bytecomp.plan_file import Option, plan_for_model
+    from bytecomp.plan_file import plan_for_model
+    from bytecomp.plan_types import Option
     from bytecomp.profiler.workloads import load_workload
 
     model = load_workload("mlp:inputs=64,width=256,depth=3").model
@@ -346,7 +347,8 @@ def test_readme_training_snippet_prints_one_line_per_rank_for_a_plan_of_another_
     """A plan made for 4 ranks, run on 2 by the README's snippet: one line on each rank
     naming the fix, no traceback."""
     from bytecomp.launch import free_port
-    from bytecomp.plan_file import Option, plan_for_model
+    from bytecomp.plan_file import plan_for_model
+    from bytecomp.plan_types import Option
     from bytecomp.profiler.workloads import load_workload
 
     model = load_workload("mlp:inputs=64,width=256,depth=3").model

@@ -19,7 +19,8 @@ import bytecomp  # noqa: E402
 from bytecomp.comm.schemes import supported_schemes  # noqa: E402
 from bytecomp.compress import default_specs, from_spec  # noqa: E402
 from bytecomp.errors import BytecompError  # noqa: E402
-from bytecomp.plan_file import Option, plan_for_model  # noqa: E402
+from bytecomp.plan_file import plan_for_model
+from bytecomp.plan_types import Option  # noqa: E402
 from bytecomp.profiler.workloads import load_workload  # noqa: E402
 
 from ranks import run_ranks  # noqa: E402
@@ -145,7 +146,7 @@ def powersgd_plan_against_the_powersgd_hook(rank, world, native, resume, cap=25.
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
     from bytecomp.compress.lowrank import powersgd_compresses
-    from bytecomp.plan_file import NO_COMPRESSION
+    from bytecomp.plan_types import NO_COMPRESSION
 
     reference = load_workload("mlp:width=256,depth=3")
     planned = load_workload("mlp:width=256,depth=3")
@@ -408,7 +409,8 @@ def _close_lets_go(rank, world, adaptive):
     """Threads before apply_plan and after close(), and what a step after close() says
     (an adaptive plan: its control group too, and the groups its moves lay residuals
     out on)."""
-    from bytecomp.plan_file import Adaptive, ladder_for_model
+    from bytecomp.plan_file import ladder_for_model
+    from bytecomp.plan_types import Adaptive
 
     workload = load_workload(SMALL)
     ddp = DistributedDataParallel(workload.model, bucket_cap_mb=0.01)

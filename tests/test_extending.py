@@ -21,7 +21,8 @@ from bytecomp.comm.schemes import SCHEMES, Scheme, register_scheme, supported_sc
 from bytecomp.compress import COMPRESSORS, Compressor, from_spec, register
 from bytecomp.compress.base import SOLO, Peers, meta_of
 from bytecomp.model.schemes import ExchangeCost, SchemeCost
-from bytecomp.plan_file import Option, plan_for_model
+from bytecomp.plan_file import plan_for_model
+from bytecomp.plan_types import Option
 from bytecomp.testing import check_compressor
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
 

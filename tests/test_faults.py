@@ -25,7 +25,8 @@ import bytecomp
 from bytecomp.comm.topology import Topology, job_timeout
 from bytecomp.errors import BytecompError
 from bytecomp.launch import RankFailed, spawn, threads_per_rank
-from bytecomp.plan_file import Adaptive, Option, ladder_for_model, plan_for_model
+from bytecomp.plan_file import ladder_for_model, plan_for_model
+from bytecomp.plan_types import Adaptive, Option
 
 from ranks import free_port, run_ranks
 

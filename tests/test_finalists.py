@@ -74,7 +74,7 @@ def planned():
     profile = synthetic_profile(shapes, world_size=2, bandwidth_gbps=0.1, device="cpu",
                                 fidelity=True, probe=probe)
     planner = Planner(profile)
-    return planner, planner.search(min_gain=0.1)
+    return planner, planner.search(min_gain=10)
 
 
 def test_the_shortlist_holds_fp32_first_the_plan_the_hooks_and_other_mixes(planned):
@@ -298,7 +298,7 @@ def _train_fp32_plan(rank, world, data):
     from torch.nn.parallel import DistributedDataParallel
 
     import bytecomp
-    from bytecomp.plan_file import fingerprint
+    from bytecomp.plan_types import fingerprint
 
     class Net(nn.Module):
         def __init__(self):

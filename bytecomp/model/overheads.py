@@ -32,9 +32,8 @@ from functools import cache
 
 from bytecomp.comm.schemes import scheme_of
 from bytecomp.compress import from_spec
-from bytecomp.plan_file import Option
-
-PATHS = ("direct", "fifo", "host")
+from bytecomp.plan_types import Option
+from bytecomp.profile_meta import EXECUTOR_PATHS as PATHS
 
 
 def _zeros() -> dict[str, float]:

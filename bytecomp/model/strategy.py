@@ -42,7 +42,7 @@ from bytecomp.compress import from_spec
 from bytecomp.model.costs import CommModel, ComputeModel
 from bytecomp.model.overheads import ExecutorCosts, path_of
 from bytecomp.model.schemes import COUNT_BYTES, ExchangeCost, Timing, scheme_cost
-from bytecomp.plan_file import NO_COMPRESSION, Option
+from bytecomp.plan_types import NO_COMPRESSION, Option
 
 __all__ = ["COUNT_BYTES", "NO_COMPRESSION", "GroupCost", "Option", "StrategyCosts"]
 

@@ -21,14 +21,12 @@ times the calibration's p10, either way. Anything else is one line naming what d
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
-import bytecomp
 from bytecomp.compress import canonical, from_spec, kernels
 from bytecomp.errors import BytecompError
 from bytecomp.files import (
@@ -37,26 +35,19 @@ from bytecomp.files import (
     directory_atomic,
     dump_yaml,
 )
-from bytecomp.profile_store import (
-    BACKENDS,
+from bytecomp.profile_meta import BACKENDS, check_executor_measured, check_quality
+from bytecomp.profile_store import FORMAT_VERSION, load_profile, profile_files
+from bytecomp.profile_tables import (
     COPY_DIRECTIONS,
-    FORMAT_VERSION,
-    MAX_COUNT,
     TABLES,
-    _check_collectives,
-    _check_quality,
-    _check_quality_fits,
-    _check_sweep,
-    _fail,
-    _iso_time,
-    _load_table,
-    _row_fail,
-    check_executor_measured,
-    load_profile,
-    profile_files,
-    read_document,
+    check_collectives,
+    check_quality_fits,
+    check_sweep,
+    load_table,
+    row_fail,
 )
-from bytecomp.profiler.budget import CLUSTER_SHARE, Allowance
+from bytecomp.profiler.budget import Allowance
+from bytecomp.profiler.job import device_name, job_meta, pick_device
 from bytecomp.profiler.overheads import (
     BUSY_DIM,
     QUICK_BUSY_DIM,
@@ -86,6 +77,7 @@ from bytecomp.profiler.sweeps import (
     sweep_copies,
     time_allreduce,
 )
+from bytecomp.schema import MAX_COUNT, fail, iso_time, read_document
 
 CALIBRATION_FILE = "calibration.yaml"
 CALIBRATION_TABLES = ("collectives", "compressors", "aggregation", "copies")
@@ -158,45 +150,45 @@ def _load_calibration_meta(path: Path) -> dict:
                                  "device": dict, "backend": str, "world_size": int,
                                  "nodes": int, "ranks_per_node": int,
                                  "compressor_specs": list}
-    meta = read_document(path, "calibration file", required)
+    meta = read_document(path, "calibration file", required, FORMAT_VERSION)
     if meta["kind"] != "calibration":
-        _fail(path, f"field 'kind' must be calibration, got {meta['kind'][:100]!r}")
-    if not _iso_time(meta["created"]):
-        _fail(path, "field 'created' must be a time (ISO 8601)")
+        fail(path, f"field 'kind' must be calibration, got {meta['kind'][:100]!r}")
+    if not iso_time(meta["created"]):
+        fail(path, "field 'created' must be a time (ISO 8601)")
     for key in ("world_size", "nodes", "ranks_per_node"):
         if not 1 <= meta[key] <= MAX_COUNT:
-            _fail(path, f"field '{key}' must be between 1 and {MAX_COUNT:,}")
+            fail(path, f"field '{key}' must be between 1 and {MAX_COUNT:,}")
     if meta["nodes"] * meta["ranks_per_node"] != meta["world_size"]:
-        _fail(path, "nodes x ranks_per_node must equal world_size")
+        fail(path, "nodes x ranks_per_node must equal world_size")
     if meta["backend"] not in BACKENDS:
-        _fail(path, f"field 'backend' must be one of {', '.join(BACKENDS)}, got "
+        fail(path, f"field 'backend' must be one of {', '.join(BACKENDS)}, got "
                     f"{meta['backend'][:100]!r}")
     device = meta["device"]
     if device.get("type") not in ("cpu", "cuda"):
-        _fail(path, "field 'device.type' must be cpu or cuda")
+        fail(path, "field 'device.type' must be cpu or cuda")
     name = device.get("name")
     if not isinstance(name, str) or len(name) > 1000 or control_character(name):
-        _fail(path, "field 'device.name' must be the device's name (printable text)")
+        fail(path, "field 'device.name' must be the device's name (printable text)")
     for index, spec in enumerate(meta["compressor_specs"]):
         if not isinstance(spec, str):
-            _fail(path, f"field 'compressor_specs[{index}]' must be a compressor spec")
+            fail(path, f"field 'compressor_specs[{index}]' must be a compressor spec")
         try:
             from_spec(spec)
         except BytecompError as error:
-            _fail(path, f"field 'compressor_specs[{index}]': {error}")
+            fail(path, f"field 'compressor_specs[{index}]': {error}")
     machine = meta.get("machine", {})
     threads = machine.get("threads_per_rank", 1) if isinstance(machine, dict) else None
     if isinstance(threads, bool) or not isinstance(threads, int) or \
             not 1 <= threads <= MAX_COUNT:
-        _fail(path, "field 'machine' must be a mapping whose threads_per_rank is a positive "
+        fail(path, "field 'machine' must be a mapping whose threads_per_rank is a positive "
                     "integer")
     for key in ("compress_kernels",):
         if not isinstance(meta.get(key, ""), str):
-            _fail(path, f"field '{key}' must be text")
-    _check_quality(path, meta.get("quality"))
+            fail(path, f"field '{key}' must be text")
+    check_quality(path, meta.get("quality"))
     executor = meta.get("executor")
     if executor is not None and not isinstance(executor, dict):
-        _fail(path, "field 'executor' must be a mapping with 'measured'")
+        fail(path, "field 'executor' must be a mapping with 'measured'")
     check_executor_measured(path, (executor or {}).get("measured"))
     return meta
 
@@ -223,19 +215,19 @@ def load_calibration(directory) -> Calibration:
                                   profile.compressors, profile.aggregation, profile.copies)
     else:
         meta = _load_calibration_meta(directory / CALIBRATION_FILE)
-        collectives = _load_table(directory, "collectives")
-        _check_collectives(directory / "collectives.csv", collectives, meta)
-        compressors = _load_table(directory, "compressors")
-        _check_sweep(directory / "compressors.csv", compressors)
+        collectives = load_table(directory, "collectives")
+        check_collectives(directory / "collectives.csv", collectives, meta)
+        compressors = load_table(directory, "compressors")
+        check_sweep(directory / "compressors.csv", compressors)
         if compressors.empty:
-            _fail(directory / "compressors.csv", "has no rows")
-        _check_quality_fits(directory / CALIBRATION_FILE, meta.get("quality"), collectives,
+            fail(directory / "compressors.csv", "has no rows")
+        check_quality_fits(directory / CALIBRATION_FILE, meta.get("quality"), collectives,
                             compressors)
-        copies = _load_table(directory, "copies", required=False)
-        _row_fail(directory / "copies.csv", copies, ~copies["direction"].isin(COPY_DIRECTIONS),
+        copies = load_table(directory, "copies", required=False)
+        row_fail(directory / "copies.csv", copies, ~copies["direction"].isin(COPY_DIRECTIONS),
                   "direction", f"is not one of {', '.join(COPY_DIRECTIONS)}")
-        aggregation = _load_table(directory, "aggregation", required=False)
-        _check_sweep(directory / "aggregation.csv", aggregation)
+        aggregation = load_table(directory, "aggregation", required=False)
+        check_sweep(directory / "aggregation.csv", aggregation)
         calibration = Calibration(directory, "calibration", meta, collectives, compressors,
                                   aggregation, copies)
     table = calibration.collectives
@@ -243,7 +235,7 @@ def load_calibration(directory) -> Calibration:
         rows = table[(table["group"] == group) & (table["collective"] == "allreduce")
                      & (table["dtype"] == "float32")]
         if rows.empty:
-            _fail(directory / "collectives.csv", f"has no float32 allreduce of the {group} "
+            fail(directory / "collectives.csv", f"has no float32 allreduce of the {group} "
                                                  f"group, which the link check times")
     return calibration
 
@@ -512,71 +504,15 @@ def reuse_cluster(calibration: Calibration, specs: list[str]) -> ClusterTables:
                          str(meta.get("compress_kernels", "torch")), sources)
 
 
-# -- bytecomp profile --calibrate-only ----------------------------------------------------------
-
-
-def run_calibration_rank(config, nodes: int, ranks_per_node: int) -> Path | None:
-    """``bytecomp profile --calibrate-only`` on this rank: the cluster tables alone, no
-    model; rank 0 writes the calibration directory and returns its path."""
-    from bytecomp.comm.topology import Topology
-    from bytecomp.profiler.runner import pick_device
-    from bytecomp.ui import Reporter
-
-    rank = dist.get_rank()
-    device = pick_device(config.device, rank % ranks_per_node)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    topology = Topology.build(nodes, ranks_per_node)
-    devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])
-    reporter = Reporter(enabled=rank == 0)
-    reporter.print(f"calibrating {topology.size} ranks ({nodes} x {ranks_per_node}), "
-                   f"{device.type}: collective, compressor, aggregation and copy sweeps and "
-                   f"the executor's fixed costs, for {len(config.specs)} compressor specs"
-                   + (f", in at most {config.budget_s:.0f} s (--budget)"
-                      if config.budget_s is not None else ""))
-    with reporter.session():
-        tables = measure_cluster(config.specs, topology, device, devices,
-                                 config.sweep_settings(), config.warmup, config.iterations,
-                                 config.quick, reporter, config.budget_s,
-                                 scale=1 / CLUSTER_SHARE)
-    if rank != 0:
-        return None
-    write_calibration(config.out, config.force,
-                      calibration_meta(config, tables, topology, device), tables)
-    if config.cache_key is not None:
-        from bytecomp.profiler.cache import keep
-
-        meta = calibration_meta(config, tables, topology, device, config.cache_key)
-        keep(config.cache_key, lambda path: write_calibration(path, True, meta, tables),
-             reporter.warn)
-    reporter.print(f"calibration -> {config.out}: {len(tables.collectives.rows)} collective "
-                   f"rows, {len(tables.compressors.rows)} compressor rows, "
-                   f"{len(tables.aggregation)} aggregation rows, {len(tables.copies)} copy rows")
-    return Path(config.out)
+# -- a calibration written, and checked before any rank starts ---------------------------------
 
 
 def calibration_meta(config, tables: ClusterTables, topology, device,
                      cache_key=None) -> dict:
     """calibration.yaml of ``tables`` measured on this job (``cache_key``: the cache's
     entry, which records the key it was written for)."""
-    from bytecomp.profiler.runner import device_name, machine_description
-
     meta = {
-        "format_version": FORMAT_VERSION,
-        "kind": "calibration",
-        "bytecomp_version": bytecomp.__version__,
-        "torch_version": str(torch.__version__),
-        "compress_kernels": tables.compress_kernels,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(config, device),
-        "device": {"type": device.type, "name": device_name(device)},
-        "backend": dist.get_backend(),
-        "world_size": topology.size,
-        "nodes": topology.nodes,
-        "ranks_per_node": topology.ranks_per_node,
-        "iterations": config.iterations,
-        "warmup": config.warmup,
-        "quick": config.quick,
+        **job_meta(config, topology, device, tables.compress_kernels, kind="calibration"),
         "compressor_specs": list(config.specs),
         "executor": {"measured": tables.executor.to_meta()} if tables.executor else {},
         "quality": tables.quality,
@@ -603,7 +539,6 @@ def local_job(config, nproc: int | None) -> tuple[int, int, int, torch.device]:
     """This job's nodes, ranks per node, threads per rank and rank 0's device, before any
     rank starts: from torchrun's environment, else ``nproc`` local ranks on one node."""
     from bytecomp.launch import in_torchrun, threads_per_rank, torchrun_shape
-    from bytecomp.profiler.runner import pick_device
 
     if in_torchrun():
         shape = torchrun_shape()
@@ -619,8 +554,6 @@ def check_before_ranks(config, nproc: int | None) -> list[Path]:
     calibration made on a job like this one (:func:`check_job`); ``config.specs`` become
     its specs where none were named (:func:`select_specs`). Returns the files it reads,
     which no output may overwrite."""
-    from bytecomp.profiler.runner import device_name
-
     calibration = load_calibration(config.calibration)
     nodes, per_node, threads, device = local_job(config, nproc)
     check_job(calibration, nodes, per_node, device.type, device_name(device),

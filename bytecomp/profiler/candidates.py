@@ -21,7 +21,7 @@ import pandas as pd
 
 from bytecomp.comm.schemes import native_scheme
 from bytecomp.compress import from_spec
-from bytecomp.plan_file import Option
+from bytecomp.plan_types import Option
 from bytecomp.profile_store import Profile
 
 FP32 = Option("none", "device", "allreduce")

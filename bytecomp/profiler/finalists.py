@@ -33,7 +33,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.files import write_text_atomic
-from bytecomp.plan_file import STOPPED_BUDGET, STOPPED_FLAT, STOPPED_STEPS, load_plan
+from bytecomp.plan_file import load_plan
+from bytecomp.plan_record import STOPPED_BUDGET, STOPPED_FLAT, STOPPED_STEPS
 from bytecomp.profiler.convergence import (
     Budget,
     ConvergenceConfig,
@@ -42,8 +43,8 @@ from bytecomp.profiler.convergence import (
     train_curves,
 )
 from bytecomp.profiler.factors import Factor, floored_factor, loss_floor
+from bytecomp.profiler.job import pick_device
 from bytecomp.profiler.probe import MAX_FACTOR, Trainee, check_reference
-from bytecomp.profiler.runner import pick_device
 from bytecomp.profiler.workloads import load_workload
 from bytecomp.ui import Reporter
 

@@ -42,7 +42,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.model.overheads import PATHS, ExecutorCosts
-from bytecomp.plan_file import Option, Plan, PlanEntry, fingerprint, plan_from_dict
+from bytecomp.plan_file import plan_from_dict
+from bytecomp.plan_types import Option, Plan, PlanEntry, fingerprint
 from bytecomp.runtime import apply_plan
 
 NUMEL = 1024

@@ -48,9 +48,9 @@ from bytecomp.profiler.convergence import (
     steps_to,
     train_curves,
 )
+from bytecomp.schema import MAX_STEPS_FACTOR as MAX_FACTOR  # "it does not learn"
 
 COLUMNS = ["spec", "steps_factor", "steps", "gain"]
-MAX_FACTOR = 10.0  # "it does not learn": beyond any step budget worth planning for
 MIN_IMPROVEMENT = 0.01  # fp32's loss must fall by this fraction for the probe to tell anything
 # a budgeted probe stops once its factors have settled: fp32 DDP's loss fell by at most
 # this over the last quarter of its steps, from SETTLED_LEAST steps on (the finalists'
@@ -138,7 +138,8 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
 
     from bytecomp.comm.schemes import native_scheme
     from bytecomp.compress import from_spec
-    from bytecomp.plan_file import Option, plan_for_model
+    from bytecomp.plan_file import plan_for_model
+    from bytecomp.plan_types import Option
     from bytecomp.runtime import apply_plan
 
     evidence, batches = workload.evidence_batches(batch_size)

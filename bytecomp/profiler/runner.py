@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import platform
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -16,15 +13,15 @@ import torch
 import torch.distributed as dist
 from rich.table import Table
 
-import bytecomp
-from bytecomp.comm.topology import Topology
 from bytecomp.compress import default_specs, from_spec, ladder_specs
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import fingerprint
-from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile, save_profile
-from bytecomp.profiler.budget import SHARES, describe_split
+from bytecomp.plan_types import fingerprint
+from bytecomp.profile_store import Profile, save_profile
+from bytecomp.profile_tables import TABLES
+from bytecomp.profiler.budget import CLUSTER_SHARE, SHARES, describe_split
 from bytecomp.profiler.cache import ClusterKey, keep, reuse_line
 from bytecomp.profiler.calibration import (
+    ClusterTables,
     calibration_meta,
     check_link,
     load_calibration,
@@ -37,6 +34,7 @@ from bytecomp.profiler.candidates import Candidates, probe_candidates
 from bytecomp.profiler.convergence import Budget
 from bytecomp.profiler.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profiler.fidelity import measure_fidelity
+from bytecomp.profiler.job import RankJob, job_meta, start_rank
 from bytecomp.profiler.overheads import model_charges
 from bytecomp.profiler.probe import COLUMNS as PROBE_COLUMNS
 from bytecomp.profiler.probe import ProbeResult, run_probe
@@ -151,34 +149,6 @@ def plan_bytes(model: torch.nn.Module) -> int:
     return max(1 << 20, 4 * sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
-def pick_device(choice: str, local_rank: int) -> torch.device:
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
-    return torch.device("cpu")
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def machine_description(config: ProfileConfig, device: torch.device) -> dict:
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    return {
-        "description": config.machine or "",
-        "cpu": device_name(torch.device("cpu")),
-        "logical_cores": os.cpu_count(),
-        "memory_gib": round(memory, 1),
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "threads_per_rank": torch.get_num_threads(),
-    }
-
-
 def _summary(profile: Profile) -> Table:
     # the path is not in the title: a title wraps at the table's width, mid-path when piped
     table = Table(title=f"profile of {profile.meta['model']['spec']} on "
@@ -277,18 +247,14 @@ def _check_reused(config: ProfileConfig, calibration, topology, device, reporter
 
 def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | None:
     """Profile on this rank; rank 0 writes the directory and returns its path."""
-    rank = dist.get_rank()
-    device = pick_device(config.device, rank % ranks_per_node)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    topology = Topology.build(nodes, ranks_per_node)
+    job = start_rank(config, nodes, ranks_per_node)
+    rank, device, devices, topology = job.rank, job.device, job.devices, job.topology
     workload = load_workload(config.model, optimizer=config.optimizer,
                              scheduler=config.scheduler)
     initial = copy.deepcopy(workload.model.state_dict())  # every phase starts from these
     batch_size = config.batch_size or workload.batch_size
     training = TrainingSettings(batch_size, config.bucket_cap_mb, config.warmup, config.iterations)
     sweep = config.sweep_settings(plan_bytes(workload.model))
-    devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])
     reporter = Reporter(enabled=rank == 0)
     calibration = load_calibration(config.calibration) if config.calibration else None
     measuring = time.time()
@@ -364,34 +330,17 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                                              probe_steps, left, most=budget is not None),
                               budget)
     if rank == 0 and calibration is None and config.cache_key is not None:
-        meta = calibration_meta(config, cluster, topology, device, config.cache_key)
-        keep(config.cache_key, lambda path: write_calibration(path, True, meta, cluster),
-             reporter.warn)
+        _keep_in_cache(config, config.cache_key, cluster, job, reporter)
     if rank != 0:
         return None
     stages_s = {"start-up": round(measuring - config.started, 3), **reporter.durations()}
+    model = {"name": workload.name, "spec": config.model,
+             "fingerprint": fingerprint(workload.model),
+             "parameters": parameter_count(workload.model), "tensors": len(tensors),
+             "args": workload.args}
     meta = {
-        "format_version": FORMAT_VERSION,
-        "bytecomp_version": bytecomp.__version__,
-        "torch_version": str(torch.__version__),
-        # what the compressors with kernels ran when timed: "triton <version>" or "torch"
-        "compress_kernels": cluster.compress_kernels,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(config, device),
-        "model": {"name": workload.name, "spec": config.model,
-                  "fingerprint": fingerprint(workload.model),
-                  "parameters": parameter_count(workload.model), "tensors": len(tensors),
-                  "args": workload.args},
-        "device": {"type": device.type, "name": device_name(device)},
-        "backend": dist.get_backend(),
-        "world_size": topology.size,
-        "nodes": nodes,
-        "ranks_per_node": ranks_per_node,
-        "batch_size": batch_size,
-        "bucket_cap_mb": config.bucket_cap_mb,
-        "iterations": training.iterations,
-        "warmup": training.warmup,
-        "quick": config.quick,
+        **job_meta(config, topology, device, cluster.compress_kernels, model=model,
+                   batch_size=batch_size),
         "recipe": {"optimizer": workload.optimizer_spec, "scheduler": workload.scheduler_spec,
                    "data": data_source(workload)},
         "fidelity": {"iterations": config.fidelity_iterations, "warmup": training.warmup,
@@ -432,3 +381,39 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
                       f"{worst} the most past its share ({stages.get(worst, 0):.0f} s); a "
                       f"larger --budget, --quick or --calibration shortens them")
     return path
+
+
+def _keep_in_cache(config: ProfileConfig, key: ClusterKey, tables: ClusterTables,
+                   job: RankJob, reporter: Reporter) -> None:
+    """On rank 0: the cluster's tables measured on this job into the cache's entry of
+    ``key`` (:func:`bytecomp.profiler.cache.keep`: a failure is one line, no error)."""
+    meta = calibration_meta(config, tables, job.topology, job.device, key)
+    keep(key, lambda path: write_calibration(path, True, meta, tables), reporter.warn)
+
+
+def run_calibration_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | None:
+    """``bytecomp profile --calibrate-only`` on this rank: the cluster tables alone, no
+    model; rank 0 writes the calibration directory and returns its path."""
+    job = start_rank(config, nodes, ranks_per_node)
+    rank, device, devices, topology = job.rank, job.device, job.devices, job.topology
+    reporter = Reporter(enabled=rank == 0)
+    reporter.print(f"calibrating {topology.size} ranks ({nodes} x {ranks_per_node}), "
+                   f"{device.type}: collective, compressor, aggregation and copy sweeps and "
+                   f"the executor's fixed costs, for {len(config.specs)} compressor specs"
+                   + (f", in at most {config.budget_s:.0f} s (--budget)"
+                      if config.budget_s is not None else ""))
+    with reporter.session():
+        tables = measure_cluster(config.specs, topology, device, devices,
+                                 config.sweep_settings(), config.warmup, config.iterations,
+                                 config.quick, reporter, config.budget_s,
+                                 scale=1 / CLUSTER_SHARE)
+    if rank != 0:
+        return None
+    write_calibration(config.out, config.force,
+                      calibration_meta(config, tables, topology, device), tables)
+    if config.cache_key is not None:
+        _keep_in_cache(config, config.cache_key, tables, job, reporter)
+    reporter.print(f"calibration -> {config.out}: {len(tables.collectives.rows)} collective "
+                   f"rows, {len(tables.compressors.rows)} compressor rows, "
+                   f"{len(tables.aggregation)} aggregation rows, {len(tables.copies)} copy rows")
+    return Path(config.out)

@@ -31,11 +31,12 @@ from bytecomp.comm.topology import Topology
 from bytecomp.compress import from_spec
 from bytecomp.compress.base import SOLO
 from bytecomp.compress.local import advance_rounds, decode, encode
+from bytecomp.profile_tables import COLLECTIVE_DTYPES
 from bytecomp.profiler.budget import Allowance, agreed
 from bytecomp.profiler.timing import Clock, summarize, time_call_ms
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
+DTYPES = {name: getattr(torch, name) for name in COLLECTIVE_DTYPES}  # a table's dtypes
 # Collectives without reduction arithmetic move bytes, not dtypes: on gloo (2 ranks,
 # 4 KiB to 8 MiB) allgather, alltoall and broadcast of float32, float16 and uint8 took
 # the same time within the noise of a shared machine, in no consistent order

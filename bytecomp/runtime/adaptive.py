@@ -28,7 +28,7 @@ import torch.distributed as dist
 from bytecomp.comm.schemes import take_residuals
 from bytecomp.comm.topology import Topology, new_group, release_groups
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import Plan
+from bytecomp.plan_types import Plan
 from bytecomp.runtime.controller import Controller, Switch
 from bytecomp.runtime.groups import GroupSpec
 from bytecomp.runtime.state import GroupStates, Stats

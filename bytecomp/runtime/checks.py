@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from bytecomp.errors import BytecompError
 from bytecomp.naming import Normalized, normalize
-from bytecomp.plan_file import Plan, fingerprint
+from bytecomp.plan_types import Plan, fingerprint
 
 MIB = 1 << 20
 

@@ -13,13 +13,13 @@ The gain the controller keeps is the measured one *calibrated* as the planner
 calibrated the level's fidelity: a level's measured gain ``g`` reads as
 ``g ** p``, with ``p = log(fidelity) / log(gain)`` from the level's planned
 fidelity (the profile's gains calibrated by its convergence probe) and its
-planned uncalibrated gain (:attr:`bytecomp.plan_file.Level.calibration`). The
+planned uncalibrated gain (:attr:`bytecomp.plan_types.Level.calibration`). The
 threshold and the scores are on that scale: gain then stands for steps, as in
 the static planner's effective time. A level without both numbers reads its
 gain as measured (GraVAC's).
 
 The rule, with the plan's ``threshold``, ``window``, ``tolerance``,
-``explore_every`` and ``start`` (:class:`bytecomp.plan_file.Adaptive`):
+``explore_every`` and ``start`` (:class:`bytecomp.plan_types.Adaptive`):
 
 * training starts at level ``start`` (the planner's best predicted effective
   time among the levels it expects to keep the threshold): measuring level 0
@@ -62,7 +62,7 @@ import math
 from dataclasses import dataclass, field
 
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import Adaptive
+from bytecomp.plan_types import Adaptive
 
 CLIMB, SETTLED = "climb", "settled"
 

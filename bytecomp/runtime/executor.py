@@ -31,7 +31,7 @@ import torch.distributed as dist
 from bytecomp.comm.topology import Topology, free_retired_groups
 from bytecomp.comm.worker import CommWorker
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import Plan
+from bytecomp.plan_types import Plan
 from bytecomp.runtime.adaptive import Adaptation, squared_gain
 from bytecomp.runtime.controller import Controller, Switch
 from bytecomp.runtime.groups import GroupSpec

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from bytecomp.compress import Compressor, from_spec
-from bytecomp.plan_file import NO_COMPRESSION, Plan
+from bytecomp.plan_types import NO_COMPRESSION, Plan
 
 
 @dataclass

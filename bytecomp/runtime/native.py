@@ -28,7 +28,7 @@ from bytecomp.comm.schemes import scheme_of
 from bytecomp.compress.base import ALLREDUCE_HOOK, FP16_HOOK, POWERSGD_HOOK
 from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import Plan
+from bytecomp.plan_types import Plan
 from bytecomp.runtime.groups import GroupSpec
 from bytecomp.runtime.peers import Heartbeats, ReportsPeerFailures, job_store
 from bytecomp.runtime.state import GroupStates, Stats

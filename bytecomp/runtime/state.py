@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import Plan
+from bytecomp.plan_types import Plan
 
 STATE_FORMAT = 1
 

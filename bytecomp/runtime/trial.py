@@ -3,7 +3,7 @@ running job before one is kept.
 
 A verified plan (``bytecomp plan``) keeps as levels the finalists whose predicted time x
 measured steps factor is within the margin of the best
-(:attr:`bytecomp.plan_file.Adaptive.trial`). After ``trial_warmup`` steps at the plan's
+(:attr:`bytecomp.plan_types.Adaptive.trial`). After ``trial_warmup`` steps at the plan's
 choice (DDP rebuilds its buckets, caches warm up), the next ``trial_steps`` steps take
 the candidates in turn, one a step; every step's time is the one the ranks agreed on
 (:mod:`bytecomp.runtime.adaptive`), so every rank keeps the same. Once the last trial
@@ -29,7 +29,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import MIN_TRIAL_PAIRS as MIN_PAIRS
+from bytecomp.plan_types import MIN_TRIAL_PAIRS as MIN_PAIRS
 
 # How many standard errors of the paired gap (Trial.paired) a candidate must be ahead
 # by to be kept over another: about one wrong call in 700 between identical levels under

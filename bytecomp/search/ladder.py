@@ -43,7 +43,7 @@ from bytecomp.compress.base import FP16_HOOK
 from bytecomp.errors import BytecompError
 from bytecomp.model.clusters import Cluster
 from bytecomp.model.fidelity import FidelityModel, compose
-from bytecomp.plan_file import NO_COMPRESSION, Adaptive, Level, Option, Plan
+from bytecomp.plan_types import NO_COMPRESSION, Adaptive, Level, Option, Plan
 from bytecomp.profile_store import Profile
 from bytecomp.search.options import BaselineKind, SearchOptions, default_min_gain
 from bytecomp.search.planner import Planner, SearchResult, fp32_ms, hook_specs, to_plan
@@ -109,7 +109,7 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
     fp16_hook = Option(fp16, "device", "allreduce") if fp16 else None
     if fp16_hook in first.problem.options:
         candidate = _uniform_at(first, cap, fp16_hook, BaselineKind.FP16_HOOK.value)
-        if candidate.time_ms < fp32.time_ms * (1 - options.min_gain):
+        if candidate.time_ms < fp32.time_ms * (1 - options.margin):
             results = [candidate]
     kept = [_setting_of(results[0])]
     for setting in settings:

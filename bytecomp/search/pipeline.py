@@ -25,7 +25,7 @@ from bytecomp.options import (
     PlanOptions,
     check_cluster,
 )
-from bytecomp.plan_file import Plan
+from bytecomp.plan_types import Plan
 from bytecomp.ui import Stage
 
 if TYPE_CHECKING:
@@ -188,8 +188,8 @@ def _search_options(options: PlanOptions):
 
     return SearchOptions(
         tuple(options.bucket_cap_mb) or None, options.algorithm, options.budget,
-        0.0 if options.min_gain is None else options.min_gain / 100, options.evaluations,
-        stop_gap=None if options.stop_gap is None else options.stop_gap / 100)
+        0.0 if options.min_gain is None else options.min_gain, options.evaluations,
+        stop_gap=options.stop_gap)
 
 
 def _check_outputs(profile: str | None, options: PlanOptions, static: bool) -> list[str]:
@@ -248,7 +248,7 @@ def run_plan(profile, options: PlanOptions,
 
 
 def _plan_adaptive(loaded, options: PlanOptions) -> PlanResult:
-    from bytecomp.plan_file import Adaptive
+    from bytecomp.plan_types import Adaptive
     from bytecomp.search.ladder import plan_ladder, to_ladder_plan
     from bytecomp.search.options import default_min_gain
 

@@ -24,15 +24,11 @@ from bytecomp.model.overheads import ExecutorCosts
 from bytecomp.model.quality import collective_quality, compressor_quality
 from bytecomp.model.schemes import scheme_cost
 from bytecomp.model.strategy import StrategyCosts, cast_specs
-from bytecomp.plan_file import (
-    HOST_WORKERS,
-    MAX_HOST_WORKERS,
-    NO_COMPRESSION,
-    Option,
-    Plan,
-    PlanEntry,
-)
-from bytecomp.profile_store import ELEMENT_SIZES, Profile
+from bytecomp.plan_file import MAX_HOST_WORKERS
+from bytecomp.plan_record import OBJECTIVES
+from bytecomp.plan_types import HOST_WORKERS, NO_COMPRESSION, Option, Plan, PlanEntry
+from bytecomp.profile_store import Profile
+from bytecomp.profile_tables import ELEMENT_SIZES
 from bytecomp.search.algorithms import (
     Budget,
     Point,
@@ -43,7 +39,7 @@ from bytecomp.search.algorithms import (
 from bytecomp.search.bound import channel_floors, relaxed_bound, relaxed_bound_ceiling
 from bytecomp.search.exact import ExactResult, exact_search
 from bytecomp.search.options import BaselineKind, SearchOptions
-from bytecomp.search.problem import OBJECTIVES, Group, Objective, Problem, Tensor
+from bytecomp.search.problem import Group, Objective, Problem, Tensor
 from bytecomp.search.tree import add_exchange, build_tree, options_of
 from bytecomp.timeline.simulator import simulate
 
@@ -56,7 +52,7 @@ LOOSE_GAP = 0.5  # a gap above this is the bound's looseness, not the plan's (ga
 EXACT_AUTO_TENSORS = 30
 EXACT_AUTO_NODES = 3_000
 EXACT_CAP_S = 10.0  # --algorithm exact without --budget: its time cap in seconds
-# The default search stops once its plan is within this fraction of the lower bound, so
+# The default search stops once its plan is within this fraction (1%) of the lower bound, so
 # of the optimum (the model's own error is several percent; --min-gain asks 5-10%)
 DEFAULT_STOP_GAP = 0.01
 DEFAULT_MIN_FIDELITY = 0.75  # GraVAC's threshold on the compression gain
@@ -477,13 +473,13 @@ class Planner:
                **fields) -> SearchResult:
         """Find the best assignment and bucket cap, as ``options`` say (default: a
         :class:`~bytecomp.search.options.SearchOptions` of ``fields``, e.g.
-        ``search(algorithm="greedy", min_gain=0.05)``); ``starts``: further
+        ``search(algorithm="greedy", min_gain=5)``); ``starts``: further
         assignments to start from, as (assignment, cap).
 
         1. Every start (each baseline whose options the search may use, and any
            ``starts`` given as (assignment, cap)) is evaluated at its cap; the greedy
            runs from the best of them. The lower bound is computed first: with a
-           ``stop_gap`` (a fraction), the greedy and the annealing stop as soon as a
+           ``stop_gap`` (percent), the greedy and the annealing stop as soon as a
            plan is within it of the bound, hence of the optimum. Its default is
            :data:`DEFAULT_STOP_GAP` (1%) when neither ``evaluations`` nor
            ``budget_s`` is given, else 0 (what is asked is spent).
@@ -509,7 +505,7 @@ class Planner:
            ``budget_s`` seconds (default :data:`EXACT_CAP_S`) from the start of the
            search: then the plan is the best found, never worse than the default
            search's, and a note says what was proved.
-        5. Unless the result is predicted at least ``min_gain`` (a fraction)
+        5. Unless the result is predicted at least ``min_gain`` (percent)
            faster than fp32 DDP, fp32 DDP is the plan: a gain smaller than the
            model's error is not worth compressing. Only fp32 DDP, a baseline under
            every choice of compressors, so that more choice never gives a worse plan
@@ -546,8 +542,8 @@ class Planner:
 
     def _search(self, options: SearchOptions, starts) -> SearchResult:
         started = time.perf_counter()
-        algorithm, budget_s, min_gain = options.algorithm, options.budget_s, options.min_gain
-        evaluations, seed, stop_gap = options.evaluations, options.seed, options.stop_gap
+        algorithm, budget_s, min_gain = options.algorithm, options.budget_s, options.margin
+        evaluations, seed, stop_gap = options.evaluations, options.seed, options.gap
         problem = self.problem
         baselines = self.baselines()
         caps = sorted(set(options.caps or default_caps(self.profile.bucket_cap_mb,

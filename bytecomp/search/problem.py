@@ -18,7 +18,7 @@ from operator import itemgetter
 from bytecomp.buckets import ddp_buckets
 from bytecomp.compress import from_spec
 from bytecomp.model.strategy import GroupCost, StrategyCosts
-from bytecomp.plan_file import HOST_WORKERS, NO_COMPRESSION, Option
+from bytecomp.plan_types import HOST_WORKERS, NO_COMPRESSION, Option
 from bytecomp.timeline.simulator import (
     IterationModel,
     SimGroup,
@@ -30,7 +30,6 @@ from bytecomp.timeline.single_pass import simulate_single_pass
 UNASSIGNED = -1
 MAX_REMEMBERED = 50_000  # evaluated plans kept for lookup (a few MB at 1,500 tensors)
 REMEMBERED_BYTES = 256 << 20  # and at most about this much of their keys (4 B a tensor)
-OBJECTIVES = ("effective", "time")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import networkx as nx
 
 from bytecomp.comm.schemes import SCHEMES, uncompressed_schemes
 from bytecomp.compress import from_spec
-from bytecomp.plan_file import UNCOMPRESSED, Option
+from bytecomp.plan_types import UNCOMPRESSED, Option
 
 ROOT = "tensor"
 EXCHANGE = "exchange"  # the plan-level root: per-tensor or DDP buckets at a cap

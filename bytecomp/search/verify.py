@@ -22,16 +22,9 @@ from bytecomp.comm.schemes import native_scheme, scheme_of
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import scratch_directory
-from bytecomp.options import MAX_VERIFY_STEPS
-from bytecomp.plan_file import (
-    MODEL_KINDS,
-    NO_COMPRESSION,
-    STOPPED_BUDGET,
-    STOPPED_FLAT,
-    STOPPED_STEPS,
-    Plan,
-    PlanEntry,
-)
+from bytecomp.options import MAX_VERIFY_STEPS, check_verification
+from bytecomp.plan_record import MODEL_KINDS, STOPPED_BUDGET, STOPPED_FLAT, STOPPED_STEPS
+from bytecomp.plan_types import NO_COMPRESSION, Plan, PlanEntry
 from bytecomp.search.finalists import Choice, Finalist, choose, shortlist
 from bytecomp.search.options import SearchOptions
 from bytecomp.search.planner import Planner, SearchResult, plan_entries
@@ -209,7 +202,7 @@ def _check_runnable(planner: Planner, nproc: int | None,
         raise BytecompError(f"{profile.label} is synthetic: there is no model to train the "
                             f"finalists on (plan with --no-verify)")
     from bytecomp.launch import in_torchrun
-    from bytecomp.plan_file import fingerprint
+    from bytecomp.plan_types import fingerprint
     from bytecomp.profiler.workloads import load_workload
 
     try:
@@ -272,11 +265,7 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
     (:mod:`bytecomp.model_spec`). ``announce``: told, in one line, what is about to
     be trained, for how long, and how to skip or shorten it."""
     started = time.time()
-    if steps is not None and not 1 <= steps <= MAX_STEPS:
-        raise BytecompError(f"--verify-steps must be from 1 to {MAX_STEPS:,}, got {steps}")
-    if not 0 < budget_s < math.inf:
-        raise BytecompError(f"--verify-budget must be a positive number of seconds, got "
-                            f"{budget_s:g}")
+    check_verification(steps, budget_s)
     # refused up front, whatever is trained, before anything imports the model's module
     spec = None if planner.profile.meta.get("synthetic") else allowed_spec(planner.profile,
                                                                            model)
@@ -296,7 +285,7 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
             finalist.steps_factor, factor_from[finalist.name] = factor, "probe"
             notes.append(f"{finalist.name}: the profile's convergence probe trained it "
                          f"already (steps factor {factor:.2f}); not trained again")
-    margin = max(TRIAL_MARGIN, planner.noise(), options.min_gain if options else 0.0)
+    margin = max(TRIAL_MARGIN, planner.noise(), options.margin if options else 0.0)
     if all(f.steps_factor is not None for f in finalists):
         return _overridden(Verification(
             finalists, choose(finalists), 0, "none", 0.0, 0.0, 0.0, notes + [
@@ -451,7 +440,8 @@ def trial_plan(planner: Planner, result: SearchResult, verification: Verificatio
     candidate is left, or where the chosen finalist is uncompressed (:func:`uncompressed`:
     a plan that says fp32 runs fp32, and the trial would run compressed levels the
     choice ruled out): the static plan is the plan."""
-    from bytecomp.plan_file import FINALISTS, MIN_TRIAL_PAIRS, Adaptive, Level
+    from bytecomp.plan_file import FINALISTS
+    from bytecomp.plan_types import MIN_TRIAL_PAIRS, Adaptive, Level
     from bytecomp.search.ladder import level_fidelities
 
     candidates = trial_candidates(planner, verification)

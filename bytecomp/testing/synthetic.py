@@ -16,7 +16,8 @@ import pandas as pd
 
 from bytecomp.compress import default_specs, from_spec
 from bytecomp.model.costs import ring_ms
-from bytecomp.profile_store import FORMAT_VERSION, TABLES, Profile
+from bytecomp.profile_store import FORMAT_VERSION, Profile
+from bytecomp.profile_tables import TABLES
 from bytecomp.profiler.sweeps import COLLECTIVES, DTYPES
 
 # (fixed ms, elements per ms) for encode and decode, GPU-like speeds; a compressor not

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from bytecomp.model.strategy import GroupCost
-from bytecomp.plan_file import HOST_WORKERS
+from bytecomp.plan_types import HOST_WORKERS
 
 
 class SimGroup(NamedTuple):  # a tuple: the search builds thousands per second

@@ -27,7 +27,7 @@ iteration ends when the backward pass is done and every group is decoded.
 
 from __future__ import annotations
 
-from bytecomp.plan_file import HOST_WORKERS
+from bytecomp.plan_types import HOST_WORKERS
 from bytecomp.timeline.events import EventSimulation
 from bytecomp.timeline.iteration import Event, IterationModel, SimGroup, SimResult
 from bytecomp.timeline.single_pass import simulate_single_pass

@@ -241,7 +241,8 @@ def _every_compressor(world, nodes):
     """Per compressor: a plan rotating its schemes and places over the tensors."""
     from bytecomp.comm.schemes import supported_schemes
     from bytecomp.compress import default_specs, from_spec
-    from bytecomp.plan_file import Option, plan_for_model
+    from bytecomp.plan_file import plan_for_model
+    from bytecomp.plan_types import Option
 
     cases = {}
     for spec in default_specs():
@@ -265,13 +266,8 @@ def _every_compressor(world, nodes):
 def _special(world, nodes):
     """Native hooks, the fp32 fallback, an adaptive ladder, a resumed run."""
     from bytecomp.compress.lowrank import powersgd_compresses
-    from bytecomp.plan_file import (
-        NO_COMPRESSION,
-        Adaptive,
-        Option,
-        ladder_for_model,
-        plan_for_model,
-    )
+    from bytecomp.plan_file import ladder_for_model, plan_for_model
+    from bytecomp.plan_types import NO_COMPRESSION, Adaptive, Option
 
     def uniform(option, cap=25.0):
         return lambda model: plan_for_model(model, lambda n, p: option, world, nodes,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from bytecomp.profile_store import TABLES
+from bytecomp.profile_tables import TABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "profiles" / "cnn"  # 1 node x 2 ranks

@@ -352,7 +352,7 @@ def test_the_size_check_counts_what_the_built_model_holds():
 
 
 def test_a_calibrations_executor_difference_far_below_zero_is_refused():
-    from bytecomp.profile_store import MIN_DIFFERENCE_MS, check_executor_measured
+    from bytecomp.profile_meta import MIN_DIFFERENCE_MS, check_executor_measured
 
     measured = {"added_ms": {"direct": 0.9, "fifo": 0.9, "host": 0.9},
                 "hook_added_ms": {"direct": 0.05, "fifo": 0.05, "host": 0.05},

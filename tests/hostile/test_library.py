@@ -133,7 +133,8 @@ def test_nproc_is_bounded_by_the_cores_and_warned_above_one_per_core(monkeypatch
 # -- library misuse: settings, and one registration per DDP model --------------------------
 
 def _small_plan(world: int = 1, spec: str = "topk:ratio=0.5"):
-    from bytecomp.plan_file import Option, plan_for_model
+    from bytecomp.plan_file import plan_for_model
+    from bytecomp.plan_types import Option
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))

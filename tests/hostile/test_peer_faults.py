@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bytecomp.plan_file import FINALISTS, Adaptive, Option, ladder_for_model, plan_for_model
+from bytecomp.plan_file import FINALISTS, ladder_for_model, plan_for_model
+from bytecomp.plan_types import Adaptive, Option
 
 from ranks import free_port
 

@@ -15,7 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import Adaptive, Option, ladder_for_model, plan_for_model
+from bytecomp.plan_file import ladder_for_model, plan_for_model
+from bytecomp.plan_types import Adaptive, Option
 
 from ranks import run_ranks
 

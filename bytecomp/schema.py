@@ -1,0 +1,132 @@
+"""What the readers of bytecomp's files share: the failure line, the field reader, the
+document reader and the limits (each declared once) that plan files
+(:mod:`bytecomp.plan_file`), profiles (:mod:`bytecomp.profile_store`) and calibrations
+(:mod:`bytecomp.profiler.calibration`) are checked against.
+
+Every failure is one line, ``PATH: MESSAGE`` (:func:`fail`), a
+:class:`~bytecomp.errors.BytecompError`. Torch-free and pandas-free: a training job reads
+its plan through it.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import NoReturn, TypeGuard
+
+from bytecomp.errors import BytecompError
+from bytecomp.files import control_character, read_yaml_file
+
+# Bounds on what a real file can hold: beyond them a number is an error, not a model.
+MAX_INTEGER = 1 << 50  # elements or bytes
+MAX_MS = 1e7  # a measured time: 2.8 hours
+MAX_COUNT = 1 << 20  # ranks, nodes, batch
+MAX_SECONDS = 1e7  # informative durations (a stage, the probe, a verification): about four months
+MAX_BUCKET_CAP_MB = 1e6
+MAX_PREDICTED_MS = 1e9  # a predicted step time
+# A measured steps factor's cap: "it does not learn", beyond any step budget worth
+# planning for (the convergence probe's bytecomp.profiler.probe.MAX_FACTOR)
+MAX_STEPS_FACTOR = 10.0
+# what a trained comparison (the convergence probe, a verified plan's finalists) measured
+# its losses on (bytecomp.profiler.workloads)
+PROBE_BATCHES = ("validation", "held-out training batches")
+
+
+def fail(path: Path | str, message: str) -> NoReturn:
+    """Refuse the file (or object) ``path``: one line, ``PATH: MESSAGE``."""
+    raise BytecompError(f"{path}: {message}")
+
+
+class Reader:
+    """Reads the fields of a file's mappings, failing as ``PATH: WHERE: REASON``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, where: str, reason: str) -> NoReturn:
+        fail(self.path, f"{where}: {reason}")
+
+    def field(self, data: dict, key: str, kinds, where: str = ""):
+        """``data[key]``, of one of ``kinds`` (a bool is no number); ``where``: the
+        mapping's place, as the message names it (``levels[0].``)."""
+        label = f"{where}{key}"
+        if key not in data:
+            self.fail(label, "missing")
+        value = data[key]
+        if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+            self.fail(label, f"must be {_kind_names(kinds)}, got a boolean")
+        if not isinstance(value, kinds):
+            self.fail(label, f"must be {_kind_names(kinds)}, got {type(value).__name__}")
+        return value
+
+    def printable(self, where: str, name: str) -> None:
+        """A name that is printed holds no control character."""
+        control = control_character(name)
+        if control:
+            self.fail(where, f"holds the control character {control} (a name is printed: no "
+                             f"escape sequences)")
+
+
+def _kind_names(kinds) -> str:
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "a mapping", type(None): "null"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def is_number(value) -> TypeGuard[int | float]:
+    """An int or a float, not a bool."""
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def number_in(value, low: float, high: float) -> TypeGuard[int | float]:
+    """A number (not a bool) from ``low`` to ``high``; false for NaN."""
+    return is_number(value) and low <= value <= high
+
+
+def iso_time(value) -> bool:
+    """A time as ISO 8601 text."""
+    if not isinstance(value, str):
+        return False
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
+def check_finite(path: Path | str, value, where: str = "") -> None:
+    """Every number anywhere in a document must be finite (a NaN compares false with
+    everything, so it slips through range checks and hangs or corrupts the models)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_finite(path, item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_finite(path, item, f"{where}[{index}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        fail(path, f"field '{where}' is {value} (must be a finite number)")
+
+
+def read_document(path: Path, what: str, required: dict, version: int) -> dict:
+    """A bytecomp YAML document (profile.yaml, calibration.yaml): a mapping with the
+    ``required`` fields of their types (a bool is no number), every number finite, of
+    format ``version``; else one line naming ``path``."""
+    return check_document(path, read_yaml_file(path, what), required, version)
+
+
+def check_document(path: Path | str, meta, required: dict, version: int) -> dict:
+    """:func:`read_document`'s checks of a document already read (``meta``)."""
+    if not isinstance(meta, dict):
+        fail(path, "must be a YAML mapping")
+    for key, kind in required.items():
+        if key not in meta:
+            fail(path, f"missing field '{key}'")
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            fail(path, f"field '{key}' has the wrong type ({type(meta[key]).__name__})")
+    check_finite(path, meta)
+    if meta["format_version"] != version:
+        fail(path, f"format_version {meta['format_version']} is not supported "
+                   f"(this bytecomp reads {version})")
+    return meta
