@@ -50,7 +50,7 @@ def here(tmp_path: Path) -> Path:
     import torch
 
     from bytecomp.launch import threads_per_rank
-    from bytecomp.profiler.runner import device_name
+    from bytecomp.profiler.job import device_name
 
     copy = tmp_path / "calibration"
     shutil.copytree(CALIBRATION, copy)

@@ -72,10 +72,13 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> tuple[nx.DiGraph, nx.DiGraph]:
+def import_graph(submodules: bool = False) -> tuple[nx.DiGraph, nx.DiGraph]:
     """bytecomp's imports of bytecomp modules: (module-level ones, all including those
-    inside functions). ``from package import name`` counts as an edge to the package."""
+    inside functions). ``from package import name`` counts as an edge to the package, or
+    with ``submodules`` to ``package.name`` where that is a module (a package's
+    ``__init__`` is then a module of its own, not the sum of its submodules)."""
     top, every = nx.DiGraph(), nx.DiGraph()
+    modules = {_module_name(path) for path in PACKAGE.rglob("*.py")}
     for path in sorted(PACKAGE.rglob("*.py")):
         module = _module_name(path)
         top.add_node(module)
@@ -87,6 +90,10 @@ def import_graph() -> tuple[nx.DiGraph, nx.DiGraph]:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 targets = [node.module]
+                if submodules:
+                    targets = [f"{node.module}.{alias.name}"
+                               if f"{node.module}.{alias.name}" in modules else node.module
+                               for alias in node.names]
             elif isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:

@@ -16,9 +16,10 @@ from bytecomp.files import check_new_directory, remove_stale_temporaries
 from bytecomp.launch import backend_for, in_torchrun, run_job, torchrun_shape
 from bytecomp.profile_store import Profile, load_profile, save_profile
 from bytecomp.profiler.cache import ClusterKey, lookup
-from bytecomp.profiler.calibration import check_before_ranks, run_calibration_rank
+from bytecomp.profiler.calibration import check_before_ranks
 from bytecomp.profiler.door import check_recipe
-from bytecomp.profiler.runner import ProfileConfig, pick_device, run_rank
+from bytecomp.profiler.job import pick_device
+from bytecomp.profiler.runner import ProfileConfig, run_calibration_rank, run_rank
 from bytecomp.profiler.workloads import BUILTINS, load_workload
 from bytecomp.ui import Stage
 
@@ -31,7 +32,7 @@ def _cluster_key(config: ProfileConfig, nproc: int | None, backend: str) -> Clus
     """This job's cache key, from the options or the torchrun environment."""
     from bytecomp.compress import kernels
     from bytecomp.profiler.calibration import local_job
-    from bytecomp.profiler.runner import device_name
+    from bytecomp.profiler.job import device_name
 
     nodes, per_node, threads, device = local_job(config, nproc)
     return ClusterKey(nodes * per_node, nodes, per_node, backend, device.type,
