@@ -22,7 +22,7 @@ from bytecomp.comm.schemes import native_scheme, scheme_of
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import scratch_directory
-from bytecomp.options import MAX_VERIFY_STEPS, check_verification
+from bytecomp.options import check_verification
 from bytecomp.plan_record import MODEL_KINDS, STOPPED_BUDGET, STOPPED_FLAT, STOPPED_STEPS
 from bytecomp.plan_types import NO_COMPRESSION, Plan, PlanEntry
 from bytecomp.search.finalists import Choice, Finalist, choose, shortlist
@@ -30,7 +30,6 @@ from bytecomp.search.options import SearchOptions
 from bytecomp.search.planner import Planner, SearchResult, plan_entries
 from bytecomp.ui import Stage
 
-MAX_STEPS = MAX_VERIFY_STEPS  # --verify-steps' upper bound
 # The runtime trial (bytecomp.runtime.trial): at most 2% of a 1,000-step run, after ten
 # steps of warm-up; finalists within the margin of the chosen one take part: the profile's
 # measured noise or the plan's --min-gain, whichever is wider, at least TRIAL_MARGIN
