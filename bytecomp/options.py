@@ -30,14 +30,11 @@ from typing import Any
 
 from bytecomp.buckets import SEARCHED_CAPS_MB
 from bytecomp.errors import BytecompError
-from bytecomp.plan_types import MAX_VERIFY_STEPS  # plan --verify-steps
+from bytecomp.plan_types import MAX_VERIFY_STEPS, Adaptive  # plan --verify-steps
 
 ALGORITHMS = ("auto", "greedy", "local", "exact")  # plan --algorithm
 MAX_EVALUATIONS = 10**9  # plan --evaluations (the annealing's)
 DEFAULT_VERIFY_BUDGET_S = 180.0  # plan --verify-budget
-DEFAULT_GAIN_THRESHOLD = 0.75  # plan --gain-threshold (GraVAC's)
-DEFAULT_WINDOW = 10  # plan --window
-DEFAULT_TIMING = "measured"  # plan --timing
 MAX_NUMBER = 10**9  # every number option's magnitude (seconds, MB, steps, counts, ...)
 
 
@@ -56,6 +53,13 @@ def default_of(options: type, name: str) -> Any:
         if item.name == name:
             return item.default
     raise KeyError(name)
+
+
+# plan --gain-threshold (GraVAC's), --window and --timing: an adaptive plan's, declared
+# on bytecomp.plan_types.Adaptive
+DEFAULT_GAIN_THRESHOLD = default_of(Adaptive, "threshold")
+DEFAULT_WINDOW = default_of(Adaptive, "window")
+DEFAULT_TIMING = default_of(Adaptive, "timing")
 
 
 def describe(value: Any) -> str:
@@ -384,12 +388,14 @@ class PlanOptions(Options):
                                   "training by the measured gain.")
     gain_threshold: float | None = option(None, "With --adaptive: the smoothed gain a level "
                                           "must keep (GraVAC's threshold), calibrated by the "
-                                          "profile's convergence probe [default: 0.75].")
+                                          "profile's convergence probe [default: "
+                                          f"{DEFAULT_GAIN_THRESHOLD:g}].")
     window: int | None = option(None, "With --adaptive: steps of smoothing, and at a level "
-                                "before each decision [default: 10].")
+                                f"before each decision [default: {DEFAULT_WINDOW}].")
     timing: str | None = option(None, "With --adaptive: score levels by step times the "
                                 "executor measures, or by this plan's predictions (predicted: "
-                                "the same decisions on every run) [default: measured].")
+                                "the same decisions on every run) [default: "
+                                f"{DEFAULT_TIMING}].")
     agree_every: int | None = option(None, "With --adaptive: steps whose measurements the "
                                      "ranks agree on in one allreduce [default: enough steps "
                                      "for about 100 ms of the start level's predicted "

@@ -52,7 +52,7 @@ The plan in memory is :mod:`bytecomp.plan_types`; the record of how it was chose
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from bytecomp.comm.schemes import SCHEMES, supported_schemes, uncompressed_schemes
@@ -96,9 +96,10 @@ MAX_HOST_WORKERS = 1024  # a rank's pool: a thread each
 MAX_WINDOW = 100_000
 MAX_EXPLORE_EVERY = 10**9
 
-ADAPTIVE_DEFAULTS = {"threshold": 0.75, "window": 10, "tolerance": 0.03, "explore_every": 200,
-                     "timing": "measured", "start": 0, "agree_every": 1, "trial": [],
-                     "trial_steps": 0, "trial_warmup": 0}
+# An adaptive section's settings and their defaults, as Adaptive declares them (in its
+# order; a tuple as the list the file holds)
+ADAPTIVE_DEFAULTS = {item.name: list(item.default) if isinstance(item.default, tuple)
+                     else item.default for item in fields(Adaptive) if item.name != "family"}
 MAX_TRIAL_STEPS = 1_000_000
 FINALISTS = "finalists"  # the family of a verified plan's levels (bytecomp.search.verify)
 TIMINGS = ("measured", "predicted")
