@@ -515,13 +515,21 @@ def time_to_accuracy(training: Training, settings: ConvergenceConfig,
     return table
 
 
+def _strategies_table(title: str, columns: tuple[str, ...]) -> Table:
+    """An empty table of strategies: the strategy's column left-aligned, the others (the
+    numbers) right-aligned."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    return table
+
+
 def convergence_table(table: pd.DataFrame, settings: ConvergenceConfig) -> Table:
     target = table.target_loss.iloc[0]
-    out = Table(title=f"time to a validation loss of {target:.4f} ({settings.train_steps} "
-                      f"steps, evaluated every {settings.eval_every})")
-    for column in ("strategy", "iteration ms", "steps to target", "time to target s",
-                   "vs fp32", "final loss", "predicted fidelity"):
-        out.add_column(column, justify="left" if column == "strategy" else "right")
+    out = _strategies_table(f"time to a validation loss of {target:.4f} ({settings.train_steps} "
+                            f"steps, evaluated every {settings.eval_every})",
+                            ("strategy", "iteration ms", "steps to target", "time to target s",
+                             "vs fp32", "final loss", "predicted fidelity"))
     for row in table.itertuples():
         reached = row.steps_to_target == row.steps_to_target  # not NaN
         out.add_row(row.strategy, f"{row.iteration_ms:.1f}",
@@ -535,11 +543,11 @@ def convergence_table(table: pd.DataFrame, settings: ConvergenceConfig) -> Table
 
 
 def _table(results: pd.DataFrame, profile, shape, config) -> Table:
-    table = Table(title=f"bytecomp bench: {profile.meta['model']['spec']} on {shape[0]} x "
-                        f"{shape[1]} ranks, median of {config.iterations} interleaved iterations")
-    for column in ("strategy", "measured ms (p10-p90)", "predicted ms", "error",
-                   "recalibrated ms", "error ", "vs fp32"):
-        table.add_column(column, justify="left" if column == "strategy" else "right")
+    table = _strategies_table(f"bytecomp bench: {profile.meta['model']['spec']} on {shape[0]} x "
+                              f"{shape[1]} ranks, median of {config.iterations} interleaved "
+                              f"iterations",
+                              ("strategy", "measured ms (p10-p90)", "predicted ms", "error",
+                               "recalibrated ms", "error ", "vs fp32"))
     for row in results.itertuples():
         table.add_row(row.strategy, f"{row.measured_ms:.1f} ({row.p10_ms:.1f}-{row.p90_ms:.1f})",
                       f"{row.predicted_ms:.1f}", f"{100 * row.error:+.1f}%",

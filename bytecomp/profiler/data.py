@@ -88,7 +88,34 @@ def validation_batches(seq_len: int, batch_size: int, count: int, seed: int = 12
     return [windows(batch_size) for _ in range(count)]
 
 
-class TeacherTask:
+class _DrawnTask:
+    """A task generated offline whose examples :meth:`draw` makes from a generator:
+    ``make_batch(n)`` draws from torch's global one, :meth:`validation` from one of its
+    own (the same batches on every call)."""
+
+    label_noise: float
+    classes: int
+
+    def draw(self, n: int, generator: torch.Generator | None = None):
+        raise NotImplementedError
+
+    def _noisy(self, labels: torch.Tensor, generator: torch.Generator | None):
+        """``labels`` with ``label_noise`` of them replaced by random classes."""
+        n = len(labels)
+        flip = torch.rand(n, generator=generator) < self.label_noise
+        noise = torch.randint(0, self.classes, (n,), generator=generator)
+        return torch.where(flip, noise, labels)
+
+    def __call__(self, n: int):
+        return self.draw(n)
+
+    def validation(self, batch_size: int, count: int, seed: int = 4321) -> list[tuple]:
+        """Fixed held-out batches (the same on every call)."""
+        generator = torch.Generator().manual_seed(seed)
+        return [self.draw(batch_size, generator) for _ in range(count)]
+
+
+class TeacherTask(_DrawnTask):
     """A classification task with a learnable signal, generated offline: Gaussian inputs
     labelled by a fixed random teacher network (``tanh(x W1) W2``, argmax), with
     ``label_noise`` of the labels replaced by random classes (so the loss has a floor
@@ -105,17 +132,7 @@ class TeacherTask:
         """``n`` labelled examples from ``generator`` (default: the global one)."""
         x = torch.randn(n, self.inputs, generator=generator)
         labels = (torch.tanh(x @ self.w1) @ self.w2).argmax(dim=1)
-        flip = torch.rand(n, generator=generator) < self.label_noise
-        noise = torch.randint(0, self.classes, (n,), generator=generator)
-        return x, torch.where(flip, noise, labels)
-
-    def __call__(self, n: int):
-        return self.draw(n)
-
-    def validation(self, batch_size: int, count: int, seed: int = 4321) -> list[tuple]:
-        """Fixed held-out batches."""
-        generator = torch.Generator().manual_seed(seed)
-        return [self.draw(batch_size, generator) for _ in range(count)]
+        return x, self._noisy(labels, generator)
 
 
 class ExampleBatches:
@@ -155,7 +172,7 @@ def digits() -> ExampleBatches:
                           labels[held_out])
 
 
-class TopicBags:
+class TopicBags(_DrawnTask):
     """Documents of a synthetic topic model, generated offline: ``make_batch(n)`` gives
     ``n`` documents of ``length`` word ids (inputs ``(n, length)``) and their classes.
 
@@ -193,17 +210,7 @@ class TopicBags:
         topical = self.topics[labels[:, None], topical]
         words = torch.where(torch.rand(n, self.length, generator=generator) < self.topic_share,
                             topical, words)
-        flip = torch.rand(n, generator=generator) < self.label_noise
-        noise = torch.randint(0, self.classes, (n,), generator=generator)
-        return words, torch.where(flip, noise, labels)
-
-    def __call__(self, n: int):
-        return self.draw(n)
-
-    def validation(self, batch_size: int, count: int, seed: int = 4321) -> list[tuple]:
-        """Fixed held-out documents (the same on every call)."""
-        generator = torch.Generator().manual_seed(seed)
-        return [self.draw(batch_size, generator) for _ in range(count)]
+        return words, self._noisy(labels, generator)
 
 
 def _zipf(size: int) -> torch.Tensor:

@@ -466,28 +466,21 @@ def _from_factory(spec: str) -> Workload:
                             f"path, then in the current directory: run from the directory "
                             f"that holds {module_name.split('.')[0]}, or put that directory "
                             f"on PYTHONPATH)"[:500]) from None
-    except SystemExit as error:
-        raise BytecompError(f"importing model factory module {module_name!r} called "
-                            f"sys.exit({error.code!r})") from None
     except (KeyboardInterrupt, GeneratorExit):  # ^C still interrupts
         raise
     except BaseException as error:  # noqa: BLE001  # a user's BaseException too: one line
-        raise BytecompError(f"cannot import model factory module {module_name!r}: "
-                            f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]) \
-            from None
+        raise _user_failure(error, f"importing model factory module {module_name!r}",
+                            f"cannot import model factory module {module_name!r}") from None
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise BytecompError(f"{module_name!r} has no callable {attribute!r}")
     try:
         made = factory()
-    except SystemExit as error:  # exit code 0 would end bytecomp "successfully", with nothing
-        raise BytecompError(f"model factory {spec} called sys.exit({error.code!r}) instead of "
-                            f"returning (model, make_batch)") from None
     except (KeyboardInterrupt, GeneratorExit):  # ^C still interrupts
         raise
     except BaseException as error:  # noqa: BLE001  # a user's BaseException too: one line
-        raise BytecompError(f"model factory {spec} failed: {type(error).__name__}: "
-                            f"{' '.join(str(error).split())}"[:500]) from None
+        raise _user_failure(error, f"model factory {spec}", f"model factory {spec} failed",
+                            " instead of returning (model, make_batch)") from None
     if isinstance(made, tuple) and len(made) in (2, 3):
         made = Recipe(made[0], made[1], made[2] if len(made) == 3 else None)
     if not isinstance(made, Recipe) or not isinstance(made.model, nn.Module) or \
@@ -495,6 +488,17 @@ def _from_factory(spec: str) -> Workload:
         raise BytecompError(f"model factory {spec} must return a bytecomp.Recipe, "
                             f"(model, make_batch) or (model, make_batch, loss_fn)")
     return _workload(spec, made, {}, getattr(module, "__file__", None))
+
+
+def _user_failure(error: BaseException, subject: str, failed: str,
+                  instead: str = "") -> BytecompError:
+    """The one line for the user's code (``subject``) raising ``error``: a ``sys.exit``
+    as that (exit code 0 would end bytecomp "successfully", with nothing), anything
+    else as ``failed``, its type and message on one line, within 500 characters."""
+    if isinstance(error, SystemExit):
+        return BytecompError(f"{subject} called sys.exit({error.code!r}){instead}")
+    return BytecompError(f"{failed}: {type(error).__name__}: "
+                         f"{' '.join(str(error).split())}"[:500])
 
 
 def _workload(name: str, recipe: Recipe, args: dict, source: str | None = None) -> Workload:

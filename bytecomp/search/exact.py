@@ -335,39 +335,34 @@ def relaxed_state(model: IterationModel, by_bucket: list[list[SimGroup]], first:
                 earliest = min(starts)
                 channel_free = (earliest if earliest > first_free else first_free) + \
                     channel_free - first_free
-            for alone, cost in sorted(ends, key=lambda item: item[0]):
+            ends = sorted(ends, key=lambda item: item[0])
+        else:
+            ends = []
+            for group in groups:
+                cost = group.cost
+                if hooked:
+                    clock += cost.hook_ms
                 if cost.host:
-                    end = alone + cost.decode_ms + cost.copy_out_ms
-                elif cost.decode_ms > 0:
-                    decoded = (alone if alone > decoded else decoded) + cost.decode_ms
-                    decodes += cost.decode_ms
-                    end = decoded
+                    encoded = clock + cost.copy_in_ms + cost.encode_ms
                 else:
-                    end = alone
-                if end > last:
-                    last = end
-            continue
-        for group in groups:
-            cost = group.cost
-            if hooked:
-                clock += cost.hook_ms
+                    clock += cost.encode_ms
+                    encoded = clock
+                start = encoded if encoded > channel_free else channel_free
+                channel_free = start + cost.channel_ms + (cost.tail_ms if hooked else 0.0)
+                if busy:
+                    channel_free += model.busy_extra_ms(cost, bucket)
+                ends.append((channel_free, cost))
+        # each group's decode once its channel work ends (``sent``), in that order: a host
+        # decode and its copy never wait, a device decode queues on the decodes' server
+        for sent, cost in ends:
             if cost.host:
-                encoded = clock + cost.copy_in_ms + cost.encode_ms
-            else:
-                clock += cost.encode_ms
-                encoded = clock
-            start = encoded if encoded > channel_free else channel_free
-            channel_free = start + cost.channel_ms + (cost.tail_ms if hooked else 0.0)
-            if busy:
-                channel_free += model.busy_extra_ms(cost, bucket)
-            if cost.host:
-                end = channel_free + cost.decode_ms + cost.copy_out_ms
+                end = sent + cost.decode_ms + cost.copy_out_ms
             elif cost.decode_ms > 0:
-                decoded = (channel_free if channel_free > decoded else decoded) + cost.decode_ms
+                decoded = (sent if sent > decoded else decoded) + cost.decode_ms
                 decodes += cost.decode_ms
                 end = decoded
             else:
-                end = channel_free
+                end = sent
             if end > last:
                 last = end
     return clock, work, channel_free, last, decoded, decodes, ready

@@ -11,6 +11,18 @@ from heapq import heappop, heappush
 from bytecomp.timeline.iteration import Event, IterationModel, SimGroup, SimResult
 
 
+class _Lane:
+    """A resource that runs jobs first come, first served, ``servers`` at a time: the
+    compute stream and the copy engine (one each), the host workers' pool. ``idle``: called
+    when the lane has nothing left to run (the compute stream's resumes the backward pass)."""
+
+    __slots__ = ("name", "servers", "free", "jobs", "idle")
+
+    def __init__(self, name: str, servers: int, idle=None) -> None:
+        self.name, self.servers, self.free, self.idle = name, servers, servers, idle
+        self.jobs: deque = deque()  # (duration, group index, op, done)
+
+
 class EventSimulation:
     """One iteration as a discrete-event simulation; records events when asked."""
 
@@ -37,18 +49,15 @@ class EventSimulation:
         self.running_since: float | None = 0.0
         self.version = 0
         self.next_bucket = 0
-        self.device_queue: deque = deque()
-        self.device_busy = False
+        self.device = _Lane("compute", 1, self._resume_backward)
         self.backward_end: float | None = None
         # channel, host pool, copy engine
         self.encoded = [False] * len(groups)
         self.channel = [(0.0, 0.0)] * len(groups)
         self.next_channel = 0
         self.channel_busy = False
-        self.free_workers = model.host_workers
-        self.host_queue: deque = deque()
-        self.copy_busy = False
-        self.copy_queue: deque = deque()
+        self.host = _Lane("host", model.host_workers)
+        self.copy = _Lane("copy", 1)
         self.last_finish = 0.0
 
     # -- bookkeeping -------------------------------------------------------------------
@@ -144,28 +153,13 @@ class EventSimulation:
                     in_order: bool = False) -> None:
         """Run ``duration`` ms on the compute stream (FIFO), then ``done(index)``. A job of
         no duration is done at once, unless ``in_order``: then after the jobs before it."""
-        if duration <= 0 and not (in_order and (self.device_busy or self.device_queue)):
+        device = self.device
+        if duration <= 0 and not (in_order and (not device.free or device.jobs)):
             done(index)
             return
-        self.device_queue.append((duration, done, index, op))
-        if not self.device_busy:
+        if device.free:  # the backward pass waits while the stream runs the job
             self._pause_backward()
-            self._start_device_job()
-
-    def _start_device_job(self) -> None:
-        duration, done, index, op = self.device_queue.popleft()
-        self.device_busy = True
-        if self.record:
-            self.log("compute", op, self.now, self.now + duration, index)
-        self.push(self.now + duration, self._device_done, done, index)
-
-    def _device_done(self, done, index: int) -> None:
-        self.device_busy = False
-        done(index)
-        if self.device_queue:
-            self._start_device_job()
-        elif not self.device_busy:
-            self._resume_backward()
+        self._submit(device, duration, index, op, done)
 
     # -- launching and the channel ---------------------------------------------------------
     def _launch(self, bucket: int) -> None:
@@ -182,7 +176,8 @@ class EventSimulation:
                 self._device_job(cost.encode_ms, self._encoded, index, "encode", in_order=True)
 
     def _host_copy_in(self, index: int) -> None:
-        self._copy(self.groups[index].cost.copy_in_ms, index, "d2h", self._host_encode)
+        self._submit(self.copy, self.groups[index].cost.copy_in_ms, index, "d2h",
+                     self._host_encode)
 
     def _encoded(self, index: int) -> None:
         self.encoded[index] = True
@@ -211,7 +206,7 @@ class EventSimulation:
             self._set_rate(1.0)
         cost = self.groups[index].cost
         if cost.host:
-            self._host(cost.decode_ms, index, "decode", self._host_decoded)
+            self._submit(self.host, cost.decode_ms, index, "decode", self._host_decoded)
         else:
             self._device_job(cost.decode_ms, self._finish, index, "decode")
         self._try_channel()
@@ -221,42 +216,29 @@ class EventSimulation:
 
     # -- host workers and the copy engine ---------------------------------------------------
     def _host_encode(self, index: int) -> None:
-        self._host(self.groups[index].cost.encode_ms, index, "encode", self._encoded)
+        self._submit(self.host, self.groups[index].cost.encode_ms, index, "encode",
+                     self._encoded)
 
     def _host_decoded(self, index: int) -> None:
-        self._copy(self.groups[index].cost.copy_out_ms, index, "h2d", self._finish)
+        self._submit(self.copy, self.groups[index].cost.copy_out_ms, index, "h2d", self._finish)
 
-    def _host(self, duration: float, index: int, op: str, done) -> None:
-        self.host_queue.append((duration, index, op, done))
-        self._start_host_jobs()
+    # -- the lanes --------------------------------------------------------------------------
+    def _submit(self, lane: _Lane, duration: float, index: int, op: str, done) -> None:
+        """Queue ``duration`` ms of ``op`` for group ``index`` on ``lane``, then ``done(index)``."""
+        lane.jobs.append((duration, index, op, done))
+        self._start(lane)
 
-    def _start_host_jobs(self) -> None:
-        while self.free_workers and self.host_queue:
-            duration, index, op, done = self.host_queue.popleft()
-            self.free_workers -= 1
+    def _start(self, lane: _Lane) -> None:
+        while lane.free and lane.jobs:
+            duration, index, op, done = lane.jobs.popleft()
+            lane.free -= 1
             if self.record:
-                self.log("host", op, self.now, self.now + duration, index)
-            self.push(self.now + duration, self._host_done, index, done)
+                self.log(lane.name, op, self.now, self.now + duration, index)
+            self.push(self.now + duration, self._lane_done, lane, index, done)
 
-    def _host_done(self, index: int, done) -> None:
-        self.free_workers += 1
+    def _lane_done(self, lane: _Lane, index: int, done) -> None:
+        lane.free += 1
         done(index)
-        self._start_host_jobs()
-
-    def _copy(self, duration: float, index: int, op: str, done) -> None:
-        self.copy_queue.append((duration, index, op, done))
-        if not self.copy_busy:
-            self._start_copy()
-
-    def _start_copy(self) -> None:
-        duration, index, op, done = self.copy_queue.popleft()
-        self.copy_busy = True
-        if self.record:
-            self.log("copy", op, self.now, self.now + duration, index)
-        self.push(self.now + duration, self._copy_done, index, done)
-
-    def _copy_done(self, index: int, done) -> None:
-        self.copy_busy = False
-        done(index)
-        if self.copy_queue:
-            self._start_copy()
+        self._start(lane)
+        if lane.idle is not None and lane.free == lane.servers:
+            lane.idle()
