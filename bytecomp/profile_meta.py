@@ -1,5 +1,6 @@
-"""``profile.yaml``'s checks (docs/formats.md): every field in range and consistent with
-the others; its optional sections (interference, the executor's fixed costs, the probe,
+"""``profile.yaml``'s type (:class:`ProfileMeta`; calibration.yaml's :class:`CalibrationMeta`)
+and its checks (docs/formats.md): every field in range and consistent with the others;
+its optional sections (interference, the executor's fixed costs, the probe,
 the stages' seconds, the sweeps' fit quality, where a calibration's tables came from)
 checked as the rest. The calibration reader (:mod:`bytecomp.profiler.calibration`) shares
 the sections a calibration holds too.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, TypedDict, cast
 
 from bytecomp.files import control_character
 from bytecomp.schema import (
@@ -35,6 +37,75 @@ CLUSTER_TABLES = ("collectives", "compressors", "aggregation", "copies", "execut
 TABLE_SOURCES = ("measured", "calibration")
 CALIBRATION_KINDS = ("calibration", "profile")  # a --calibrate-only directory, or a profile
 MAX_LINK_TOLERANCE = 1000.0
+
+
+class ModelMeta(TypedDict, total=False):
+    """profile.yaml's ``model``: the network profiled (name, spec and fingerprint are
+    required, :func:`check_meta`)."""
+
+    name: str
+    spec: str
+    fingerprint: str
+    parameters: int
+    tensors: int
+    args: dict[str, Any]
+
+
+class DeviceMeta(TypedDict, total=False):
+    """``device``: ``cpu`` or ``cuda``, and its name."""
+
+    type: str
+    name: str
+
+
+class ProfileMeta(TypedDict, total=False):
+    """profile.yaml (everything but its tables), its keys in the order bytecomp writes
+    them. Every key is optional to the type: a file needs :data:`REQUIRED_FIELDS` (and
+    :func:`check_meta`'s), while the profiles built in memory of a cluster's tables
+    alone (the probe's candidates, the executor's measurement) hold the job's shape."""
+
+    format_version: int
+    bytecomp_version: str
+    torch_version: str
+    compress_kernels: str  # what the compressors with kernels ran: "triton <version>", "torch"
+    created: str
+    machine: dict[str, Any]
+    model: ModelMeta
+    device: DeviceMeta
+    backend: str
+    world_size: int
+    nodes: int
+    ranks_per_node: int
+    batch_size: int
+    bucket_cap_mb: float
+    iterations: int
+    warmup: int
+    quick: bool
+    recipe: dict[str, Any]
+    fidelity: dict[str, Any]
+    probe: dict[str, Any]
+    times: dict[str, dict[str, float]]
+    interference: dict[str, Any]
+    executor: dict[str, Any]
+    compressor_specs: list[str]
+    quality: dict[str, Any]
+    sweep: dict[str, Any]
+    calibration: dict[str, Any]
+    stages_s: dict[str, float]
+    synthetic: bool  # bytecomp.testing.synthetic's profiles
+
+
+class CalibrationMeta(ProfileMeta, total=False):
+    """calibration.yaml: profile.yaml's head without the model's keys (the job, the
+    compressor specs, the executor's measurement, the sweeps' settings and quality),
+    its ``kind`` and, in the cache, the key it was written for."""
+
+    kind: str
+    cache_key: dict[str, Any]
+
+
+# the fields a profile.yaml must hold, of these types (in ProfileMeta's order: a test
+# checks them against its annotations)
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "format_version": int, "model": dict, "device": dict, "backend": str, "world_size": int,
     "nodes": int, "ranks_per_node": int, "batch_size": int, "bucket_cap_mb": (int, float),
@@ -306,9 +377,9 @@ def _check_phases(path: Path | str, times: dict) -> None:
                             f"({whole['median_ms']:g} ms)")
 
 
-def check_meta(path: Path | str, meta: dict) -> None:
+def check_meta(path: Path | str, meta: dict) -> ProfileMeta:
     """profile.yaml's fields, after :func:`check_document`: each in range, and consistent
-    with each other."""
+    with each other; ``meta``, checked, as the :class:`ProfileMeta` it then is."""
     for key in ("world_size", "nodes", "ranks_per_node", "batch_size"):
         if not 1 <= meta[key] <= MAX_COUNT:
             fail(path, f"field '{key}' must be between 1 and {MAX_COUNT:,}")
@@ -349,3 +420,4 @@ def check_meta(path: Path | str, meta: dict) -> None:
     _check_calibration(path, meta.get("calibration"), meta)
     _check_times(path, meta["times"])
     _check_phases(path, meta["times"])
+    return cast(ProfileMeta, meta)  # the one place a mapping read becomes one

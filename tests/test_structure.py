@@ -5,14 +5,17 @@ step, small classes in the runtime, and stages that do not import each other bot
 from __future__ import annotations
 
 import ast
+import typing
 from pathlib import Path
 
 import networkx as nx
+import yaml
 
 import bytecomp
 from bytecomp.comm.schemes import SCHEMES
 from bytecomp.compress import COMPRESSORS
 from bytecomp.model.schemes import SchemeCost, scheme_cost
+from bytecomp.profile_meta import REQUIRED_FIELDS, CalibrationMeta, ModelMeta, ProfileMeta
 
 PACKAGE = Path(bytecomp.__file__).resolve().parent
 MAX_RUNTIME_CLASS_LINES = 300
@@ -164,3 +167,35 @@ def test_the_cycle_finder_finds_a_planted_cycle():
                           ("x.e", "x.f"), ("x.f", "x.e")])
     assert import_cycles(planted) == ["x.a -> x.b -> x.c -> x.a", "x.e -> x.f -> x.e"]
     assert import_cycles(nx.DiGraph([("x.a", "x.b"), ("x.b", "x.c"), ("x.a", "x.c")])) == []
+
+
+def _runtime_types(hint) -> type | tuple[type, ...]:
+    """What a value of the annotation ``hint`` is at run time, as REQUIRED_FIELDS names
+    it (a nested TypedDict a dict; a float may be written as an int)."""
+    if typing.is_typeddict(hint):
+        return dict
+    kind = typing.get_origin(hint) or hint
+    return (int, float) if kind is float else kind
+
+
+def test_the_required_fields_are_profile_meta_s():
+    """profile.yaml's required fields are ProfileMeta's keys, of its types, in its order."""
+    hints = typing.get_type_hints(ProfileMeta)
+    assert set(REQUIRED_FIELDS) <= set(hints)
+    assert {name: _runtime_types(hints[name]) for name in REQUIRED_FIELDS} == REQUIRED_FIELDS
+    assert [name for name in hints if name in REQUIRED_FIELDS] == list(REQUIRED_FIELDS)
+
+
+def test_the_written_files_keys_are_declared():
+    """Every key of the shipped profiles and of a calibration is declared on ProfileMeta
+    or CalibrationMeta; a profile's in the declaration's order."""
+    root = PACKAGE.parent
+    order = list(typing.get_type_hints(ProfileMeta))
+    for name in ("cnn", "transformer"):
+        meta = yaml.safe_load((root / "profiles" / name / "profile.yaml").read_text())
+        assert set(meta) <= set(order), name
+        assert list(meta) == sorted(meta, key=order.index), name
+        assert set(meta["model"]) <= set(typing.get_type_hints(ModelMeta)), name
+    calibration = root / "tests" / "fixtures" / "calibration-1x2" / "calibration.yaml"
+    assert set(yaml.safe_load(calibration.read_text())) <= \
+        set(typing.get_type_hints(CalibrationMeta))
