@@ -59,7 +59,6 @@ def profile(model: str | None = None, *, options: ProfileOptions | None = None,
     with Stage("loading torch", after_s=0, lines=False):  # seconds: say so, as bench does
         from bytecomp.launch import check_nproc
         from bytecomp.profiler import ProfileConfig, run_profile
-        from bytecomp.profiler.workloads import safe_name
 
     if model is not None:
         values["model"] = model
@@ -67,21 +66,7 @@ def profile(model: str | None = None, *, options: ProfileOptions | None = None,
     check_before_spawning()
     for warning in check_nproc(chosen.nproc):
         warn(warning)
-    name = chosen.model or "mlp"
-    default_out = "profiles/calibration" if chosen.calibrate_only else \
-        f"profiles/{safe_name(name)}"
-    config = ProfileConfig(
-        model=name, out=chosen.out or default_out, batch_size=chosen.batch_size,
-        bucket_cap_mb=chosen.bucket_cap_mb, iterations=chosen.iterations,
-        warmup=chosen.warmup, specs=list(chosen.compressor), quick=chosen.quick,
-        force=chosen.force, device=chosen.device, timeout_s=chosen.timeout,
-        max_mb=chosen.max_mb, machine=chosen.machine,
-        fidelity_iterations=chosen.fidelity_iterations, ladders=list(chosen.ladder),
-        probe_steps=chosen.probe_steps, optimizer=chosen.optimizer,
-        scheduler=chosen.scheduler, budget_s=chosen.budget,
-        calibration=chosen.calibration, calibrate_only=chosen.calibrate_only,
-        cache=chosen.cache, clusters=list(chosen.cluster))
-    out = run_profile(config, chosen.nproc)
+    out = run_profile(ProfileConfig.from_options(chosen), chosen.nproc)
     if os.environ.get("RANK", "0") != "0":
         return None
     if chosen.calibrate_only:  # a calibration's tables: read them with load_calibration

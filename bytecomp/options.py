@@ -243,6 +243,36 @@ def check_search(name: Callable[[str], str], algorithm: str, budget: float | Non
     _percent(name("stop_gap"), stop_gap)
 
 
+# --max-mb's least: the sweeps start at 1 KiB and need several sizes
+MIN_SWEEP_MB = 0.01
+# The profile's settings ranged by check_profile_ranges (ProfileOptions' names)
+PROFILE_RANGED = ("budget", "batch_size", "iterations", "warmup", "fidelity_iterations",
+                  "probe_steps", "bucket_cap_mb", "timeout", "max_mb")
+
+
+def check_profile_ranges(values: Mapping[str, Any]) -> None:
+    """``bytecomp profile``'s numbers range-checked, for ProfileOptions and the profile's
+    configuration (:class:`bytecomp.profiler.ProfileConfig`) alike: ``values`` by
+    ProfileOptions' field names (:data:`PROFILE_RANGED`; a budget of None: none). The
+    counts' least values are their fields' ``min``. One line for the first out of range."""
+    budget = values["budget"]
+    if budget is not None and not 0 < budget < math.inf:
+        raise BytecompError(f"--budget must be a positive number of seconds, got {budget:g}")
+    declared = {item.name: item.metadata for item in fields(ProfileOptions)}
+    for name in ("batch_size", "iterations", "warmup", "fidelity_iterations", "probe_steps"):
+        count, least = values[name], declared[name]["min"]
+        if count is not None and (isinstance(count, bool) or count < least):
+            raise BytecompError(f"{cli_name(ProfileOptions, name)} must be at least {least}, "
+                                f"got {count}")
+    for name in ("bucket_cap_mb", "timeout"):
+        if not 0 < values[name] < math.inf:
+            raise BytecompError(f"{cli_name(ProfileOptions, name)} must be a positive number, "
+                                f"got {values[name]:g}")
+    if not MIN_SWEEP_MB <= values["max_mb"] < math.inf:
+        raise BytecompError(f"--max-mb must be at least {MIN_SWEEP_MB:g} (the sweeps start at "
+                            f"1 KiB and need several sizes), got {values['max_mb']:g}")
+
+
 @dataclass(frozen=True)
 class ProfileOptions(Options):
     """``bytecomp profile``'s options, for :func:`bytecomp.profile`: each field is the option
@@ -321,6 +351,7 @@ class ProfileOptions(Options):
                          "measures them afresh.")
 
     def check(self) -> None:
+        check_profile_ranges({name: getattr(self, name) for name in PROFILE_RANGED})
         if self.device not in ("auto", "cpu", "cuda"):
             raise BytecompError(f"--device must be auto, cpu or cuda, got {self.device!r}")
         if self.calibrate_only and self.calibration is not None:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_input_directory, directory_atomic, dump_yaml
-from bytecomp.profile_meta import REQUIRED_FIELDS, check_meta
+from bytecomp.profile_meta import REQUIRED_FIELDS, ProfileMeta, check_meta
 from bytecomp.profile_tables import (
     COPY_DIRECTIONS,
     OPTIONAL_COLUMNS,
@@ -47,7 +47,7 @@ FORMAT_VERSION = 1  # profile.yaml's and calibration.yaml's
 class Profile:
     """A measured profile: ``meta`` is profile.yaml, the rest its tables."""
 
-    meta: dict
+    meta: ProfileMeta
     tensors: pd.DataFrame
     collectives: pd.DataFrame
     compressors: pd.DataFrame
@@ -80,13 +80,7 @@ class Profile:
         recipes (the workload's default then)."""
         from bytecomp.recipe import parse_optimizer
 
-        spec = (self.meta.get("recipe") or {}).get("optimizer")
-        if not isinstance(spec, str):
-            return None
-        try:
-            return parse_optimizer(spec).spec
-        except BytecompError:
-            return None  # "the factory's (...)"
+        return self._recipe_spec("optimizer", parse_optimizer)
 
     def recipe_scheduler(self) -> str | None:
         """The learning-rate schedule spec the profile's recipe trained with; None where it
@@ -94,13 +88,18 @@ class Profile:
         the profile predates schedules."""
         from bytecomp.recipe import parse_scheduler
 
-        spec = (self.meta.get("recipe") or {}).get("scheduler")
+        return self._recipe_spec("scheduler", parse_scheduler)
+
+    def _recipe_spec(self, key: str, parse) -> str | None:
+        """The recipe's ``key`` spec as ``parse`` reads it; None where the recipe has none
+        or one ``parse`` does not read (the factory's own: "the factory's (...)")."""
+        spec = (self.meta.get("recipe") or {}).get(key)
         if not isinstance(spec, str):
             return None
         try:
-            return parse_scheduler(spec).spec
+            return parse(spec).spec
         except BytecompError:
-            return None  # "the factory's (...)"
+            return None
 
     def evidence(self) -> tuple[bool, str]:
         """What convergence evidence the profile holds, in words, and whether it holds any
@@ -164,12 +163,11 @@ def save_profile(profile: Profile, directory, force: bool = False) -> Path:
     return Path(directory)
 
 
-def _load_meta(path: Path) -> dict:
+def _load_meta(path: Path) -> ProfileMeta:
     if not path.exists():
         fail(path, "missing (is this a profile directory made by bytecomp profile?)")
-    meta = read_document(path, "profile file", REQUIRED_FIELDS, FORMAT_VERSION)
-    check_meta(path, meta)
-    return meta
+    return check_meta(path, read_document(path, "profile file", REQUIRED_FIELDS,
+                                          FORMAT_VERSION))
 
 
 def load_profile(directory) -> Profile:
@@ -191,8 +189,8 @@ def check_profile(profile: Profile) -> Profile:
     attribute (``Profile(profiles/cnn).tensors: column 'ready_ms', row 3: ...``); a
     checked copy, its tables of the columns' types."""
     source = f"Profile({profile.path if profile.path is not None else 'in memory'})"
-    meta = check_document(f"{source}.meta", profile.meta, REQUIRED_FIELDS, FORMAT_VERSION)
-    check_meta(f"{source}.meta", meta)
+    meta = check_meta(f"{source}.meta", check_document(f"{source}.meta", profile.meta,
+                                                       REQUIRED_FIELDS, FORMAT_VERSION))
 
     def table(name: str) -> pd.DataFrame:
         given = getattr(profile, name)
@@ -205,7 +203,7 @@ def check_profile(profile: Profile) -> Profile:
                       profile.path)
 
 
-def _validated(meta: dict, meta_path: Path | str, table, where,
+def _validated(meta: ProfileMeta, meta_path: Path | str, table, where,
                path: Path | None) -> Profile:
     """The profile of ``meta`` (checked) and of the tables ``table(name)`` gives (typed),
     each table checked against ``meta`` and the others, in the order load_profile reads

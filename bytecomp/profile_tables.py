@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pandas as pd
 from bytecomp.compress import canonical, from_spec
 from bytecomp.errors import BytecompError
 from bytecomp.files import control_character, read_text_file
+from bytecomp.profile_meta import ProfileMeta
 from bytecomp.schema import MAX_INTEGER, MAX_MS, MAX_STEPS_FACTOR, fail
 
 ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}  # dtypes planned
@@ -110,7 +112,7 @@ def typed_table(path: Path | str, name: str, table: pd.DataFrame) -> pd.DataFram
     return table
 
 
-def check_tensors(path: Path | str, tensors: pd.DataFrame, meta: dict) -> None:
+def check_tensors(path: Path | str, tensors: pd.DataFrame, meta: ProfileMeta) -> None:
     """Each row one parameter: numel a positive integer matching its shape, bytes numel x
     the dtype's size, a supported dtype, ready times in ready order within the backward
     pass."""
@@ -142,7 +144,7 @@ def check_tensors(path: Path | str, tensors: pd.DataFrame, meta: dict) -> None:
               "bucket index of the parameter)")
     row_fail(path, tensors, tensors["bucket"] >= len(tensors), "bucket",
               "is beyond the number of tensors (DDP has at most a bucket each)")
-    model = meta["model"]
+    model: Mapping[str, object] = meta["model"]  # read by key names
     for key, value, what in (("tensors", len(tensors), "rows"),
                              ("parameters", int(tensors["numel"].sum()), "elements")):
         if key in model and model[key] != value:
@@ -150,7 +152,7 @@ def check_tensors(path: Path | str, tensors: pd.DataFrame, meta: dict) -> None:
                         f"{model[key]!r}")
 
 
-def check_collectives(path: Path | str, table: pd.DataFrame, meta: dict) -> None:
+def check_collectives(path: Path | str, table: pd.DataFrame, meta: ProfileMeta) -> None:
     """Known collectives and dtypes; the groups a job of this shape sweeps (the world;
     inter-node with several nodes; intra-node with several nodes of several ranks),
     each with its size as rank count."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
 import torch
@@ -35,7 +36,13 @@ from bytecomp.files import (
     directory_atomic,
     dump_yaml,
 )
-from bytecomp.profile_meta import BACKENDS, check_executor_measured, check_quality
+from bytecomp.profile_meta import (
+    BACKENDS,
+    CalibrationMeta,
+    ProfileMeta,
+    check_executor_measured,
+    check_quality,
+)
 from bytecomp.profile_store import FORMAT_VERSION, load_profile, profile_files
 from bytecomp.profile_tables import (
     COPY_DIRECTIONS,
@@ -47,7 +54,7 @@ from bytecomp.profile_tables import (
     row_fail,
 )
 from bytecomp.profiler.budget import Allowance
-from bytecomp.profiler.job import device_name, job_meta, pick_device
+from bytecomp.profiler.job import calibration_head, device_name, pick_device
 from bytecomp.profiler.overheads import (
     BUSY_DIM,
     QUICK_BUSY_DIM,
@@ -105,7 +112,7 @@ class Calibration:
 
     path: Path
     kind: str
-    meta: dict
+    meta: ProfileMeta  # a calibration's: a CalibrationMeta
     collectives: pd.DataFrame
     compressors: pd.DataFrame
     aggregation: pd.DataFrame
@@ -144,7 +151,7 @@ def calibration_files(directory) -> list[Path]:
         + profile_files(directory)
 
 
-def _load_calibration_meta(path: Path) -> dict:
+def _load_calibration_meta(path: Path) -> CalibrationMeta:
     """calibration.yaml: the job it was made on, the sweeps' settings and quality."""
     required: dict[str, type] = {"format_version": int, "kind": str, "created": str,
                                  "device": dict, "backend": str, "world_size": int,
@@ -190,7 +197,7 @@ def _load_calibration_meta(path: Path) -> dict:
     if executor is not None and not isinstance(executor, dict):
         fail(path, "field 'executor' must be a mapping with 'measured'")
     check_executor_measured(path, (executor or {}).get("measured"))
-    return meta
+    return cast(CalibrationMeta, meta)  # the one place a mapping read becomes one
 
 
 def load_calibration(directory) -> Calibration:
@@ -508,11 +515,11 @@ def reuse_cluster(calibration: Calibration, specs: list[str]) -> ClusterTables:
 
 
 def calibration_meta(config, tables: ClusterTables, topology, device,
-                     cache_key=None) -> dict:
+                     cache_key=None) -> CalibrationMeta:
     """calibration.yaml of ``tables`` measured on this job (``cache_key``: the cache's
     entry, which records the key it was written for)."""
-    meta = {
-        **job_meta(config, topology, device, tables.compress_kernels, kind="calibration"),
+    meta: CalibrationMeta = {
+        **calibration_head(config, topology, device, tables.compress_kernels),
         "compressor_specs": list(config.specs),
         "executor": {"measured": tables.executor.to_meta()} if tables.executor else {},
         "quality": tables.quality,
@@ -523,7 +530,7 @@ def calibration_meta(config, tables: ClusterTables, topology, device,
     return meta
 
 
-def write_calibration(out, force: bool, meta: dict, tables: ClusterTables) -> None:
+def write_calibration(out, force: bool, meta: CalibrationMeta, tables: ClusterTables) -> None:
     """A calibration directory of ``tables`` at ``out``, written whole or not at all."""
     frames = {"collectives": tables.collectives.rows, "compressors": tables.compressors.rows,
               "aggregation": tables.aggregation, "copies": tables.copies}

@@ -22,6 +22,7 @@ import pandas as pd
 from bytecomp.comm.schemes import native_scheme
 from bytecomp.compress import from_spec
 from bytecomp.plan_types import Option
+from bytecomp.profile_meta import ProfileMeta
 from bytecomp.profile_store import Profile
 
 FP32 = Option("none", "device", "allreduce")
@@ -68,7 +69,7 @@ def could_help(profile: Profile, spec: str, clusters) -> bool:
     return False
 
 
-def probe_candidates(meta: dict, tensors: pd.DataFrame, collectives: list[dict],
+def probe_candidates(meta: ProfileMeta, tensors: pd.DataFrame, collectives: list[dict],
                      compressors: list[dict], specs: list[str],
                      cluster_names: list[str]) -> Candidates:
     """Split ``specs`` into those the probe trains and those no plan could use on the

@@ -1,6 +1,7 @@
 """The profiling job as a rank sees it: the device and the groups both rank entry points
 start with (:func:`start_rank`), and what every file a rank writes records about the
-job (:func:`job_meta`: the keys profile.yaml and calibration.yaml share)."""
+job (:func:`profile_head` and :func:`calibration_head`: the keys profile.yaml and
+calibration.yaml share)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 import bytecomp
 from bytecomp.comm.topology import Topology
+from bytecomp.profile_meta import CalibrationMeta, ModelMeta, ProfileMeta
 from bytecomp.profile_store import FORMAT_VERSION
 
 
@@ -69,30 +71,58 @@ def start_rank(config, nodes: int, ranks_per_node: int) -> RankJob:
     return RankJob(rank, device, devices, topology)
 
 
-def job_meta(config, topology: Topology, device: torch.device, compress_kernels: str,
-             kind: str | None = None, model: dict | None = None,
-             batch_size: int | None = None) -> dict:
-    """The head of profile.yaml and calibration.yaml: the format and versions, when and on
-    what it was measured, the job's shape and the measurement's settings; with ``kind``,
-    ``model`` and ``batch_size`` (and then ``config.bucket_cap_mb``) in their places."""
+def _made(config, device: torch.device, compress_kernels: str) -> ProfileMeta:
+    """The versions, when and on what the file was measured."""
     return {
-        "format_version": FORMAT_VERSION,
-        **({"kind": kind} if kind is not None else {}),
         "bytecomp_version": bytecomp.__version__,
         "torch_version": str(torch.__version__),
         # what the compressors with kernels ran when timed: "triton <version>" or "torch"
         "compress_kernels": compress_kernels,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_description(config, device),
-        **({"model": model} if model is not None else {}),
+    }
+
+
+def _shape(topology: Topology, device: torch.device) -> ProfileMeta:
+    """The job's device, backend and shape."""
+    return {
         "device": {"type": device.type, "name": device_name(device)},
         "backend": dist.get_backend(),
         "world_size": topology.size,
         "nodes": topology.nodes,
         "ranks_per_node": topology.ranks_per_node,
-        **({"batch_size": batch_size, "bucket_cap_mb": config.bucket_cap_mb}
-           if batch_size is not None else {}),
-        "iterations": config.iterations,
-        "warmup": config.warmup,
-        "quick": config.quick,
+    }
+
+
+def _settings(config) -> ProfileMeta:
+    """The measurement's settings."""
+    return {"iterations": config.iterations, "warmup": config.warmup, "quick": config.quick}
+
+
+def profile_head(config, topology: Topology, device: torch.device, compress_kernels: str,
+                 model: ModelMeta, batch_size: int) -> ProfileMeta:
+    """The head of profile.yaml: the format and versions, when and on what it was
+    measured, the model, the job's shape, the batch and buckets, and the measurement's
+    settings (the keys it shares with :func:`calibration_head` in the same order)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        **_made(config, device, compress_kernels),
+        "model": model,
+        **_shape(topology, device),
+        "batch_size": batch_size,
+        "bucket_cap_mb": config.bucket_cap_mb,
+        **_settings(config),
+    }
+
+
+def calibration_head(config, topology: Topology, device: torch.device,
+                     compress_kernels: str) -> CalibrationMeta:
+    """The head of calibration.yaml: :func:`profile_head`'s without the model's keys,
+    ``kind`` after the format."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": "calibration",
+        **_made(config, device, compress_kernels),
+        **_shape(topology, device),
+        **_settings(config),
     }

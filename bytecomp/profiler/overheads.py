@@ -44,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bytecomp.model.overheads import PATHS, ExecutorCosts
 from bytecomp.plan_file import plan_from_dict
 from bytecomp.plan_types import Option, Plan, PlanEntry, fingerprint
+from bytecomp.profile_meta import ProfileMeta
 from bytecomp.runtime import apply_plan
 
 NUMEL = 1024
@@ -160,8 +161,8 @@ def model_charges(collectives: list[dict], device, nodes: int, ranks_per_node: i
     specs = sorted({option.spec for option in OPTIONS.values()})
     devices = [device] + ([torch.device("cpu")] if device.type == "cuda" else [])
     rows = sweep_compressors(specs, devices, SweepSettings(numels=(NUMEL, 4 * NUMEL)))
-    meta = {"model": {"name": "executor overhead measurement"}, "nodes": nodes,
-            "ranks_per_node": ranks_per_node, "world_size": nodes * ranks_per_node}
+    meta: ProfileMeta = {"model": {"name": "executor overhead measurement"}, "nodes": nodes,
+                         "ranks_per_node": ranks_per_node, "world_size": nodes * ranks_per_node}
     profile = Profile(meta, pd.DataFrame(), pd.DataFrame(collectives), pd.DataFrame(rows))
     costs = StrategyCosts(CommModel(profile, profiled_cluster(profile)), ComputeModel(profile),
                           device.type)

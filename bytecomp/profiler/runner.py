@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import copy
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +14,9 @@ from rich.table import Table
 
 from bytecomp.compress import default_specs, from_spec, ladder_specs
 from bytecomp.errors import BytecompError
+from bytecomp.options import PROFILE_RANGED, ProfileOptions, check_profile_ranges, default_of
 from bytecomp.plan_types import fingerprint
+from bytecomp.profile_meta import ModelMeta, ProfileMeta
 from bytecomp.profile_store import Profile, save_profile
 from bytecomp.profile_tables import TABLES
 from bytecomp.profiler.budget import CLUSTER_SHARE, SHARES, describe_split
@@ -34,7 +35,7 @@ from bytecomp.profiler.candidates import Candidates, probe_candidates
 from bytecomp.profiler.convergence import Budget
 from bytecomp.profiler.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profiler.fidelity import measure_fidelity
-from bytecomp.profiler.job import RankJob, job_meta, start_rank
+from bytecomp.profiler.job import RankJob, profile_head, start_rank
 from bytecomp.profiler.overheads import model_charges
 from bytecomp.profiler.probe import COLUMNS as PROBE_COLUMNS
 from bytecomp.profiler.probe import ProbeResult, run_probe
@@ -47,40 +48,50 @@ from bytecomp.ui import Reporter, console
 PROBE_EVALUATIONS = 10  # validation losses over a convergence probe
 PROBE_MOST_STEPS = 100  # a budgeted probe's most steps (--quick: QUICK_PROBE_STEPS)
 QUICK_PROBE_STEPS = 20
-DEFAULT_BUDGET_S = 240.0  # bytecomp profile's wall-clock budget by default
+# This configuration's settings under the names of ProfileOptions' fields (the options
+# they come from), where the two differ
+OPTION_NAMES = {"specs": "compressor", "timeout_s": "timeout", "ladders": "ladder",
+                "budget_s": "budget", "clusters": "cluster"}
 
-MIN_SWEEP_MB = 0.01
+
+def _default(name: str):
+    """Setting ``name``'s default: its option's, declared in ProfileOptions."""
+    return default_of(ProfileOptions, OPTION_NAMES.get(name, name))
 
 
 @dataclass
 class ProfileConfig:
-    """Everything ``bytecomp profile`` was asked to do."""
+    """Everything ``bytecomp profile`` was asked to do: :class:`~bytecomp.options.
+    ProfileOptions`' values (their defaults and ranges are declared there; a few names
+    differ: :data:`OPTION_NAMES`) and what the profile's stages resolve from them."""
 
     model: str = "mlp"
     out: str = "profiles/mlp"
-    batch_size: int | None = None
-    bucket_cap_mb: float = 25.0
-    iterations: int = 20
-    warmup: int = 3
+    batch_size: int | None = _default("batch_size")
+    bucket_cap_mb: float = _default("bucket_cap_mb")
+    iterations: int = _default("iterations")
+    warmup: int = _default("warmup")
     specs: list[str] = field(default_factory=list)
-    quick: bool = False
-    force: bool = False
-    device: str = "auto"
-    timeout_s: float = 300.0
-    max_mb: float = 64.0
-    machine: str = ""
-    fidelity_iterations: int = 10  # training steps whose gradients measure fidelity (0: none)
+    quick: bool = _default("quick")
+    force: bool = _default("force")
+    device: str = _default("device")
+    timeout_s: float = _default("timeout_s")
+    max_mb: float = _default("max_mb")
+    machine: str = _default("machine")
+    # training steps whose gradients measure fidelity (0: none)
+    fidelity_iterations: int = _default("fidelity_iterations")
     # convergence probe: steps of each compressor on every tensor (0: none; None: what
     # the budget affords, at most PROBE_MOST_STEPS)
-    probe_steps: int | None = None
-    budget_s: float | None = DEFAULT_BUDGET_S  # wall clock of the whole profile (None: none)
+    probe_steps: int | None = _default("probe_steps")
+    # wall clock of the whole profile (None: none)
+    budget_s: float | None = _default("budget_s")
     started: float = field(default_factory=time.time)  # when the budget began
     ladders: list[str] = field(default_factory=list)  # families whose ladders are timed too
     optimizer: str | None = None  # a spec replacing the workload recipe's (--optimizer)
     scheduler: str | None = None  # a schedule spec replacing the recipe's (--scheduler)
     calibration: str | None = None  # reuse this calibration's cluster tables (--calibration)
     calibrate_only: bool = False  # measure the cluster tables alone (--calibrate-only)
-    cache: bool = True  # reuse and write the per-user cache of cluster tables (--no-cache)
+    cache: bool = _default("cache")  # reuse and write the per-user cache of cluster tables
     clusters: list[str] = field(default_factory=list)  # what plans are for (--cluster)
     named_specs: bool = field(init=False, default=False)  # --compressor or --ladder given
     # set in the parent: the cache entry this job's tables go to (and come from, with
@@ -109,25 +120,28 @@ class ProfileConfig:
             self.probe_steps = None if self.probe_steps is None else \
                 min(self.probe_steps, QUICK_PROBE_STEPS)
 
+    @classmethod
+    def from_options(cls, options: ProfileOptions) -> ProfileConfig:
+        """The configuration of ``bytecomp profile`` with ``options`` (``--out``'s default:
+        profiles/<model>, or profiles/calibration with ``--calibrate-only``)."""
+        from bytecomp.profiler.workloads import safe_name
+
+        values = {name: getattr(options, OPTION_NAMES.get(name, name))
+                  for name in (item.name for item in fields(cls) if item.init)
+                  if hasattr(options, OPTION_NAMES.get(name, name))}
+        model = options.model or "mlp"
+        values.update(model=model, specs=list(options.compressor),
+                      ladders=list(options.ladder), clusters=list(options.cluster),
+                      out=options.out or ("profiles/calibration" if options.calibrate_only
+                                          else f"profiles/{safe_name(model)}"))
+        return cls(**values)
+
     def _validate(self) -> None:
-        """Reject bad settings here, before any rank is spawned."""
-        counts: tuple[tuple[str, int | None, int], ...] = (
-            ("--batch-size", self.batch_size, 1), ("--iterations", self.iterations, 1),
-            ("--warmup", self.warmup, 0), ("--fidelity-iterations", self.fidelity_iterations, 0),
-            ("--probe-steps", self.probe_steps, 0))
-        if self.budget_s is not None and not 0 < self.budget_s < math.inf:
-            raise BytecompError(f"--budget must be a positive number of seconds, got "
-                                f"{self.budget_s:g}")
-        for option, count, least in counts:
-            if count is not None and (isinstance(count, bool) or count < least):
-                raise BytecompError(f"{option} must be at least {least}, got {count}")
-        for option, value in (("--bucket-cap-mb", self.bucket_cap_mb),
-                              ("--timeout", self.timeout_s)):
-            if not 0 < value < math.inf:
-                raise BytecompError(f"{option} must be a positive number, got {value:g}")
-        if not MIN_SWEEP_MB <= self.max_mb < math.inf:
-            raise BytecompError(f"--max-mb must be at least {MIN_SWEEP_MB:g} (the sweeps start "
-                                f"at 1 KiB and need several sizes), got {self.max_mb:g}")
+        """Reject bad settings here, before any rank is spawned (the ranges ProfileOptions
+        declares)."""
+        names = {option: name for name, option in OPTION_NAMES.items()}
+        check_profile_ranges({option: getattr(self, names.get(option, option))
+                              for option in PROFILE_RANGED})
 
     def sweep_settings(self, needed_bytes: int | None = None) -> SweepSettings:
         """The sweeps' settings: sizes up to ``--max-mb``, or to ``needed_bytes`` (the
@@ -219,9 +233,9 @@ def _candidates(config: ProfileConfig, tensors, collectives: list[dict],
     reckons them (collective: every rank gets the same)."""
     found: list = [None]
     if dist.get_rank() == 0:
-        meta = {"world_size": topology.size, "nodes": nodes,
-                "ranks_per_node": topology.ranks_per_node,
-                "device": {"type": device.type}, "model": {"name": config.model}}
+        meta: ProfileMeta = {"world_size": topology.size, "nodes": nodes,
+                             "ranks_per_node": topology.ranks_per_node,
+                             "device": {"type": device.type}, "model": {"name": config.model}}
         found[0] = probe_candidates(meta, tensors, collectives, compressors, specs,
                                     config.clusters)
     dist.broadcast_object_list(found, src=0)
@@ -334,13 +348,12 @@ def run_rank(config: ProfileConfig, nodes: int, ranks_per_node: int) -> Path | N
     if rank != 0:
         return None
     stages_s = {"start-up": round(measuring - config.started, 3), **reporter.durations()}
-    model = {"name": workload.name, "spec": config.model,
-             "fingerprint": fingerprint(workload.model),
-             "parameters": parameter_count(workload.model), "tensors": len(tensors),
-             "args": workload.args}
-    meta = {
-        **job_meta(config, topology, device, cluster.compress_kernels, model=model,
-                   batch_size=batch_size),
+    model: ModelMeta = {"name": workload.name, "spec": config.model,
+                        "fingerprint": fingerprint(workload.model),
+                        "parameters": parameter_count(workload.model), "tensors": len(tensors),
+                        "args": workload.args}
+    meta: ProfileMeta = {
+        **profile_head(config, topology, device, cluster.compress_kernels, model, batch_size),
         "recipe": {"optimizer": workload.optimizer_spec, "scheduler": workload.scheduler_spec,
                    "data": data_source(workload)},
         "fidelity": {"iterations": config.fidelity_iterations, "warmup": training.warmup,

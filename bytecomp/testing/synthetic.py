@@ -16,6 +16,7 @@ import pandas as pd
 
 from bytecomp.compress import default_specs, from_spec
 from bytecomp.model.costs import ring_ms
+from bytecomp.profile_meta import ProfileMeta
 from bytecomp.profile_store import FORMAT_VERSION, Profile
 from bytecomp.profile_tables import TABLES
 from bytecomp.profiler.sweeps import COLLECTIVES, DTYPES
@@ -245,7 +246,7 @@ def synthetic_profile(shapes: list[tuple[str, tuple]], world_size: int = 8, node
              (("forward", forward_ms), ("backward", backward_ms), ("optimizer", 0.05 * backward_ms),
               ("iteration", forward_ms + backward_ms * 1.05),
               ("backward_compute", backward_ms))}
-    meta: dict = {"format_version": FORMAT_VERSION, "synthetic": True,
+    meta: ProfileMeta = {"format_version": FORMAT_VERSION, "synthetic": True,
             "model": {"name": name, "spec": name, "fingerprint": f"synthetic-{name}",
                       "parameters": total, "tensors": len(shapes)},
             "device": {"type": device, "name": "synthetic"}, "backend": "synthetic",
