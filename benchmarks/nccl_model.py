@@ -16,9 +16,9 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from bytecomp.model.clusters import load_cluster
-from bytecomp.model.costs import ring_ms
-from bytecomp.model.nccl import Span, choose
+from bytecomp.costs.clusters import load_cluster
+from bytecomp.costs.fitted import ring_ms
+from bytecomp.costs.nccl import Span, choose
 
 CONFIGS = ("v100-nvlink-100g", "v100-pcie-25g", "a100-ib200")
 SIZES = (4 << 10, 256 << 10, 4 << 20, 64 << 20)

@@ -85,10 +85,10 @@ from rich.console import Console
 from rich.table import Table
 
 from bytecomp.buckets import cap_label
-from bytecomp.model.clusters import load_cluster
+from bytecomp.costs.clusters import load_cluster
 from bytecomp.search import Planner
-from bytecomp.search.options import BaselineKind
 from bytecomp.search.planner import EXACT_AUTO_TENSORS
+from bytecomp.search.settings import BaselineKind
 from bytecomp.testing.architectures import REAL, real_profile
 from bytecomp.testing.synthetic import (
     bert_shapes,

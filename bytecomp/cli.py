@@ -294,7 +294,7 @@ def _or_dash(value, form: str) -> str:
 
 
 def _print_fits(planner, stream: Console) -> None:
-    from bytecomp.model.costs import fit_quality
+    from bytecomp.costs.fitted import fit_quality
     from bytecomp.search.tree import pruned_counts
 
     table = Table(title="fitted models: collectives and copies a + b * size (alpha-beta); "

@@ -227,7 +227,7 @@ def check_search(name: Callable[[str], str], algorithm: str, budget: float | Non
                  evaluations: int | None, min_gain: float | None,
                  stop_gap: float | None) -> None:
     """The search's settings range-checked, for ``bytecomp plan``'s options and
-    :class:`~bytecomp.search.options.SearchOptions` alike (one declaration of each range;
+    :class:`~bytecomp.search.settings.SearchOptions` alike (one declaration of each range;
     ``name``: how the message names a setting, by its field name in PlanOptions); one line
     for the first out of range. The margin and the stop gap are percentages."""
     if algorithm not in ALGORITHMS:

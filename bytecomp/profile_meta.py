@@ -30,7 +30,7 @@ REQUIRED_TIMES = (*TIME_NAMES, "backward_compute")  # what plan and simulate use
 PHASE_SLACK = 0.1  # a phase's median against the iteration's (timed apart, so not additive)
 BACKENDS = ("gloo", "nccl")  # ready times and backward time are medians rounded to 0.1 us
 # the executor's paths, whose fixed costs profile.yaml's executor section holds
-# (bytecomp.model.overheads prices them)
+# (bytecomp.costs.executor_costs prices them)
 EXECUTOR_PATHS = ("direct", "fifo", "host")
 # the tables a calibration holds (bytecomp.profiler.calibration), and where a profile's came from
 CLUSTER_TABLES = ("collectives", "compressors", "aggregation", "copies", "executor")
@@ -134,7 +134,7 @@ def _milliseconds(value) -> bool:
 
 
 def _check_executor(path: Path | str, entry) -> None:
-    """Optional: the executor's fixed costs (model/overheads.py), in milliseconds."""
+    """Optional: the executor's fixed costs (costs/executor_costs.py), in milliseconds."""
     if entry is None:
         return
     if not isinstance(entry, dict) or not isinstance(entry.get("paths"), dict):

@@ -541,7 +541,7 @@ def test_level_0_is_one_of_pytorchs_hooks(min_gain):
     exchange would run."""
     from bytecomp.plan_types import NO_COMPRESSION
     from bytecomp.search.ladder import plan_ladder
-    from bytecomp.search.options import SearchOptions
+    from bytecomp.search.settings import SearchOptions
 
     profile = ladder_profile(["fp16", "topk:ratio=0.1", "topk:ratio=0.01"])
     result = plan_ladder(profile, None, Adaptive("topk"), SearchOptions(min_gain=min_gain))
@@ -564,7 +564,7 @@ def test_level_0_is_one_of_pytorchs_hooks(min_gain):
 def test_a_levels_gain_is_taken_at_the_probes_gain_and_its_fidelity_at_its_factor():
     """The controller compares what it measures while training with the gain the probe
     measured while training (the fidelity table's come from the first iterations)."""
-    from bytecomp.model.fidelity import FidelityModel, compose
+    from bytecomp.costs.gains import FidelityModel, compose
     from bytecomp.search.ladder import plan_ladder
     from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bytecomp.model.clusters import load_cluster
+from bytecomp.costs.clusters import load_cluster
 from bytecomp.search import Planner
 from bytecomp.search.planner import EXACT_AUTO_TENSORS
 from bytecomp.testing.architectures import (

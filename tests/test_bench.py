@@ -245,7 +245,7 @@ def test_a_link_within_twice_the_prediction_is_no_mismatch():
 
 def _link_warnings(rank, world):
     from bytecomp.bencher.runner import link_warning
-    from bytecomp.model.clusters import Cluster, Link
+    from bytecomp.costs.clusters import Cluster, Link
     from bytecomp.profile_store import load_profile
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "cnn")

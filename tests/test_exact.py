@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from test_planner import FIXED, SMALL_INSTANCES
 
-from bytecomp.model.clusters import load_cluster
+from bytecomp.costs.clusters import load_cluster
 from bytecomp.profile_store import save_profile
 from bytecomp.search import Planner
 from bytecomp.search.exact import _CapSearch, exact_search, relaxed_ms

@@ -20,7 +20,7 @@ from bytecomp.comm.exchanges import Exchange, peers_of
 from bytecomp.comm.schemes import SCHEMES, Scheme, register_scheme, supported_schemes
 from bytecomp.compress import COMPRESSORS, Compressor, from_spec, register
 from bytecomp.compress.base import SOLO, Peers, meta_of
-from bytecomp.model.schemes import ExchangeCost, SchemeCost
+from bytecomp.costs.scheme_costs import ExchangeCost, SchemeCost
 from bytecomp.plan_file import plan_for_model
 from bytecomp.plan_types import Option
 from bytecomp.testing import check_compressor

@@ -13,7 +13,7 @@ from bytecomp.profiler.factors import (
     loss_floor,
     reference_factor,
 )
-from bytecomp.profiler.finalists import matched_factor, results
+from bytecomp.profiler.finalist_runs import matched_factor, results
 from bytecomp.profiler.probe import MAX_FACTOR
 
 WIGGLE = [0, 1, -1, 1, -1, 0.5, -0.5, 1, -1, 0.7, -0.7]

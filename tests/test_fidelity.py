@@ -276,7 +276,7 @@ def test_parameter_weights_count_every_layer_where_norm_weights_see_the_largest(
     """A lossy compressor on a layer with a small share of the norm but most of the
     parameters: the norm-weighted fidelity barely notices, the parameter-weighted one
     does (Adam moves every parameter alike)."""
-    from bytecomp.model.fidelity import FidelityModel, compose
+    from bytecomp.costs.gains import FidelityModel, compose
 
     profile = synthetic_profile([("head", (1000,)), ("body", (3000,))], world_size=2,
                                 specs=["randomk:ratio=0.01"], fidelity=True)
@@ -314,7 +314,7 @@ def test_the_steps_factor_reads_the_curves():
 def test_calibrated_gains_compose_to_one_over_the_steps_factor(weights):
     """... where the probe says worse than the gains; where it says better (top-k's 1.1
     against gains composing to about 0.7), the gains stay: the worse of the two counts."""
-    from bytecomp.model.fidelity import FidelityModel, compose
+    from bytecomp.costs.gains import FidelityModel, compose
 
     specs = ["int8", "powersgd:rank=4", "topk:ratio=0.01", "fp16", "dgc:ratio=0.01"]
     factors = {"int8": 1.05, "powersgd:rank=4": 1.2, "topk:ratio=0.01": 3.0, "fp16": 0.97,
@@ -345,7 +345,7 @@ def test_calibrated_gains_compose_to_one_over_the_steps_factor(weights):
 def test_calibrated_both_ways_the_gains_compose_to_the_probe_also_where_it_says_better():
     """An adaptive ladder's calibration (``lower_only=False``): DGC's gains compose to
     about 0.7 but its probe says 1.1x fp32's steps: they are raised to a power below 1."""
-    from bytecomp.model.fidelity import FidelityModel, compose
+    from bytecomp.costs.gains import FidelityModel, compose
 
     specs = ["topk:ratio=0.01", "dgc:ratio=0.01"]
     factors = {"topk:ratio=0.01": 3.0, "dgc:ratio=0.01": 1.1}
@@ -364,7 +364,7 @@ def test_calibrated_both_ways_the_gains_compose_to_the_probe_also_where_it_says_
 
 
 def test_the_calibrated_optimum_equals_brute_force():
-    from bytecomp.model.fidelity import FidelityModel
+    from bytecomp.costs.gains import FidelityModel
 
     specs = ["powersgd:rank=4", "int8"]
     for bandwidth, min_fidelity in ((0.1, 0.0), (1.0, 0.75)):
@@ -405,8 +405,8 @@ def test_the_default_margin_is_wider_for_effective_time(cli, monkeypatch, tmp_pa
 def test_the_margin_keeps_fp32_ddp_alone():
     """A plan that does not beat fp32 DDP by --min-gain is fp32 DDP; no other baseline is
     kept by the margin (another would make more choice give a worse plan)."""
-    from bytecomp.search.options import BaselineKind
     from bytecomp.search.planner import Baseline, _baseline_to_keep
+    from bytecomp.search.settings import BaselineKind
 
     every, kind = BaselineKind.EVERY_TENSOR, BaselineKind.FP32_DDP
     fast = Baseline(every, "powersgd", [1, 1], 25.0, 5.0, 0.84, 6.1)

@@ -51,7 +51,7 @@ def test_within_the_steps_tolerance_the_faster_wins():
 def test_a_steps_factor_compares_the_steps_to_the_same_losses():
     """fp32 DDP against itself is 1, however noisy its curve; a curve that takes twice the
     steps to every loss is 2; one that never gets there is the cap."""
-    from bytecomp.profiler.finalists import matched_factor
+    from bytecomp.profiler.finalist_runs import matched_factor
     from bytecomp.profiler.probe import MAX_FACTOR
 
     noisy = [(0, 5.0), (10, 3.0), (20, 2.0), (30, 2.2), (40, 1.5), (50, 1.6), (60, 1.2)]

@@ -311,7 +311,7 @@ def test_compiled_autograd_is_refused_in_one_line(recipe_plan):
 
 
 def test_the_readmes_cluster_config_describes_eight_ranks_on_four_machines():
-    from bytecomp.model.clusters import load_cluster
+    from bytecomp.costs.clusters import load_cluster
 
     cluster = load_cluster(str(ROOT / "examples" / "my-cluster.yaml"))
     assert (cluster.nodes, cluster.ranks_per_node, cluster.world_size) == (4, 2, 8)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from bytecomp.costs.clusters import Cluster, Link, load_cluster
+from bytecomp.costs.fitted import CommModel, ring_ms
+from bytecomp.costs.nccl import Span, alltoall_us, choose, latency_us, nccl_ms
 from bytecomp.errors import BytecompError
-from bytecomp.model.clusters import Cluster, Link, load_cluster
-from bytecomp.model.costs import CommModel, ring_ms
-from bytecomp.model.nccl import Span, alltoall_us, choose, latency_us, nccl_ms
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
 
 NVLINK_A100 = Link(25.0, 1920.0, "nvlink")  # 240 GB/s: NCCL's 12 x 20 GB/s

@@ -14,12 +14,12 @@ import networkx as nx
 import pytest
 
 import bytecomp
-from bytecomp.model.clusters import available_clusters, load_cluster, shipped_clusters
+from bytecomp.costs.clusters import available_clusters, load_cluster, shipped_clusters
 
 PACKAGE = Path(bytecomp.__file__).resolve().parent
 REPO = PACKAGE.parent
 HEAVY = ("pandas", "scipy", "rich", "networkx", "matplotlib", "typer")
-PLANNER = ("bytecomp.search", "bytecomp.profiler", "bytecomp.model", "bytecomp.timeline",
+PLANNER = ("bytecomp.search", "bytecomp.profiler", "bytecomp.costs", "bytecomp.timeline",
            "bytecomp.bencher", "bytecomp.cli", "bytecomp.ui")
 
 
@@ -118,13 +118,13 @@ def _stage(module: str) -> str:
 
 def test_stages_import_only_downward():
     _, every = import_graph()
-    planning = ("bytecomp.profiler", "bytecomp.model", "bytecomp.timeline", "bytecomp.search")
+    planning = ("bytecomp.profiler", "bytecomp.costs", "bytecomp.timeline", "bytecomp.search")
     forbidden = []
     for source, target in every.edges:
         # the profiler alone may run the executor: it measures the executor's fixed costs, and
         # the convergence probe trains with compressors
         runs_executor = source in ("bytecomp.profiler.overheads", "bytecomp.profiler.probe",
-                                   "bytecomp.profiler.finalists") \
+                                   "bytecomp.profiler.finalist_runs") \
             and target == "bytecomp.runtime"
         if _stage(source) in planning and _stage(target) in ("bytecomp.runtime", "bytecomp.cli") \
                 and not runs_executor:

@@ -21,8 +21,8 @@ from refusal import one_line_error
 
 import bytecomp.search.algorithms as algorithms_module
 import bytecomp.search.bound as bound_module
+from bytecomp.costs.clusters import load_cluster
 from bytecomp.errors import BytecompError
-from bytecomp.model.clusters import load_cluster
 from bytecomp.plan_file import load_plan, plan_from_dict
 from bytecomp.plan_types import NO_COMPRESSION
 from bytecomp.profiler import load_profile
@@ -442,7 +442,7 @@ TOPK_AND_BASELINES = ["topk:ratio=0.01", "fp16", "powersgd:rank=4"]
 
 
 def test_a_plan_not_faster_than_fp32_ddp_by_min_gain_is_fp32_ddp(tmp_path):
-    from bytecomp.search.options import BaselineKind
+    from bytecomp.search.settings import BaselineKind
 
     profile = synthetic_profile(resnet50_shapes(), world_size=8, nodes=2, bandwidth_gbps=10.0)
     # the default search: deterministic, so each search below ends on the same plan
@@ -659,7 +659,7 @@ def test_plan_errors_are_one_line(bytecomp, tmp_path):
 def test_a_cluster_file_s_typo_is_named_with_its_closest_key(tmp_path, text, expected):
     """An unknown key of a cluster file is named, with the key it was closest to, rather
     than reported as the key it misspells being missing."""
-    from bytecomp.model.clusters import load_cluster
+    from bytecomp.costs.clusters import load_cluster
 
     config = tmp_path / "cluster.yaml"
     config.write_text(text)
@@ -776,7 +776,7 @@ FIXED = {"bucket_ms": 0.5, "paths": {"direct": {"hook_ms": 0.2, "tail_ms": 0.3},
 
 
 def test_each_option_pays_the_fixed_costs_of_its_executor_path():
-    from bytecomp.model.overheads import ExecutorCosts, path_of
+    from bytecomp.costs.executor_costs import ExecutorCosts, path_of
     from bytecomp.plan_types import Option
     from bytecomp.profile_meta import EXECUTOR_PATHS
     from bytecomp.search.planner import Planner as _Planner

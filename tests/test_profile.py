@@ -117,8 +117,8 @@ def test_every_collective_and_compressor_row_is_present_and_positive(mlp_profile
 def test_the_aggregation_of_gathered_payloads_is_swept(mlp_profile):
     """The executor's decode of a gathered exchange, for the one-round gatherable specs
     only, at every sweep size; it loads back and prices allgather decodes."""
-    from bytecomp.model.costs import ComputeModel
-    from bytecomp.model.fits import fit_piecewise
+    from bytecomp.costs.fits import fit_piecewise
+    from bytecomp.costs.fitted import ComputeModel
     from bytecomp.profiler.sweeps import gathered_specs
 
     table = mlp_profile.aggregation
@@ -182,7 +182,7 @@ def test_profile_yaml_describes_the_run(mlp_profile):
 def test_the_executors_fixed_costs_are_measured_and_load(mlp_profile):
     """Measured with the real executor on the job's ranks: one figure per bucket and,
     per path, on the hook's thread and on the channel, beside what the model charges."""
-    from bytecomp.model.overheads import PATHS, ExecutorCosts
+    from bytecomp.costs.executor_costs import PATHS, ExecutorCosts
 
     executor = mlp_profile.meta["executor"]
     costs = ExecutorCosts.from_meta(executor)

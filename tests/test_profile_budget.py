@@ -93,7 +93,7 @@ def test_rounds_stop_once_the_medians_settle_or_the_time_is_spent():
 
 
 def test_fits_that_stay_poor_are_one_line_that_says_what_to_do():
-    from bytecomp.model.quality import FitQuality
+    from bytecomp.costs.fit_quality import FitQuality
     from bytecomp.profiler.quality import poor_summary
 
     assert poor_summary([]) is None

@@ -14,7 +14,7 @@ import yaml
 import bytecomp
 from bytecomp.comm.schemes import SCHEMES
 from bytecomp.compress import COMPRESSORS
-from bytecomp.model.schemes import SchemeCost, scheme_cost
+from bytecomp.costs.scheme_costs import SchemeCost, scheme_cost
 from bytecomp.profile_meta import REQUIRED_FIELDS, CalibrationMeta, ModelMeta, ProfileMeta
 
 PACKAGE = Path(bytecomp.__file__).resolve().parent

@@ -10,10 +10,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.buckets import ddp_buckets
 from bytecomp.compress import from_spec
-from bytecomp.model.clusters import Cluster, Link, load_cluster
-from bytecomp.model.costs import CommModel, ComputeModel, ring_ms
-from bytecomp.model.fits import fit_linear, fit_piecewise
-from bytecomp.model.strategy import GroupCost, StrategyCosts
+from bytecomp.costs.clusters import Cluster, Link, load_cluster
+from bytecomp.costs.fits import fit_linear, fit_piecewise
+from bytecomp.costs.fitted import CommModel, ComputeModel, ring_ms
+from bytecomp.costs.strategy import GroupCost, StrategyCosts
 from bytecomp.plan_types import Option
 from bytecomp.profiler.workloads import load_workload
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile

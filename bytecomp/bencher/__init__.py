@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from bytecomp.bencher.runner import BenchConfig, bench_rank
+from bytecomp.costs.clusters import cluster_file, load_cluster
 from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, check_outputs_spare_inputs
 from bytecomp.launch import backend_for, run_job
-from bytecomp.model.clusters import cluster_file, load_cluster
 from bytecomp.model_spec import allowed_model
 from bytecomp.plan_file import load_plan
 from bytecomp.profile_store import load_profile, profile_files

@@ -53,9 +53,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
 from bytecomp.compress import canonical, from_spec
+from bytecomp.costs.clusters import load_cluster
 from bytecomp.errors import BytecompError
 from bytecomp.files import directory_atomic
-from bytecomp.model.clusters import load_cluster
 from bytecomp.model_spec import allowed_model
 from bytecomp.options import BenchOptions, default_of
 from bytecomp.plan_file import load_plan, plan_for_model
@@ -75,8 +75,8 @@ from bytecomp.profiler.training import to_device
 from bytecomp.profiler.workloads import load_workload
 from bytecomp.runtime import Executor
 from bytecomp.search import Planner, simulate_plan
-from bytecomp.search.options import BaselineKind
 from bytecomp.search.planner import native_option
+from bytecomp.search.settings import BaselineKind
 from bytecomp.ui import Fitted, Reporter
 
 DEFAULT_COMPRESSOR = "topk:ratio=0.01"
@@ -343,7 +343,7 @@ def link_warning(profile: Profile, cluster, device) -> str | None:
     """One line where the link this job runs on differs from the cluster the predictions
     are for (``cluster``, None: the profiled one) by more than :data:`LINK_MISMATCH`,
     else None (collective: every rank measures)."""
-    from bytecomp.model.costs import CommModel, profiled_cluster
+    from bytecomp.costs.fitted import CommModel, profiled_cluster
 
     target = cluster or profiled_cluster(profile)
     sweep = profile.collectives

@@ -3,7 +3,7 @@
 A scheme is an object (:class:`Scheme`) registered by name (:func:`register_scheme`):
 it declares what it supports and needs, builds the staged exchange of a tensor
 (:mod:`bytecomp.comm.exchanges`), lays out the residuals its stages keep and names
-its pricing (:attr:`Scheme.pricing`, a :class:`bytecomp.model.schemes.SchemeCost`).
+its pricing (:attr:`Scheme.pricing`, a :class:`bytecomp.costs.scheme_costs.SchemeCost`).
 The planner's tree, the plan file's validation, the cost model and the executor ask
 this one registry, never a scheme's name.
 
@@ -65,9 +65,9 @@ class Scheme:
     * ``native``: it is the compressor's own rounds over the whole job, as PyTorch's
       DDP communication hooks exchange a bucket.
     * ``pricing``: how the cost model prices it: a
-      :class:`bytecomp.model.schemes.SchemeCost` subclass, or its import path
+      :class:`bytecomp.costs.scheme_costs.SchemeCost` subclass, or its import path
       (``"package.module:Class"``, imported where a plan is priced: a built-in's names
-      one in :mod:`bytecomp.model.schemes`, which imports this module).
+      one in :mod:`bytecomp.costs.scheme_costs`, which imports this module).
     """
 
     name: ClassVar[str] = ""
@@ -203,7 +203,7 @@ class AllReduce(Scheme):
     uncompressed = True
     whole = True
     native = True
-    pricing = "bytecomp.model.schemes:OneStageCost"
+    pricing = "bytecomp.costs.scheme_costs:OneStageCost"
 
     def supports(self, compressor):
         return compressor.collectives_of_rounds()[-1] == "allreduce"
@@ -226,7 +226,7 @@ class AllGather(Scheme):
     label = "AG"
     summary = "every rank's payload gathered and decompressed"
     whole = True
-    pricing = "bytecomp.model.schemes:OneStageCost"
+    pricing = "bytecomp.costs.scheme_costs:OneStageCost"
 
     def supports(self, compressor):
         return compressor.gatherable and compressor.rounds == 1
@@ -249,7 +249,7 @@ class TwoShot(Scheme):
     label = "2S"
     summary = "alltoall of chunks, each averaged and re-compressed by one rank, allgather"
     channel_by_place = True
-    pricing = "bytecomp.model.schemes:TwoShotCost"
+    pricing = "bytecomp.costs.scheme_costs:TwoShotCost"
 
     def supports(self, compressor):
         return compressor.gatherable and compressor.rounds == 1 and compressor.chunkable
@@ -277,7 +277,7 @@ class Hierarchical(Scheme):
     summary = "intra-node reduce-scatter, inter-node compressed exchange, intra-node allgather"
     uncompressed = True
     several_nodes = True
-    pricing = "bytecomp.model.schemes:HierarchicalCost"  # its 16-bit variants' too
+    pricing = "bytecomp.costs.scheme_costs:HierarchicalCost"  # its 16-bit variants' too
 
     def supports(self, compressor):
         return True
@@ -326,7 +326,7 @@ class TwoLevel(Scheme):
     summary = "two-shot inside the node around an inter-node exchange (Espresso)"
     several_nodes = True
     channel_by_place = True
-    pricing = "bytecomp.model.schemes:TwoLevelCost"
+    pricing = "bytecomp.costs.scheme_costs:TwoLevelCost"
 
     def supports(self, compressor):  # two-shot inside the node
         return compressor.gatherable and compressor.rounds == 1 and compressor.chunkable

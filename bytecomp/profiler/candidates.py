@@ -4,7 +4,7 @@ The probe trains fp32 DDP and each compressor on every tensor, and its cost grow
 with every strategy it trains. A compressor can be in a finalist (a plan predicted
 faster than fp32 DDP) only where it sends some tensor, or a merged group of them,
 sooner than fp32 does: its encode, exchange, decode and copies priced by the
-planner's models (:class:`~bytecomp.model.strategy.StrategyCosts`) below fp32's
+planner's models (:class:`~bytecomp.costs.strategy.StrategyCosts`) below fp32's
 allreduce of the same array. One that does so for no tensor, no group of all of
 them and on no cluster (the profiled ranks, and each ``profile --cluster`` the
 plans are for) cannot make any plan faster, so it is not trained; the profile says
@@ -55,8 +55,8 @@ def _total(cost) -> float:
 def could_help(profile: Profile, spec: str, clusters) -> bool:
     """Whether ``spec`` (on every tensor, its own scheme) sends some tensor of
     ``profile``, or all of them as one group, sooner than fp32 on any of ``clusters``."""
-    from bytecomp.model.costs import CommModel, ComputeModel
-    from bytecomp.model.strategy import StrategyCosts
+    from bytecomp.costs.fitted import CommModel, ComputeModel
+    from bytecomp.costs.strategy import StrategyCosts
 
     option = Option(spec, "device", native_scheme(from_spec(spec)))
     numels = sorted({int(n) for n in profile.tensors["numel"]} |
@@ -75,8 +75,8 @@ def probe_candidates(meta: ProfileMeta, tensors: pd.DataFrame, collectives: list
     """Split ``specs`` into those the probe trains and those no plan could use on the
     profiled ranks or ``cluster_names``, from the profile's tables so far (its
     ``meta``: world, nodes, ranks per node, device)."""
-    from bytecomp.model.clusters import load_cluster
-    from bytecomp.model.costs import profiled_cluster
+    from bytecomp.costs.clusters import load_cluster
+    from bytecomp.costs.fitted import profiled_cluster
 
     profile = Profile(meta, tensors, pd.DataFrame(collectives), pd.DataFrame(compressors))
     clusters = [profiled_cluster(profile)] + [load_cluster(name) for name in cluster_names]

@@ -1,4 +1,4 @@
-"""Measure the executor's fixed costs (:mod:`bytecomp.model.overheads`) on the job's
+"""Measure the executor's fixed costs (:mod:`bytecomp.costs.executor_costs`) on the job's
 ranks, with the real executor on the real process groups.
 
 A synthetic model of ``GROUPS`` tiny parameters (``NUMEL`` elements each, next to no
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from bytecomp.model.overheads import PATHS, ExecutorCosts
+from bytecomp.costs.executor_costs import PATHS, ExecutorCosts
 from bytecomp.plan_file import plan_from_dict
 from bytecomp.plan_types import Option, Plan, PlanEntry, fingerprint
 from bytecomp.profile_meta import ProfileMeta
@@ -153,8 +153,8 @@ def model_charges(collectives: list[dict], device, nodes: int, ranks_per_node: i
     compressor sweep of the measurement's options."""
     import pandas as pd
 
-    from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
-    from bytecomp.model.strategy import StrategyCosts
+    from bytecomp.costs.fitted import CommModel, ComputeModel, profiled_cluster
+    from bytecomp.costs.strategy import StrategyCosts
     from bytecomp.profile_store import Profile
     from bytecomp.profiler.sweeps import SweepSettings, sweep_compressors
 

@@ -2,7 +2,7 @@
 
 The planner prices collectives with a line fitted to each (collective, group,
 dtype) sweep and compression with a monotone curve fitted to each (spec, device)
-sweep (:mod:`bytecomp.model.fits`). A burst of noise on a shared machine can leave a
+sweep (:mod:`bytecomp.costs.fits`). A burst of noise on a shared machine can leave a
 sweep that no such model fits (seen: an fp32 allreduce fit of R^2 0.355, worst
 relative error 618%, and a plan that changed with it). After the sweeps, a fit
 whose R^2 is below :data:`MIN_R2` or whose worst relative error is above
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bytecomp.model.quality import (
+from bytecomp.costs.fit_quality import (
     COLLECTIVE_KEY,
     COMPRESSOR_KEY,
     MAX_WORST_ERROR,

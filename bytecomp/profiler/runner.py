@@ -102,7 +102,7 @@ class ProfileConfig:
     def __post_init__(self) -> None:
         self._validate()
         if self.clusters:
-            from bytecomp.model.clusters import load_cluster
+            from bytecomp.costs.clusters import load_cluster
 
             for name in self.clusters:  # one line for an unknown one, before any rank
                 load_cluster(name)

@@ -33,7 +33,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from bytecomp.model.strategy import GroupCost
+from bytecomp.costs.strategy import GroupCost
 from bytecomp.search.algorithms import EPSILON, channel_ms, distinct_channels
 from bytecomp.search.problem import UNASSIGNED, Problem
 from bytecomp.timeline.iteration import IterationModel, SimGroup

@@ -12,7 +12,7 @@ a plan then needs to reach a loss is what the gains predict worst (PowerSGD kept
   PowerSGD hook at every rank the profile timed (in one bucket, as the hook needs);
 
 trains them on the profiled ranks from the same weights on the same batches with the
-user's recipe (:mod:`bytecomp.profiler.finalists`), and :func:`choose` picks the one
+user's recipe (:mod:`bytecomp.profiler.finalist_runs`), and :func:`choose` picks the one
 with the least predicted time per step for the target cluster times measured steps
 factor (its steps over fp32 DDP's to the same loss). Finalists whose factors are
 within :data:`STEPS_TOLERANCE` of each other count as needing the same steps: of
@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from bytecomp.compress import from_spec
 from bytecomp.compress.base import POWERSGD_HOOK
-from bytecomp.search.options import BaselineKind, SearchOptions
 from bytecomp.search.planner import (
     Planner,
     SearchResult,
@@ -34,6 +33,7 @@ from bytecomp.search.planner import (
     hook_specs,
     powersgd_hook_assignment,
 )
+from bytecomp.search.settings import BaselineKind, SearchOptions
 
 MAX_FINALISTS = 6
 OTHER_MIXES = 2  # searches with one other compressor alone

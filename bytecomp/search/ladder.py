@@ -21,7 +21,7 @@ Each level records its *gain* (the profile's gains composed, uncalibrated, at
 the level of the gain the convergence probe measured while training: what the
 executor will measure) and its *fidelity* (the same gains calibrated both
 ways by the profile's convergence probe: a steps factor; see
-:mod:`bytecomp.model.fidelity`). The level with the best
+:mod:`bytecomp.costs.gains`). The level with the best
 predicted effective time (iteration time / fidelity) among those whose fidelity
 keeps the threshold (level 0 if none does) is the plan's ``start``: training
 starts there and adapts from the plan's best guess instead of paying for a
@@ -40,13 +40,13 @@ from dataclasses import dataclass, replace
 
 from bytecomp.compress import canonical, from_spec, ladder_place, ladder_specs
 from bytecomp.compress.base import FP16_HOOK
+from bytecomp.costs.clusters import Cluster
+from bytecomp.costs.gains import FidelityModel, compose
 from bytecomp.errors import BytecompError
-from bytecomp.model.clusters import Cluster
-from bytecomp.model.fidelity import FidelityModel, compose
 from bytecomp.plan_types import NO_COMPRESSION, Adaptive, Level, Option, Plan
 from bytecomp.profile_store import Profile
-from bytecomp.search.options import BaselineKind, SearchOptions, default_min_gain
 from bytecomp.search.planner import Planner, SearchResult, fp32_ms, hook_specs, to_plan
+from bytecomp.search.settings import BaselineKind, SearchOptions, default_min_gain
 
 AGREE_MS = 100.0  # agree at most about this often, in predicted iteration time
 
@@ -79,7 +79,7 @@ def plan_ladder(profile: Profile, cluster: Cluster | None, adaptive: Adaptive,
                 options: SearchOptions | None = None,
                 agree_every: int | None = None) -> LadderResult:
     """Search every level of ``adaptive.family``'s ladder (see the module docstring) with
-    ``options`` (default: :data:`~bytecomp.search.options.MIN_GAIN`'s margin for
+    ``options`` (default: :data:`~bytecomp.search.settings.MIN_GAIN`'s margin for
     time): its caps are the middle level's candidates, its margin the fp16 level's over
     fp32 DDP, the rest as :meth:`Planner.search`'s for each search. ``agree_every``
     None: chosen from the start level's predicted time."""

@@ -166,7 +166,7 @@ def starting_entries(plan: Plan) -> list:
 
 def input_files(profile: str | None, plan_file: str | None, cluster: str | None) -> list[Path]:
     """The files a command reads, which none of its outputs may overwrite."""
-    from bytecomp.model.clusters import cluster_file
+    from bytecomp.costs.clusters import cluster_file
     from bytecomp.profile_store import profile_files
 
     files = (profile_files(profile) if profile is not None else []) + \
@@ -177,14 +177,14 @@ def input_files(profile: str | None, plan_file: str | None, cluster: str | None)
 
 def load_cluster(cluster: str | None):
     """A cluster config by shipped name or file (None: the profiled cluster)."""
-    from bytecomp.model.clusters import load_cluster as load
+    from bytecomp.costs.clusters import load_cluster as load
 
     check_cluster(cluster)
     return load(cluster) if cluster is not None else None
 
 
 def _search_options(options: PlanOptions):
-    from bytecomp.search.options import SearchOptions
+    from bytecomp.search.settings import SearchOptions
 
     return SearchOptions(
         tuple(options.bucket_cap_mb) or None, options.algorithm, options.budget,
@@ -250,7 +250,7 @@ def run_plan(profile, options: PlanOptions,
 def _plan_adaptive(loaded, options: PlanOptions) -> PlanResult:
     from bytecomp.plan_types import Adaptive
     from bytecomp.search.ladder import plan_ladder, to_ladder_plan
-    from bytecomp.search.options import default_min_gain
+    from bytecomp.search.settings import default_min_gain
 
     search_options = _search_options(options)
     if options.min_gain is None:  # the levels are searched by time
@@ -270,7 +270,7 @@ def _plan_adaptive(loaded, options: PlanOptions) -> PlanResult:
 def _plan_static(profile: str, loaded, options: PlanOptions, evidence: list[str],
                  announce: Callable[[str], None] | None) -> PlanResult:
     from bytecomp.search import Planner, to_plan
-    from bytecomp.search.options import default_min_gain
+    from bytecomp.search.settings import default_min_gain
 
     with Stage(f"fitting the cost model to {profile} and setting up the search"):
         planner = Planner(loaded, load_cluster(options.cluster), list(options.compressor) or None,

@@ -16,14 +16,14 @@ from bytecomp.comm.schemes import native_scheme, scheme_of
 from bytecomp.compress import canonical, from_spec
 from bytecomp.compress.base import FP16_HOOK, POWERSGD_HOOK
 from bytecomp.compress.lowrank import powersgd_compresses
+from bytecomp.costs.clusters import PROFILE_LINK, Cluster
+from bytecomp.costs.executor_costs import ExecutorCosts
+from bytecomp.costs.fit_quality import collective_quality, compressor_quality
+from bytecomp.costs.fitted import CommModel, ComputeModel, profiled_cluster
+from bytecomp.costs.gains import FidelityModel
+from bytecomp.costs.scheme_costs import scheme_cost
+from bytecomp.costs.strategy import StrategyCosts, cast_specs
 from bytecomp.errors import BytecompError
-from bytecomp.model.clusters import PROFILE_LINK, Cluster
-from bytecomp.model.costs import CommModel, ComputeModel, profiled_cluster
-from bytecomp.model.fidelity import FidelityModel
-from bytecomp.model.overheads import ExecutorCosts
-from bytecomp.model.quality import collective_quality, compressor_quality
-from bytecomp.model.schemes import scheme_cost
-from bytecomp.model.strategy import StrategyCosts, cast_specs
 from bytecomp.plan_file import MAX_HOST_WORKERS
 from bytecomp.plan_record import OBJECTIVES
 from bytecomp.plan_types import HOST_WORKERS, NO_COMPRESSION, Option, Plan, PlanEntry
@@ -38,8 +38,8 @@ from bytecomp.search.algorithms import (
 )
 from bytecomp.search.bound import channel_floors, relaxed_bound, relaxed_bound_ceiling
 from bytecomp.search.exact import ExactResult, exact_search
-from bytecomp.search.options import BaselineKind, SearchOptions
 from bytecomp.search.problem import Group, Objective, Problem, Tensor
+from bytecomp.search.settings import BaselineKind, SearchOptions
 from bytecomp.search.tree import add_exchange, build_tree, options_of
 from bytecomp.timeline.simulator import simulate
 
@@ -374,7 +374,7 @@ class Planner:
                 f"+-{100 * noise:.1f}%): a profile taken again may choose the other"]
 
     def poor_fits(self, assignment: list[int]) -> list[str]:
-        """The poor fits (model/quality.py) that the plan ``assignment`` is priced with: the
+        """The poor fits (costs/fit_quality.py) that the plan ``assignment`` is priced with: the
         sweeps of the collectives its schemes use, where the cluster's links are the
         profiled ones, and of the compressors it uses."""
         options = {self.problem.options[o] for o in assignment}
@@ -472,7 +472,7 @@ class Planner:
                starts: list[tuple[list[int], float]] | None = None,
                **fields) -> SearchResult:
         """Find the best assignment and bucket cap, as ``options`` say (default: a
-        :class:`~bytecomp.search.options.SearchOptions` of ``fields``, e.g.
+        :class:`~bytecomp.search.settings.SearchOptions` of ``fields``, e.g.
         ``search(algorithm="greedy", min_gain=5)``); ``starts``: further
         assignments to start from, as (assignment, cap).
 

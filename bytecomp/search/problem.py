@@ -17,7 +17,7 @@ from operator import itemgetter
 
 from bytecomp.buckets import ddp_buckets
 from bytecomp.compress import from_spec
-from bytecomp.model.strategy import GroupCost, StrategyCosts
+from bytecomp.costs.strategy import GroupCost, StrategyCosts
 from bytecomp.plan_types import HOST_WORKERS, NO_COMPRESSION, Option
 from bytecomp.timeline.simulator import (
     IterationModel,
@@ -40,7 +40,7 @@ class Objective:
 
     name: str = "time"
     min_fidelity: float = 0.0
-    weights: str = "params"  # how tensors' gains compose (bytecomp.model.fidelity.WEIGHTS)
+    weights: str = "params"  # how tensors' gains compose (bytecomp.costs.gains.WEIGHTS)
 
     @property
     def uses_fidelity(self) -> bool:

@@ -26,8 +26,8 @@ from bytecomp.options import check_verification
 from bytecomp.plan_record import MODEL_KINDS, STOPPED_BUDGET, STOPPED_FLAT, STOPPED_STEPS
 from bytecomp.plan_types import NO_COMPRESSION, Plan, PlanEntry
 from bytecomp.search.finalists import Choice, Finalist, choose, shortlist
-from bytecomp.search.options import SearchOptions
 from bytecomp.search.planner import Planner, SearchResult, plan_entries
+from bytecomp.search.settings import SearchOptions
 from bytecomp.ui import Stage
 
 # The runtime trial (bytecomp.runtime.trial): at most 2% of a 1,000-step run, after ten
@@ -270,7 +270,7 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
                                                                            model)
     with Stage("loading torch", after_s=0, lines=False, enabled=announce is not None):
         from bytecomp.launch import backend_for, run_job  # seconds: shown, not silent
-        from bytecomp.profiler.finalists import FinalistsJob, load_results, train_finalists
+        from bytecomp.profiler.finalist_runs import FinalistsJob, load_results, train_finalists
 
     with Stage("choosing the finalists (searching the best plan with each other "
                "promising compressor)", enabled=announce is not None):

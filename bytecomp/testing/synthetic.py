@@ -15,7 +15,7 @@ import math
 import pandas as pd
 
 from bytecomp.compress import default_specs, from_spec
-from bytecomp.model.costs import ring_ms
+from bytecomp.costs.fitted import ring_ms
 from bytecomp.profile_meta import ProfileMeta
 from bytecomp.profile_store import FORMAT_VERSION, Profile
 from bytecomp.profile_tables import TABLES

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from bytecomp.model.strategy import GroupCost
+from bytecomp.costs.strategy import GroupCost
 from bytecomp.plan_types import HOST_WORKERS
 
 

@@ -50,8 +50,8 @@ def _distinct_shapes(count: int) -> list[tuple[str, tuple]]:
 
 
 def test_a_profile_beyond_the_documented_range_is_refused_up_front(monkeypatch):
+    from bytecomp.costs.clusters import load_cluster
     from bytecomp.errors import BytecompError
-    from bytecomp.model.clusters import load_cluster
     from bytecomp.search import Planner, planner
     from bytecomp.testing.synthetic import synthetic_profile
 
@@ -88,7 +88,7 @@ def test_plan_refuses_200000_tensors_in_one_line(cli, tmp_path):
 def test_the_search_on_thousands_of_distinct_shapes_keeps_its_time_cap(monkeypatch, budget):
     """20,000 distinct shapes: a greedy pass alone ran minutes. ``--budget`` caps the
     whole search; without it the default cap does (shortened here to 1 s)."""
-    from bytecomp.model.clusters import load_cluster
+    from bytecomp.costs.clusters import load_cluster
     from bytecomp.search import Planner, planner
     from bytecomp.testing.synthetic import synthetic_profile
 

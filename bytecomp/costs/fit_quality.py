@@ -2,7 +2,7 @@
 
 The planner prices collectives with a line fitted to each (collective, group, dtype)
 sweep and compression with a monotone curve fitted to each (spec, device) sweep
-(:mod:`bytecomp.model.fits`). A fit whose R^2 is below :data:`MIN_R2` or whose worst
+(:mod:`bytecomp.costs.fits`). A fit whose R^2 is below :data:`MIN_R2` or whose worst
 relative error is above :data:`MAX_WORST_ERROR` is *poor*: predictions that use it
 may be off by more than the margins the planner decides by. The relative error is
 taken at the sizes whose time is at least :data:`FLOOR_SHARE` of the sweep's largest:
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bytecomp.compress import from_spec
-from bytecomp.model.fits import fit_linear, fit_piecewise
+from bytecomp.costs.fits import fit_linear, fit_piecewise
 
 MIN_R2 = 0.9
 MAX_WORST_ERROR = 0.25

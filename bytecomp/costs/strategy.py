@@ -22,11 +22,11 @@ merged group of ``numel`` elements has three parts:
   backward pass runs on (:class:`~bytecomp.timeline.iteration.IterationModel`);
 * ``collectives``: how many collectives the exchange issues (each waits longer
   while the backward pass computes, on a CPU job);
-* the executor's fixed costs of the group's path (:mod:`bytecomp.model.overheads`):
+* the executor's fixed costs of the group's path (:mod:`bytecomp.costs.executor_costs`):
   ``hook_ms`` on the compute stream before the encode, ``tail_ms`` on the channel
   after the collectives, charged when the plan runs through the hook.
 
-Each scheme's exchange is priced by its entry in :mod:`bytecomp.model.schemes`;
+Each scheme's exchange is priced by its entry in :mod:`bytecomp.costs.scheme_costs`;
 this module gives them the collectives' and the compressors' times.
 """
 
@@ -39,9 +39,9 @@ from functools import cache
 from bytecomp.comm.rounds import GATHER
 from bytecomp.comm.schemes import scheme_of
 from bytecomp.compress import from_spec
-from bytecomp.model.costs import CommModel, ComputeModel
-from bytecomp.model.overheads import ExecutorCosts, path_of
-from bytecomp.model.schemes import COUNT_BYTES, ExchangeCost, Timing, scheme_cost
+from bytecomp.costs.executor_costs import ExecutorCosts, path_of
+from bytecomp.costs.fitted import CommModel, ComputeModel
+from bytecomp.costs.scheme_costs import COUNT_BYTES, ExchangeCost, Timing, scheme_cost
 from bytecomp.plan_types import NO_COMPRESSION, Option
 
 __all__ = ["COUNT_BYTES", "NO_COMPRESSION", "GroupCost", "Option", "StrategyCosts"]
@@ -69,7 +69,7 @@ class GroupCost:
     wire_bytes: float = 0.0  # bytes this rank sends over all collectives
     intra_ms: float = 0.0  # the part of channel_ms spent in intra-node collectives
     hook_ms: float = 0.0  # the executor's fixed cost on the hook's thread (compute stream)
-    tail_ms: float = 0.0  # and on the channel after the collectives (model/overheads.py)
+    tail_ms: float = 0.0  # and on the channel after the collectives (costs/executor_costs.py)
     compute_ms: float = 0.0  # the part of channel_ms that computes (decodes, re-encodes)
     collectives: int = 0  # collectives the exchange issues
 

@@ -3,7 +3,7 @@
 * Collectives: ``a + b * bytes`` per (collective, group, dtype), fitted to the
   profile's sweeps. For another cluster: a GPU job (NCCL) costs what NCCL's
   tuning model says of the cheapest algorithm and protocol for the size
-  (:mod:`bytecomp.model.nccl`: ring or tree, LL, LL128 or Simple, per-hop
+  (:mod:`bytecomp.costs.nccl`: ring or tree, LL, LL128 or Simple, per-hop
   latencies by link type); a CPU job (gloo), or a cluster whose links are given
   as ``profile``, follows the ring formulas with each link's per-message cost
   alpha and per-byte cost beta (from the config, or derived from the fits)::
@@ -15,7 +15,7 @@
   An inter-node group has one rank per node; the ``ranks_per_node`` inter-node
   groups of a hierarchical exchange run at once and share each node's link.
 * Compression: a monotone piecewise curve in ``numel`` for encode and decode per
-  (spec, device) (:mod:`bytecomp.model.fits`).
+  (spec, device) (:mod:`bytecomp.costs.fits`).
 * Copies (GPU profiles): ``a + b * bytes`` per direction.
 """
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from bytecomp.costs.clusters import PROFILE_LINK, Cluster, Link
+from bytecomp.costs.fits import LinearFit, PiecewiseFit, fit_linear, fit_piecewise
+from bytecomp.costs.nccl import Span, nccl_ms
 from bytecomp.errors import BytecompError
-from bytecomp.model.clusters import PROFILE_LINK, Cluster, Link
-from bytecomp.model.fits import LinearFit, PiecewiseFit, fit_linear, fit_piecewise
-from bytecomp.model.nccl import Span, nccl_ms
 from bytecomp.profile_store import Profile
 
 STEPS = {"allreduce": 2.0, "allgather": 1.0, "reduce_scatter": 1.0, "alltoall": 1.0,

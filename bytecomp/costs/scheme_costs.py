@@ -3,8 +3,8 @@
 one registry holds a scheme's exchange and its pricing).
 
 A pricing turns a merged group of ``numel`` elements into an :class:`ExchangeCost`
-(see :mod:`bytecomp.model.strategy` for what each part means), from the collective
-and compression times that :class:`~bytecomp.model.strategy.StrategyCosts` gives
+(see :mod:`bytecomp.costs.strategy` for what each part means), from the collective
+and compression times that :class:`~bytecomp.costs.strategy.StrategyCosts` gives
 (the :class:`Pricing` protocol). A new scheme names its own in its ``pricing``.
 """
 
@@ -97,7 +97,7 @@ def scheme_cost(name: str) -> SchemeCost:
     scheme = SCHEMES.get(name)
     if scheme is None or not scheme.pricing:
         raise ValueError(f"no cost model for the collective scheme {name!r} (declare one: "
-                         f"its Scheme's pricing, a bytecomp.model.schemes.SchemeCost)")
+                         f"its Scheme's pricing, a bytecomp.costs.scheme_costs.SchemeCost)")
     return _pricing(scheme.pricing)
 
 

@@ -17,7 +17,7 @@ checkout's top-level ``configs/clusters`` is a link to that folder.
 ``intra`` is required when ``ranks_per_node > 1``, ``inter`` when ``nodes > 1``.
 A link may say what it is (``type``: ``nvlink``, ``pcie`` or ``net``; default
 ``pcie`` inside a node, ``net`` between nodes): NCCL's per-hop latencies
-depend on it (:mod:`bytecomp.model.nccl`). ``bandwidth_gbps`` is the bus
+depend on it (:mod:`bytecomp.costs.nccl`). ``bandwidth_gbps`` is the bus
 bandwidth a rank gets on the link (per GPU inside a node, per node between
 nodes), ``latency_us`` the per-message cost of one step of gloo's ring. A
 link given as ``profile`` takes its per-message and per-byte costs from the
