@@ -186,7 +186,7 @@ def simulate(profile: str | os.PathLike, plan: str | os.PathLike, *,
     from bytecomp.profile_store import load_profile
     from bytecomp.search import Planner, simulate_plan
     from bytecomp.search.pipeline import input_files
-    from bytecomp.search.planner import check_plan_fits
+    from bytecomp.search.plans import check_plan_fits
     from bytecomp.timeline.render import draw_gantt, write_trace
 
     chosen = SimulateOptions.build(options, **values)
@@ -243,7 +243,7 @@ class BenchResult:
     def read(cls, folder: Path) -> BenchResult:
         import pandas as pd
 
-        from bytecomp.bencher.runner import prediction_summary
+        from bytecomp.bencher.report import prediction_summary
 
         results = pd.read_csv(folder / "bench.csv")
         convergence = folder / "convergence.csv"

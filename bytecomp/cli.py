@@ -259,7 +259,7 @@ def plan(options: PlanOptions, profile: str, verbose: bool, output_format: str):
 
 
 def _print_ladder(result) -> None:
-    from bytecomp.search.planner import effective_ms
+    from bytecomp.search.result import effective_ms
 
     ladder, (level, start) = result.ladder, (result.ladder.levels[0],
                                              result.ladder.adaptive.start)

@@ -232,7 +232,7 @@ def test_the_drift_correction_scales_every_compute_time_of_the_profile():
 # -- the link bench runs on against the predictions' cluster ------------------------------
 
 def test_a_link_within_twice_the_prediction_is_no_mismatch():
-    from bytecomp.bencher.runner import link_mismatch
+    from bytecomp.bencher.link_probe import link_mismatch
 
     for measured in (5.0, 10.0, 19.9):
         assert link_mismatch(measured, 10.0, 1 << 20, "gbe1") is None
@@ -244,7 +244,7 @@ def test_a_link_within_twice_the_prediction_is_no_mismatch():
 
 
 def _link_warnings(rank, world):
-    from bytecomp.bencher.runner import link_warning
+    from bytecomp.bencher.link_probe import link_warning
     from bytecomp.costs.clusters import Cluster, Link
     from bytecomp.profile_store import load_profile
 

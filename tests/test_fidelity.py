@@ -405,7 +405,8 @@ def test_the_default_margin_is_wider_for_effective_time(cli, monkeypatch, tmp_pa
 def test_the_margin_keeps_fp32_ddp_alone():
     """A plan that does not beat fp32 DDP by --min-gain is fp32 DDP; no other baseline is
     kept by the margin (another would make more choice give a worse plan)."""
-    from bytecomp.search.planner import Baseline, _baseline_to_keep
+    from bytecomp.search.baselines import baseline_to_keep as _baseline_to_keep
+    from bytecomp.search.result import Baseline
     from bytecomp.search.settings import BaselineKind
 
     every, kind = BaselineKind.EVERY_TENSOR, BaselineKind.FP32_DDP

@@ -213,8 +213,9 @@ def test_finalists_the_prediction_cannot_separate_become_a_runtime_trial(planned
     the controller steps back to), every level at the chosen one's bucket cap; one
     clearly ahead: the static plan."""
     from bytecomp.plan_file import FINALISTS
-    from bytecomp.search.planner import to_plan
-    from bytecomp.search.verify import Verification, chosen_result, trial_plan
+    from bytecomp.search.plans import to_plan
+    from bytecomp.search.trials import trial_plan
+    from bytecomp.search.verify import Verification, chosen_result
 
     planner, result = planned
     finalists = shortlist(planner, result)
@@ -255,8 +256,9 @@ def _fp32_chosen(planner, result):
     """Finalists where the search's plan is fp32 allreduce on every tensor at cap 0, chosen
     (predicted faster than fp32 DDP's buckets), with a compressed finalist 2% behind it:
     within the trial's margin. The verification and the plan written from it."""
-    from bytecomp.search.planner import to_plan
-    from bytecomp.search.verify import Verification, chosen_result, trial_plan
+    from bytecomp.search.plans import to_plan
+    from bytecomp.search.trials import trial_plan
+    from bytecomp.search.verify import Verification, chosen_result
 
     finalists = shortlist(planner, result)
     fp32, *others = finalists
@@ -279,7 +281,7 @@ def test_a_verified_plan_that_chose_fp32_has_no_trial_and_the_chosen_cap(planned
     """The chosen finalist sends every tensor uncompressed: the plan is that plan, static,
     at its own bucket cap (no trial rotating compressed levels behind a summary that says
     fp32), and the search's "the plan is that baseline" note no longer claims otherwise."""
-    from bytecomp.search.verify import trial_candidates
+    from bytecomp.search.trials import trial_candidates
 
     planner, result = planned
     verification, chosen, with_trial, static = _fp32_chosen(planner, result)
@@ -349,7 +351,7 @@ def test_a_trial_s_agreement_never_falls_on_one_candidate_s_steps_alone(step_ms,
     import math
 
     from bytecomp.search.ladder import agreement_interval
-    from bytecomp.search.verify import trial_agreement
+    from bytecomp.search.trials import trial_agreement
 
     interval = trial_agreement(step_ms, candidates)
     assert interval == expected and math.gcd(interval, candidates) == 1
@@ -409,8 +411,9 @@ def test_finalists_within_the_min_gain_margin_go_to_the_trial(planned):
     """A finalist 8% behind the chosen one (predicted time x measured factor): within a
     --min-gain of 10%, the running job times it; with the margin at its 5% floor, the
     prediction's choice stands alone."""
-    from bytecomp.search.planner import to_plan
-    from bytecomp.search.verify import TRIAL_MARGIN, Verification, chosen_result, trial_plan
+    from bytecomp.search.plans import to_plan
+    from bytecomp.search.trials import trial_plan
+    from bytecomp.search.verify import TRIAL_MARGIN, Verification, chosen_result
 
     planner, result = planned
     assert planner.noise() < 0.08  # the synthetic profile's noise does not widen it
@@ -438,8 +441,9 @@ def test_an_uncertain_finalist_goes_to_the_trial_rather_than_out(planned):
     ended a hair above fp32's losses) is 30% behind the chosen one by its factor, outside
     the margin, but 5% ahead at the low end: the running job times it. The
     same factor measured without a range stays out. The range is in the plan file."""
-    from bytecomp.search.planner import to_plan
-    from bytecomp.search.verify import Verification, chosen_result, trial_candidates, trial_plan
+    from bytecomp.search.plans import to_plan
+    from bytecomp.search.trials import trial_candidates, trial_plan
+    from bytecomp.search.verify import Verification, chosen_result
 
     planner, result = planned
     finalists = shortlist(planner, result)
@@ -488,13 +492,8 @@ def test_the_trial_runs_where_the_lead_is_within_the_model_s_measured_error(plan
     and hand-picked ones 1.15x: the lead is within that error (43%), so the trial times
     the alternative; measured as predicted, the static plan stands. The error is
     recorded in the plan file."""
-    from bytecomp.search.verify import (
-        Verification,
-        alternative,
-        kind_of,
-        model_errors,
-        trial_candidates,
-    )
+    from bytecomp.search.trials import alternative, trial_candidates
+    from bytecomp.search.verify import Verification, kind_of, model_errors
 
     planner, result = planned
     assert planner.cluster.measured

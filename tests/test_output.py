@@ -96,7 +96,7 @@ def test_bench_json_is_bench_csv_with_the_caption_s_errors(tmp_path):
     """``bench --format json`` reads back what rank 0 wrote (the ranks themselves are
     run by the multirank bench tests)."""
     from bytecomp.api import BenchResult
-    from bytecomp.bencher.runner import COMPUTE_ONLY
+    from bytecomp.bencher.report import COMPUTE_ONLY
     from bytecomp.cli import _plain
 
     rows = [{"strategy": "fp32 DDP", "measured_ms": 10.0, "error": 0.1,

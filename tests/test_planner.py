@@ -27,7 +27,7 @@ from bytecomp.plan_file import load_plan, plan_from_dict
 from bytecomp.plan_types import NO_COMPRESSION
 from bytecomp.profiler import load_profile
 from bytecomp.search import Planner, simulate_plan, to_plan
-from bytecomp.search.algorithms import greedy_over_caps, lower_bound, size_classes
+from bytecomp.search.algorithms import greedy_over_caps, size_classes
 from bytecomp.search.bound import (
     _undominated,
     channel_floors,
@@ -35,6 +35,7 @@ from bytecomp.search.bound import (
     relaxed_bound_ceiling,
     tensor_costs,
 )
+from bytecomp.search.channel_bound import lower_bound
 from bytecomp.search.planner import _lower_bound
 from bytecomp.search.tree import build_tree, options_of, pruned_counts
 from bytecomp.testing.synthetic import lstm_shapes, mlp_shapes, resnet50_shapes, synthetic_profile
@@ -864,7 +865,7 @@ def test_pytorchs_powersgd_hook_is_simulated_as_that_hook_and_searched_from():
     its rule compresses, fp32 on the rest) runs as that hook: simulated without the
     executor's fixed costs, and offered to the search as a start. Moving one tensor
     off it makes it the executor's again."""
-    from bytecomp.search.planner import powersgd_hook_assignment
+    from bytecomp.search.baselines import powersgd_hook_assignment
 
     profile = synthetic_profile(mlp_shapes(5, 1024), world_size=2, device="cpu",
                                 specs=["powersgd:rank=4", "fp16"], bandwidth_gbps=1.0)
@@ -907,7 +908,8 @@ def test_pytorchs_powersgd_hook_is_simulated_as_that_hook_and_searched_from():
 def test_the_printed_bound_claims_only_what_it_can():
     """Proven optimal says so; a gap above LOOSE_GAP is the bound's looseness, printed as
     unknown; else the gap in percent. The plan file carries whether the gap is known."""
-    from bytecomp.search.planner import LOOSE_GAP, to_plan
+    from bytecomp.search.plans import to_plan
+    from bytecomp.search.result import LOOSE_GAP
 
     profile = synthetic_profile(mlp_shapes(1, 64), world_size=4, nodes=2, bandwidth_gbps=1.0)
     result = Planner(profile, None, ["topk:ratio=0.01"]).search()

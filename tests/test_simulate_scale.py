@@ -11,7 +11,7 @@ import pytest
 
 from bytecomp.profile_store import save_profile
 from bytecomp.search import Planner, simulate_plan, to_plan
-from bytecomp.search.planner import SearchResult
+from bytecomp.search.result import SearchResult
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
 from bytecomp.timeline.iteration import Event
 from bytecomp.timeline.render import LANES, _bars, _event_args, trace_json, write_trace

@@ -489,7 +489,7 @@ def test_host_work_shares_a_nodes_cores_among_its_ranks():
     decode 20, copy back 1, computed by hand for both pools."""
     from dataclasses import replace
 
-    from bytecomp.search.planner import host_workers_of
+    from bytecomp.search.profile_inputs import host_workers_of
     from bytecomp.timeline.single_pass import simulate_single_pass
 
     v100 = load_cluster("v100-nvlink-100g")

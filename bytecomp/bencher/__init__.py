@@ -21,7 +21,7 @@ from bytecomp.model_spec import allowed_model
 from bytecomp.plan_file import load_plan
 from bytecomp.profile_store import load_profile, profile_files
 from bytecomp.profiler.convergence import ConvergenceConfig
-from bytecomp.search.planner import check_plan_fits
+from bytecomp.search.plans import check_plan_fits
 
 
 def _rank(config: BenchConfig, nodes: int, ranks_per_node: int) -> None:

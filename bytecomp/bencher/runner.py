@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import os
 import statistics
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -46,12 +44,20 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.distributed as dist
-from rich.table import Table
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
+from bytecomp.bencher.link_probe import clock, link_warning
+from bytecomp.bencher.report import (
+    COMPUTE_ONLY,
+    convergence_table,
+    plot_curves,
+    results_table,
+    time_to_accuracy,
+    write_training,
+)
 from bytecomp.compress import canonical, from_spec
 from bytecomp.costs.clusters import load_cluster
 from bytecomp.errors import BytecompError
@@ -65,9 +71,6 @@ from bytecomp.profiler.convergence import (
     ConvergenceConfig,
     Training,
     reference_name,
-    steps_to,
-    target_loss,
-    time_at,
     train_curves,
     training_optimizer,
 )
@@ -75,19 +78,11 @@ from bytecomp.profiler.training import to_device
 from bytecomp.profiler.workloads import load_workload
 from bytecomp.runtime import Executor
 from bytecomp.search import Planner, simulate_plan
-from bytecomp.search.planner import native_option
+from bytecomp.search.baselines import native_option
 from bytecomp.search.settings import BaselineKind
 from bytecomp.ui import Fitted, Reporter
 
 DEFAULT_COMPRESSOR = "topk:ratio=0.01"
-# The link the bench runs on against the cluster its predictions are for: an fp32 allreduce
-# over the world of at most LINK_PROBE_BYTES (the model's gradients, within the profile's
-# sweep), timed LINK_REPEATS times after two warm-up rounds (the slowest rank's, median),
-# against the cluster model's time for it. Off by more than LINK_MISMATCH either way, every
-# prediction is for another network: one warning says so.
-LINK_PROBE_BYTES = 4 << 20
-LINK_REPEATS = 5
-LINK_MISMATCH = 2.0
 
 
 @dataclass
@@ -160,9 +155,6 @@ def benched_plans(config: BenchConfig) -> list[BenchedPlan]:
     for path in config.other_plans:
         plans.append(BenchedPlan(f"bytecomp plan: {Path(path).stem}", load_plan(path)))
     return plans
-
-
-COMPUTE_ONLY = "compute only (no communication)"
 
 
 def _every_compressors(config: BenchConfig, plan, profile) -> list[str]:
@@ -293,12 +285,6 @@ def build_strategies(workload, device, profile, plans: list[BenchedPlan], specs:
     return strategies
 
 
-def _clock(device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def _measure(strategies, workload, batch, device, config, progress) -> list[list[float]]:
     inputs, target = batch
     times: list[list[float]] = [[] for _ in strategies]
@@ -308,66 +294,18 @@ def _measure(strategies, workload, batch, device, config, progress) -> list[list
             order.reverse()
         for index, strategy in order:
             dist.barrier()
-            start = _clock(device)
+            start = clock(device)
             with strategy.ddp.no_sync() if strategy.compute_only else contextlib.nullcontext():
                 workload.loss(strategy.ddp(*inputs), target).backward()
             strategy.optimizer.step()
             strategy.optimizer.zero_grad()
-            elapsed = _clock(device) - start
+            elapsed = clock(device) - start
             if round_number >= config.warmup:
                 times[index].append(1000 * elapsed)
         progress()
     table = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(table, op=dist.ReduceOp.MAX)
     return table.tolist()
-
-
-def allreduce_ms(nbytes: int, device, repeats: int = LINK_REPEATS) -> float:
-    """The median of ``repeats`` fp32 allreduces of ``nbytes`` over the world, each the
-    slowest rank's, after two warm-up rounds (collective: every rank)."""
-    buffer = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    times = []
-    for index in range(repeats + 2):
-        dist.barrier()
-        start = _clock(device)
-        dist.all_reduce(buffer)
-        elapsed = _clock(device) - start
-        if index >= 2:
-            times.append(1000 * elapsed)
-    table = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(table, op=dist.ReduceOp.MAX)
-    return statistics.median(table.tolist())
-
-
-def link_warning(profile: Profile, cluster, device) -> str | None:
-    """One line where the link this job runs on differs from the cluster the predictions
-    are for (``cluster``, None: the profiled one) by more than :data:`LINK_MISMATCH`,
-    else None (collective: every rank measures)."""
-    from bytecomp.costs.fitted import CommModel, profiled_cluster
-
-    target = cluster or profiled_cluster(profile)
-    sweep = profile.collectives
-    sweep = sweep[(sweep["collective"] == "allreduce") & (sweep["group"] == "world")]
-    largest = int(sweep["bytes"].max()) if len(sweep) else LINK_PROBE_BYTES
-    nbytes = max(4, min(LINK_PROBE_BYTES, int(profile.tensors["bytes"].sum()), largest))
-    measured = allreduce_ms(nbytes, device)
-    predicted = CommModel(profile, target).time_ms("allreduce", "world", "float32", nbytes)
-    return link_mismatch(measured, predicted, nbytes, target.name)
-
-
-def link_mismatch(measured_ms: float, predicted_ms: float, nbytes: int,
-                  cluster: str) -> str | None:
-    """The warning of :func:`link_warning` where ``measured_ms`` and ``predicted_ms`` differ
-    by more than :data:`LINK_MISMATCH` either way, else None."""
-    ratio = measured_ms / predicted_ms if predicted_ms > 0 else math.inf
-    if 1 / LINK_MISMATCH <= ratio <= LINK_MISMATCH:
-        return None
-    how = f"{ratio:.2g}x slower" if ratio > 1 else f"{1 / ratio:.2g}x faster"
-    return (f"this job's network does not match {cluster}, which the predictions are for: "
-            f"an fp32 allreduce of {nbytes / (1 << 20):.3g} MiB took {measured_ms:.3g} ms "
-            f"here, {how} than the {predicted_ms:.3g} ms predicted, so the measured times "
-            f"will not follow the predictions (bench on that network, under bytecomp "
-            f"emulate, or pass --cluster with this one's)")
 
 
 def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
@@ -437,7 +375,7 @@ def bench_rank(config: BenchConfig) -> pd.DataFrame | None:
         convergence = time_to_accuracy(training, config.convergence,
                                        _fidelities(profile, plans, cluster, specs))
     _write(results, config, profile, world, shape, training, convergence)
-    reporter.print(Fitted(_table(results, profile, shape, config)))
+    reporter.print(Fitted(results_table(results, profile, shape, config)))
     if convergence is not None and config.convergence is not None:
         reporter.print(Fitted(convergence_table(convergence, config.convergence)))
     return results
@@ -489,91 +427,6 @@ def _fidelities(profile, plans: list[BenchedPlan], cluster, specs) -> dict[str, 
     return out
 
 
-def time_to_accuracy(training: Training, settings: ConvergenceConfig,
-                     fidelities: dict[str, float | None]) -> pd.DataFrame:
-    """Per strategy: steps and wall-clock time to the target validation loss (its typical
-    step times summed up to there, and its raw ones), its median step time, final
-    loss, divergence, predicted fidelity."""
-    target = target_loss(list(training.curves.values()), settings)
-    rows = []
-    for name, curve in training.curves.items():
-        steps = steps_to(curve, target)
-        step_ms = [t for t in training.step_ms[name] if t == t]
-        rows.append({
-            "strategy": name, "iteration_ms": statistics.median(step_ms) if step_ms
-            else math.nan, "target_loss": target,
-            "steps_to_target": math.nan if steps is None else steps,  # NaN: never reached
-            "time_to_target_s": math.nan if steps is None
-            else time_at(training.typical_ms(name), steps),
-            "time_to_target_raw_s": math.nan if steps is None else time_at(step_ms, steps),
-            "final_loss": curve[-1][1], "diverged": not math.isfinite(curve[-1][1]),
-            "predicted_fidelity": fidelities.get(name),
-        })
-    table = pd.DataFrame(rows)
-    table["time_vs_fp32"] = table.time_to_target_s.iloc[0] / table.time_to_target_s
-    table["steps_vs_fp32"] = table.steps_to_target / table.steps_to_target.iloc[0]
-    return table
-
-
-def _strategies_table(title: str, columns: tuple[str, ...]) -> Table:
-    """An empty table of strategies: the strategy's column left-aligned, the others (the
-    numbers) right-aligned."""
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, justify="left" if column == "strategy" else "right")
-    return table
-
-
-def convergence_table(table: pd.DataFrame, settings: ConvergenceConfig) -> Table:
-    target = table.target_loss.iloc[0]
-    out = _strategies_table(f"time to a validation loss of {target:.4f} ({settings.train_steps} "
-                            f"steps, evaluated every {settings.eval_every})",
-                            ("strategy", "iteration ms", "steps to target", "time to target s",
-                             "vs fp32", "final loss", "predicted fidelity"))
-    for row in table.itertuples():
-        reached = row.steps_to_target == row.steps_to_target  # not NaN
-        out.add_row(row.strategy, f"{row.iteration_ms:.1f}",
-                    f"{row.steps_to_target:.0f}" if reached else "not reached",
-                    f"{row.time_to_target_s:.1f}" if reached else "-",
-                    f"{row.time_vs_fp32:.2f}x" if reached else "-",
-                    "diverged" if row.diverged else f"{row.final_loss:.4f}",
-                    "-" if row.predicted_fidelity is None or row.predicted_fidelity !=
-                    row.predicted_fidelity else f"{row.predicted_fidelity:.3f}")
-    return out
-
-
-def _table(results: pd.DataFrame, profile, shape, config) -> Table:
-    table = _strategies_table(f"bytecomp bench: {profile.meta['model']['spec']} on {shape[0]} x "
-                              f"{shape[1]} ranks, median of {config.iterations} interleaved "
-                              f"iterations",
-                              ("strategy", "measured ms (p10-p90)", "predicted ms", "error",
-                               "recalibrated ms", "error ", "vs fp32"))
-    for row in results.itertuples():
-        table.add_row(row.strategy, f"{row.measured_ms:.1f} ({row.p10_ms:.1f}-{row.p90_ms:.1f})",
-                      f"{row.predicted_ms:.1f}", f"{100 * row.error:+.1f}%",
-                      f"{row.recalibrated_ms:.1f}", f"{100 * row.recalibrated_error:+.1f}%",
-                      f"{row.speedup_vs_fp32:.2f}x")
-    summary = prediction_summary(results)
-    table.caption = (f"compute drift since the profile: x{summary['compute_drift']:.3f}; "
-                     f"prediction error: median {100 * summary['error_median']:.1f}%, worst "
-                     f"{100 * summary['error_worst']:.1f}%; recalibrated for the drift: median "
-                     f"{100 * summary['recalibrated_error_median']:.1f}%, worst "
-                     f"{100 * summary['recalibrated_error_worst']:.1f}%")
-    return table
-
-
-def prediction_summary(results: pd.DataFrame) -> dict[str, float]:
-    """The bench table's caption: the compute drift since the profile and the predictions'
-    absolute errors (median and worst over the strategies, compute-only left out), raw and
-    recalibrated for the drift."""
-    strategies = results[results.strategy != COMPUTE_ONLY]
-    raw, recalibrated = strategies["error"].abs(), strategies["recalibrated_error"].abs()
-    return {"compute_drift": float(results.compute_drift.iloc[0]),
-            "error_median": float(raw.median()), "error_worst": float(raw.max()),
-            "recalibrated_error_median": float(recalibrated.median()),
-            "recalibrated_error_worst": float(recalibrated.max())}
-
-
 def _write(results: pd.DataFrame, config: BenchConfig, profile, world: int, shape,
            training: Training | None = None, convergence: pd.DataFrame | None = None) -> None:
     with directory_atomic(config.out, config.force) as folder:
@@ -596,59 +449,3 @@ def _write(results: pd.DataFrame, config: BenchConfig, profile, world: int, shap
         (folder / "bench.md").write_text(header + "\n".join(lines) + "\n")
 
 
-def write_training(training: Training, folder: Path) -> None:
-    """``curves.csv`` (strategy, step, validation loss), ``steps.csv`` (strategy, step,
-    ms) and, for adaptive plans, ``levels.csv`` (strategy, step, level, gain)."""
-    pd.DataFrame([{"strategy": name, "step": step, "validation_loss": loss}
-                  for name, curve in training.curves.items() for step, loss in curve]
-                 ).to_csv(folder / "curves.csv", index=False)
-    pd.DataFrame([{"strategy": name, "step": step + 1, "ms": ms}
-                  for name, row in training.step_ms.items() for step, ms in enumerate(row)]
-                 ).to_csv(folder / "steps.csv", index=False)
-    if training.levels:
-        pd.DataFrame([{"strategy": name, "step": step, "level": level, "gain": gain}
-                      for name, rows in training.levels.items() for step, level, gain in rows]
-                     ).to_csv(folder / "levels.csv", index=False)
-
-
-def plot_curves(training: Training, target: float, path) -> None:
-    """Validation loss against wall-clock time (each strategy's measured step times,
-    summed); beneath, an adaptive plan's level and gain against the step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = 2 if training.levels else 1
-    figure, axes = plt.subplots(rows, 1, figsize=(9, 5.5 * rows), squeeze=False)
-    loss_axes = axes[0][0]
-    for name, curve in training.curves.items():
-        finite = [(s, loss) for s, loss in curve if math.isfinite(loss)]
-        if not finite:
-            continue
-        step_ms = training.typical_ms(name)
-        seconds = [time_at(step_ms, s) for s, _ in finite]
-        loss_axes.plot(seconds, [loss for _, loss in finite], label=name,
-                       linewidth=2.5 if name.startswith("bytecomp plan") else 1.2)
-    loss_axes.axhline(target, color="grey", linestyle=":", label="target")
-    loss_axes.set_xlabel("wall-clock time (s): each level's median step time x steps")
-    loss_axes.set_ylabel("validation loss")
-    loss_axes.legend(fontsize=7)
-    if training.levels:
-        level_axes = axes[1][0]
-        gain_axes = level_axes.twinx()
-        for name, levels in training.levels.items():
-            steps = [step for step, _, _ in levels]
-            level_axes.step(steps, [level for _, level, _ in levels], where="post",
-                            label=f"{name}: level")
-            gain_axes.plot(steps, [gain for _, _, gain in levels], linestyle=":",
-                           label=f"{name}: smoothed gain")
-        level_axes.set_xlabel("step")
-        level_axes.set_ylabel("level (0 mildest)")
-        gain_axes.set_ylabel("smoothed gain")
-        gain_axes.set_ylim(0, 1.05)
-        level_axes.legend(loc="upper left", fontsize=7)
-        gain_axes.legend(loc="upper right", fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)

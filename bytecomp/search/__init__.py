@@ -5,6 +5,8 @@
 >>> to_plan(result, profile).save("plan.yaml")
 """
 
-from bytecomp.search.planner import Planner, SearchResult, simulate_plan, to_plan
+from bytecomp.search.planner import Planner
+from bytecomp.search.plans import simulate_plan, to_plan
+from bytecomp.search.result import SearchResult
 
 __all__ = ["SearchResult", "Planner", "simulate_plan", "to_plan"]

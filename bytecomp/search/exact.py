@@ -34,7 +34,8 @@ import time
 from dataclasses import dataclass, field
 
 from bytecomp.costs.strategy import GroupCost
-from bytecomp.search.algorithms import EPSILON, channel_ms, distinct_channels
+from bytecomp.search.algorithms import EPSILON
+from bytecomp.search.channel_bound import channel_ms, distinct_channels
 from bytecomp.search.problem import UNASSIGNED, Problem
 from bytecomp.timeline.iteration import IterationModel, SimGroup
 

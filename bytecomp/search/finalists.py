@@ -26,13 +26,9 @@ from dataclasses import dataclass, field
 
 from bytecomp.compress import from_spec
 from bytecomp.compress.base import POWERSGD_HOOK
-from bytecomp.search.planner import (
-    Planner,
-    SearchResult,
-    composition_of,
-    hook_specs,
-    powersgd_hook_assignment,
-)
+from bytecomp.search.baselines import hook_specs, powersgd_hook_assignment
+from bytecomp.search.planner import Planner
+from bytecomp.search.result import SearchResult, composition_of
 from bytecomp.search.settings import BaselineKind, SearchOptions
 
 MAX_FINALISTS = 6

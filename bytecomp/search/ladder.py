@@ -45,7 +45,10 @@ from bytecomp.costs.gains import FidelityModel, compose
 from bytecomp.errors import BytecompError
 from bytecomp.plan_types import NO_COMPRESSION, Adaptive, Level, Option, Plan
 from bytecomp.profile_store import Profile
-from bytecomp.search.planner import Planner, SearchResult, fp32_ms, hook_specs, to_plan
+from bytecomp.search.baselines import hook_specs
+from bytecomp.search.planner import Planner
+from bytecomp.search.plans import to_plan
+from bytecomp.search.result import SearchResult, fp32_ms
 from bytecomp.search.settings import BaselineKind, SearchOptions, default_min_gain
 
 AGREE_MS = 100.0  # agree at most about this often, in predicted iteration time

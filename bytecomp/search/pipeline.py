@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from bytecomp.search.ladder import LadderResult
-    from bytecomp.search.planner import Planner, SearchResult
+    from bytecomp.search.planner import Planner
+    from bytecomp.search.result import SearchResult
     from bytecomp.search.verify import Verification
 
 
@@ -119,7 +120,7 @@ class PlanResult:
                      "effective_ms": row["effective_ms"], "below_min_fidelity": row["below"],
                      "vs_fp32": row["vs_fp32"]} for row in self.search.strategy_rows()]
         from bytecomp.search.ladder import level_rows
-        from bytecomp.search.planner import effective_ms
+        from bytecomp.search.result import effective_ms
 
         assert self.ladder is not None
         return [{"level": number, "setting": setting, "iteration_ms": time_ms, "gain": gain,
@@ -295,13 +296,8 @@ def _plan_static(profile: str, loaded, options: PlanOptions, evidence: list[str]
         plan_file = to_plan(result, loaded)
         written = plan_file.save(options.out) if options.out is not None else None
         return PlanResult(plan_file, written, search=result, planner=planner)
-    from bytecomp.search.verify import (
-        chosen_result,
-        trial_candidates,
-        trial_plan,
-        uncompressed,
-        verify,
-    )
+    from bytecomp.search.trials import trial_candidates, trial_plan, uncompressed
+    from bytecomp.search.verify import chosen_result, verify
 
     verification = verify(planner, result, search_options, options.verify_steps,
                           options.nproc, budget_s=options.verify_budget_s,

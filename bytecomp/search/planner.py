@@ -6,16 +6,9 @@ import contextlib
 import gc
 import math
 import time
-from collections import Counter
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 
-import bytecomp
-from bytecomp.buckets import SEARCHED_CAPS_MB
-from bytecomp.comm.schemes import native_scheme, scheme_of
-from bytecomp.compress import canonical, from_spec
-from bytecomp.compress.base import FP16_HOOK, POWERSGD_HOOK
-from bytecomp.compress.lowrank import powersgd_compresses
+from bytecomp.comm.schemes import scheme_of
+from bytecomp.compress import from_spec
 from bytecomp.costs.clusters import PROFILE_LINK, Cluster
 from bytecomp.costs.executor_costs import ExecutorCosts
 from bytecomp.costs.fit_quality import collective_quality, compressor_quality
@@ -24,27 +17,36 @@ from bytecomp.costs.gains import FidelityModel
 from bytecomp.costs.scheme_costs import scheme_cost
 from bytecomp.costs.strategy import StrategyCosts, cast_specs
 from bytecomp.errors import BytecompError
-from bytecomp.plan_file import MAX_HOST_WORKERS
 from bytecomp.plan_record import OBJECTIVES
-from bytecomp.plan_types import HOST_WORKERS, NO_COMPRESSION, Option, Plan, PlanEntry
+from bytecomp.plan_types import NO_COMPRESSION
 from bytecomp.profile_store import Profile
-from bytecomp.profile_tables import ELEMENT_SIZES
 from bytecomp.search.algorithms import (
     Budget,
     Point,
     anneal,
     greedy_over_caps,
-    lower_bound,
+)
+from bytecomp.search.baselines import (
+    baseline_options,
+    baseline_to_keep,
+    native_option,
+    powersgd_hook_assignment,
 )
 from bytecomp.search.bound import channel_floors, relaxed_bound, relaxed_bound_ceiling
+from bytecomp.search.channel_bound import lower_bound
 from bytecomp.search.exact import ExactResult, exact_search
-from bytecomp.search.problem import Group, Objective, Problem, Tensor
-from bytecomp.search.settings import BaselineKind, SearchOptions
+from bytecomp.search.problem import Objective, Problem
+from bytecomp.search.profile_inputs import check_size, choose_specs, host_workers_of, tensors_of
+from bytecomp.search.result import LOOSE_GAP, Baseline, SearchResult, composition_of
+from bytecomp.search.settings import (
+    LARGE_TENSORS,
+    BaselineKind,
+    SearchOptions,
+    default_caps,
+    default_evaluations,
+)
 from bytecomp.search.tree import add_exchange, build_tree, options_of
-from bytecomp.timeline.simulator import simulate
 
-DEFAULT_CAPS = SEARCHED_CAPS_MB  # and the profiled cap; 0: one bucket per tensor
-LOOSE_GAP = 0.5  # a gap above this is the bound's looseness, not the plan's (gap_known)
 # auto tries to prove the optimum (bytecomp/search/exact.py) of a problem of at most this
 # many tensors, within this many nodes per bucket cap (a count, not a time, so the plan
 # does not depend on the machine's speed: 3-7 us a node here; the 10-tensor LSTMs it
@@ -61,220 +63,6 @@ DEFAULT_MIN_FIDELITY = 0.75  # GraVAC's threshold on the compression gain
 # that would otherwise run on; --budget replaces it, and caps the greedy's passes, the
 # exact pass and the annealing alike
 SEARCH_CAP_S = 30.0
-# Above this many tensors the default caps leave out 0 (one bucket per tensor) and the
-# lower bound is the channel bound alone (the relaxed one took seconds at 50,000)
-LARGE_TENSORS = 5_000
-MAX_TENSORS = 50_000  # parameter tensors a profile may have to be planned (docs/search.md)
-
-
-def default_evaluations(tensors: int) -> int:
-    """Evaluations of the annealing when none are asked: 100,000 / tensors, from 600 to
-    4,000 (an evaluation's cost grows with the tensors, so this keeps the default
-    search's time roughly flat; the scale and classic sets of ``benchmarks/search.py``
-    measure it). Half what it was before the annealing began with a descent: since
-    then the same plans or better come from half the walk (docs/search.md)."""
-    return min(4000, max(600, 100_000 // max(1, tensors)))
-
-
-def default_caps(profiled_mb: float, tensors: int) -> list[float]:
-    """The bucket caps searched unless some are asked: the profiled cap and
-    :data:`DEFAULT_CAPS`, less 0 (one bucket per tensor) above
-    :data:`LARGE_TENSORS` tensors: a collective per tensor does not pay there, and
-    pricing each of that many buckets was most of the search's time."""
-    caps = [profiled_mb, *DEFAULT_CAPS]
-    return caps if tensors <= LARGE_TENSORS else [cap for cap in caps if cap > 0]
-
-
-def host_workers_of(cluster: Cluster) -> int:
-    """Host-offload workers per rank: a node's cores shared by its ranks (the cluster
-    config's ``cpu_cores``), else the executor's default pool."""
-    if cluster.cpu_cores is None:
-        return HOST_WORKERS
-    return min(MAX_HOST_WORKERS, max(1, cluster.cpu_cores // cluster.ranks_per_node))
-
-
-def effective_ms(time_ms: float, fidelity: float | None) -> float | None:
-    """Iteration time / fidelity (None: fidelity unknown; infinite at fidelity 0)."""
-    if fidelity is None:
-        return None
-    return time_ms / fidelity if fidelity > 0 else math.inf
-
-
-@dataclass
-class Baseline:
-    """A hand-picked plan (``kind``) as the search's model predicts it; ``name`` is how
-    tables and plan files show it."""
-
-    kind: BaselineKind
-    name: str
-    assignment: list[int]
-    cap_mb: float
-    time_ms: float = math.nan
-    fidelity: float | None = None  # None: the profile measured no fidelity
-    value: float = math.nan  # the objective's value: time_ms, or effective time
-    spec: str | None = None  # the compressor's, for one on every tensor
-
-    @property
-    def effective_ms(self) -> float | None:
-        return effective_ms(self.time_ms, self.fidelity)
-
-
-@dataclass
-class SearchResult:
-    problem: Problem
-    cluster: Cluster
-    specs: list[str]
-    assignment: list[int]
-    cap_mb: float
-    time_ms: float
-    baselines: list[Baseline]
-    algorithm: str
-    search_ms: float
-    lower_bound_ms: float
-    exact: bool
-    evaluations: int
-    notes: list[str] = field(default_factory=list)
-    objective: Objective = field(default_factory=Objective)
-    fidelity: float | None = None
-    value: float = math.nan  # the objective's value
-    evidence: str = "iteration time alone"  # what decided between compressors, in words
-    warnings: list[str] = field(default_factory=list)
-    # the search's own plan, where --min-gain kept a baseline instead: (assignment, cap)
-    searched: tuple[list[int], float] | None = None
-
-    @property
-    def effective_ms(self) -> float | None:
-        return effective_ms(self.time_ms, self.fidelity)
-
-    @property
-    def gap(self) -> float:
-        """How far the objective's value may be from the optimum (the lower bound is one
-        on iteration time, hence on effective time too: fidelity is at most 1)."""
-        value = self.value if self.value == self.value else self.time_ms
-        return max(0.0, value / self.lower_bound_ms - 1.0) if self.lower_bound_ms else 0.0
-
-    @property
-    def gap_known(self) -> bool:
-        """Whether :attr:`gap` says something: proven optimal, or a gap of at most
-        :data:`LOOSE_GAP`. Above it the bound is the loose part (by effective time it
-        bounds the iteration time alone; the simulated overlap of compute and
-        communication, which the bound relaxes, decides the rest): plans that 40,000
-        evaluations did not improve were printed 74-414% above it."""
-        return self.exact or self.gap <= LOOSE_GAP
-
-    def gap_text(self) -> str:
-        """The optimality claim, in words: "optimal" (proven: nothing beside it, as the
-        search line names the algorithm that proved it), "gap <= x%" or "gap unknown"."""
-        if self.exact:
-            return "optimal"
-        if self.gap_known:
-            return f"gap <= {100 * self.gap:.1f}%"
-        return f"gap unknown: the bound is loose here ({100 * self.gap:.0f}% below the plan)"
-
-    def strategy_rows(self) -> list[dict]:
-        """The rows of ``bytecomp plan``'s table, the plan first, then every baseline:
-        strategy, cap_mb, time_ms, fidelity, effective_ms, below (under the minimum
-        fidelity of an effective-time objective) and vs_fp32 (fp32 DDP's objective over
-        the row's: effective time, or iteration time)."""
-        fp32 = self.baseline(BaselineKind.FP32_DDP)
-        assert fp32 is not None  # every search result has it
-        effective = self.objective.name == "effective"
-        entries: list[tuple[str, SearchResult | Baseline]] = [("bytecomp plan", self)]
-        entries += [(baseline.name, baseline) for baseline in self.baselines]
-        rows = []
-        for name, entry in entries:
-            below = effective and entry.fidelity is not None and \
-                entry.fidelity < self.objective.min_fidelity - 1e-12
-            reference, value = (fp32.effective_ms, entry.effective_ms) if effective else \
-                (fp32.time_ms, entry.time_ms)
-            assert reference is not None and value is not None  # effective time has fidelity
-            ratio = reference / value
-            rows.append({"strategy": name, "cap_mb": entry.cap_mb, "time_ms": entry.time_ms,
-                         "fidelity": entry.fidelity, "effective_ms": entry.effective_ms,
-                         "below": below, "vs_fp32": ratio})
-        return rows
-
-    def composition(self) -> str:
-        """The plan's strategies, most used first: ``"26 x fp32 allreduce, 16 x ..."``."""
-        return composition_of(self.problem, self.assignment)
-
-    def baseline(self, kind: BaselineKind) -> Baseline | None:
-        """The first baseline of this kind (None: the profile could not price one)."""
-        return next((b for b in self.baselines if b.kind is kind), None)
-
-
-def composition_of(problem: Problem, assignment: list[int]) -> str:
-    """An assignment's strategies, most used first: ``"26 x fp32 allreduce, 16 x ..."``."""
-    counts = Counter(problem.options[o].label for o in assignment)
-    return ", ".join(f"{n} x {label}" for label, n in counts.most_common())
-
-
-def parse_shape(text) -> tuple:
-    text = str(text).strip()
-    return tuple(int(part) for part in text.split("x")) if text else ()
-
-
-def tensors_of(profile: Profile) -> list[Tensor]:
-    rows = profile.tensors.sort_values("ready_ms", kind="stable")
-    return [Tensor(row.name, int(row.numel), parse_shape(row.shape), float(row.ready_ms),
-                   ELEMENT_SIZES.get(row.dtype, 4), row.dtype) for row in rows.itertuples()]
-
-
-def choose_specs(profile: Profile, requested: list[str] | None, compute: ComputeModel) -> list[str]:
-    """Canonical specs to plan with; every one must have timings in the profile."""
-    if requested:
-        specs = [canonical(spec) for spec in requested]
-    else:
-        specs = sorted(s for s in compute.specs() if from_spec(s).compresses)
-    for spec in specs:
-        compute.check(spec, profile.device_type)
-    return [spec for spec in dict.fromkeys(specs) if from_spec(spec).compresses]
-
-
-def powersgd_hook_assignment(problem: Problem, spec: str) -> list[int] | None:
-    """What PyTorch's ``powerSGD_hook`` does with PowerSGD ``spec`` (error feedback and
-    warm start on, as the hook's), as an assignment: ``spec`` on the matrices its rule
-    compresses, fp32 on the rest; None where ``spec`` is not that or an option is missing."""
-    compressor = from_spec(spec)
-    if compressor.runs_as_pytorch_hook() != POWERSGD_HOOK:
-        return None
-    try:
-        compress = problem.index_of(native_option(spec))
-        keep = problem.index_of(NO_COMPRESSION)
-    except ValueError:
-        return None
-    rank = compressor.values["rank"]
-    return [compress if powersgd_compresses(t.shape, rank) else keep for t in problem.tensors]
-
-
-def hook_specs(specs, hook: str) -> list[str]:
-    """The specs (sorted) whose compressor is what PyTorch's ``hook`` does."""
-    return [s for s in sorted(specs) if from_spec(s).runs_as_pytorch_hook() == hook]
-
-
-def _baseline_options(profile_specs: set[str]) -> tuple[str | None, str | None]:
-    """The specs of the fp16 and PowerSGD hooks' baselines (PowerSGD at rank 4 where the
-    profile has it), among the profiled ones."""
-    fp16 = next(iter(hook_specs(profile_specs, FP16_HOOK)), None)
-    powersgd = sorted(hook_specs(profile_specs, POWERSGD_HOOK),
-                      key=lambda s: (from_spec(s).values["rank"] != 4, s))
-    return fp16, (powersgd[0] if powersgd else None)
-
-
-def native_option(spec: str) -> Option:
-    """``spec`` on the device, on the one-stage scheme its own rounds end with."""
-    return Option(spec, "device", native_scheme(from_spec(spec)))
-
-
-def check_size(profile: Profile) -> None:
-    """At most :data:`MAX_TENSORS` tensors, or one line before any work: the search's
-    set-up (baselines, bounds, screens) grows with the tensors, and beyond the range it
-    is measured on it would not fit its time cap."""
-    count = len(profile.tensors)
-    if count > MAX_TENSORS:
-        raise BytecompError(f"{profile.label}: {count:,} parameter tensors, more than the "
-                            f"{MAX_TENSORS:,} bytecomp plans; merge small parameters into "
-                            f"larger ones (e.g. fused layers), or plan part of the model")
 
 
 class Planner:
@@ -304,7 +92,7 @@ class Planner:
             self.notes.append(f"only {self.specs[0]} compresses (or nothing): the plan's "
                               f"accuracy is at least that of {self.specs[0]} on every tensor")
         timed = {spec for spec, device in self.compute.encode if device == profile.device_type}
-        fp16, powersgd = _baseline_options(timed)  # their methods run on the device
+        fp16, powersgd = baseline_options(timed)  # their methods run on the device
         self.baseline_specs = {BaselineKind.FP16_HOOK: fp16, BaselineKind.POWERSGD_HOOK: powersgd}
         searched = list(self.specs)
         if not strict:  # the baselines' methods are always candidates, so no baseline wins
@@ -488,7 +276,7 @@ class Planner:
            the next pass runs (:func:`~bytecomp.search.algorithms.greedy_over_caps`).
         3. Unless ``algorithm == "greedy"`` or the plan is within the stop gap:
            simulated annealing for ``evaluations`` evaluations of the model (default
-           :func:`default_evaluations`), spent in full unless the stop gap is met,
+           :func:`~bytecomp.search.settings.default_evaluations`), spent in full unless the stop gap is met,
            restarting from every other start and then from random assignments
            when it stalls, and a final descent (``local``: over every option, else the
            screened ones). Its random moves come from a generator seeded with
@@ -509,13 +297,13 @@ class Planner:
            faster than fp32 DDP, fp32 DDP is the plan: a gain smaller than the
            model's error is not worth compressing. Only fp32 DDP, a baseline under
            every choice of compressors, so that more choice never gives a worse plan
-           (:func:`_baseline_to_keep`); other plans close to the result are the
-           finalists' business (trained, or trialled in the running job).
+           (:func:`~bytecomp.search.baselines.baseline_to_keep`); other plans close to
+           the result are the finalists' business (trained, or trialled in the running job).
 
         The result is never worse on the objective than any start (before step 5).
         The lower bound is the better of a linear relaxation over every option of
         every tensor (:func:`bytecomp.search.bound.relaxed_bound`) and the channel
-        bound of :func:`bytecomp.search.algorithms.lower_bound`.
+        bound of :func:`bytecomp.search.channel_bound.lower_bound`.
         """
         if options is None:
             options = SearchOptions(**fields)
@@ -619,7 +407,7 @@ class Planner:
                          f"({whose}) before its evaluations were spent: the plan is the best "
                          f"found")
         by_fidelity = problem.objective.uses_fidelity
-        kept = _baseline_to_keep(baselines, searchable, value, min_gain,
+        kept = baseline_to_keep(baselines, searchable, value, min_gain,
                                  problem.fidelity(assignment) if by_fidelity else None)
         unit = "ms" if problem.objective.name == "time" else "ms effective"
         searched = None
@@ -696,148 +484,3 @@ def _caps_text(caps: list[float]) -> str:
     return ", ".join(f"{cap:g}" for cap in caps)
 
 
-def _baseline_to_keep(baselines: list[Baseline], searchable: set[int], value: float,
-                      min_gain: float, fidelity: float | None = None) -> Baseline | None:
-    """fp32 DDP, when the search beats it by less than ``min_gain`` (and, by effective
-    time, it keeps at least the search's ``fidelity``: it always does): a gain smaller
-    than the model's error is not worth compressing.
-
-    Only fp32 DDP: it is a baseline under every choice of compressors, so the margin never
-    makes more choice worse. Were another baseline kept (the fp16 hook, a compressor on
-    every tensor), a search with more compressors, finding a better plan, could keep a
-    baseline within the margin above it that a search with fewer does not have (ResNet-101
-    with every compressor kept a uniform plan at 93.61 ms over the search's 90.20, where
-    dgc alone planned 92.76). Plans within the margin of each other are the finalists'
-    business: trained, or trialled in the running job, rather than picked by prediction."""
-    if min_gain <= 0:
-        return None
-    fp32 = next((b for b in baselines if b.kind is BaselineKind.FP32_DDP
-                 and set(b.assignment) <= searchable), None)
-    if fp32 is None or value <= fp32.value * (1 - min_gain):
-        return None
-    if fidelity is not None and (fp32.fidelity or 0.0) < fidelity - 1e-9:
-        return None
-    return fp32
-
-
-def plan_entries(problem: Problem, assignment: list[int], cap_mb: float) -> list[PlanEntry]:
-    """An assignment's entries at a bucket cap, grouped as the planner groups (DDP's
-    buckets, one group per option inside each), in the tensors' ready order."""
-    entries = []
-    for group_id, group in enumerate(problem.groups(assignment, cap_mb)):
-        option = problem.options[group.option]
-        for position in group.members:
-            entries.append(PlanEntry.of(problem.tensors[position].name, option, group_id))
-    order = {t.name: i for i, t in enumerate(problem.tensors)}
-    entries.sort(key=lambda e: order[e.name])
-    return entries
-
-
-def to_plan(result: SearchResult, profile: Profile) -> Plan:
-    """The plan file's content for a search result."""
-    problem = result.problem
-    entries = plan_entries(problem, result.assignment, result.cap_mb)
-    fp32 = fp32_ms(result)
-    predicted = {"plan": round(result.time_ms, 4),
-                 "baselines": {b.name: round(b.time_ms, 4) for b in result.baselines},
-                 "speedup_vs_fp32": round(fp32 / result.time_ms, 4)}
-    search = {"algorithm": result.algorithm, "time_ms": round(result.search_ms, 2),
-              "lower_bound_ms": round(result.lower_bound_ms, 4), "gap": round(result.gap, 4),
-              "gap_known": result.gap_known, "exact": result.exact, "evaluations": result.evaluations,
-              "options": len(problem.options)}
-    info = {"bytecomp_version": bytecomp.__version__,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "profile": {"path": str(profile.path) if profile.path else None,
-                        "model": profile.meta["model"]["spec"],
-                        "created": profile.meta.get("created")},
-            "cluster": result.cluster.name,
-            "objective": {"name": result.objective.name,
-                          "min_fidelity": result.objective.min_fidelity,
-                          "fidelity_weights": result.objective.weights}}
-    if result.fidelity is not None:  # the whole gradient's gain, and effective times
-        info["fidelity"] = {
-            "plan": round(result.fidelity, 6),
-            "baselines": {b.name: round(b.fidelity or 0.0, 6) for b in result.baselines},
-            "effective_ms": {"plan": _rounded(result.effective_ms),
-                             "baselines": {b.name: _rounded(b.effective_ms)
-                                           for b in result.baselines}}}
-    cluster = result.cluster
-    return Plan(profile.fingerprint, cluster.world_size, cluster.nodes, cluster.ranks_per_node,
-                result.cap_mb, entries, predicted, search, info,
-                host_workers=problem.host_workers)
-
-
-def fp32_ms(result: SearchResult) -> float:
-    """fp32 DDP's predicted iteration time in a search result."""
-    fp32 = result.baseline(BaselineKind.FP32_DDP)
-    assert fp32 is not None  # every search prices it
-    return fp32.time_ms
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 4) if math.isfinite(value) else None
-
-
-def check_plan_fits(plan: Plan, profile: Profile, cluster: Cluster | None) -> None:
-    """The plan was made for this profile's model and for the cluster's shape (nodes x
-    ranks per node; the profiled one without ``cluster``), or a one-line error."""
-    if plan.model_fingerprint != profile.fingerprint:
-        raise BytecompError(f"{plan.path or 'the plan'} was made for another model (fingerprint "
-                            f"{plan.model_fingerprint[:12]}, profile {profile.fingerprint[:12]})")
-    check_plan_shape(plan, profile, cluster)
-
-
-def check_plan_shape(plan: Plan, profile: Profile, cluster: Cluster | None) -> None:
-    """The plan's nodes x ranks per node are the cluster's (the profiled one's without
-    ``cluster``), or a one-line error."""
-    label = plan.path or "the plan"
-    shape = (cluster.nodes, cluster.ranks_per_node) if cluster else \
-        (profile.nodes, profile.ranks_per_node)
-    if (plan.nodes, plan.ranks_per_node) != shape:
-        where = f"cluster {cluster.name}" if cluster else f"the profile ({profile.label})"
-        raise BytecompError(f"{label} is for {plan.nodes} x {plan.ranks_per_node} ranks (nodes "
-                            f"x ranks per node) but {where} has {shape[0]} x {shape[1]}; pass "
-                            f"--cluster with the plan's cluster")
-
-
-def simulate_plan(planner: Planner, plan: Plan, record: bool = True):
-    """Simulate a plan file's own groups (whatever rule made them) on the planner's model."""
-    check_plan_shape(plan, planner.profile, None if planner.cluster.measured else planner.cluster)
-    problem = planner.problem
-    position = {t.name: i for i, t in enumerate(problem.tensors)}
-    missing = [e.name for e in plan.entries if e.name not in position]
-    planned = plan.by_name()  # (once: a lookup per tensor made it quadratic)
-    unknown = [t.name for t in problem.tensors if t.name not in planned]
-    if missing or unknown:
-        name = (missing or unknown)[0]
-        raise BytecompError(f"{plan.path}: tensor {name!r} is "
-                            f"{'not in the profile' if missing else 'missing from the plan'}; "
-                            f"was the plan made for another model?")
-    owner = problem.bucket_of(plan.bucket_cap_mb)
-    groups = []
-    cluster = planner.cluster
-    for group_id, entries in sorted(plan.groups().items()):
-        option = entries[0].option
-        infeasible = scheme_of(option.scheme).infeasible(cluster.nodes, cluster.ranks_per_node)
-        if infeasible:
-            raise BytecompError(f"{plan.path}: tensor {entries[0].name!r} uses the "
-                                f"{option.scheme} scheme, which {infeasible}; the cluster is "
-                                f"{cluster.nodes} x {cluster.ranks_per_node}")
-        if option not in problem.options:
-            if option.compressed:
-                planner.compute.check(option.spec, "cpu" if option.place == "host"
-                                      else planner.profile.device_type)
-            problem.add_option(option)
-        members = tuple(sorted(position[e.name] for e in entries))
-        release = max(owner[m] for m in members)  # the executor launches it then
-        groups.append((release, group_id, Group(release, problem.options.index(option), members)))
-    ordered = [group for _, _, group in sorted(groups, key=lambda item: item[:2])]
-    assignment = [0] * len(problem.tensors)
-    for group in ordered:
-        for member in group.members:
-            assignment[member] = group.option
-    model = problem.iteration_model(plan.bucket_cap_mb,
-                                    problem.is_native(assignment, plan.bucket_cap_mb))
-    if model.host_workers != plan.host_workers:  # the executor's pool is the plan's
-        model = replace(model, host_workers=plan.host_workers)
-    return simulate(model, problem.sim_groups(ordered, plan.bucket_cap_mb), record)

@@ -158,7 +158,7 @@ class Problem:
     def add_hook(self, assignment) -> None:
         """An assignment that runs as PyTorch's own hook, without bytecomp's executor, at
         a cap where DDP makes one bucket (PowerSGD's,
-        :func:`bytecomp.search.planner.powersgd_hook_assignment`: see
+        :func:`bytecomp.search.baselines.powersgd_hook_assignment`: see
         :func:`bytecomp.runtime.native.one_bucket`)."""
         self._hooks = self._hooks | {tuple(assignment)}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from bytecomp.buckets import SEARCHED_CAPS_MB
 from bytecomp.options import check_search
 
 # The default margin (a percentage) by objective: what ``bytecomp plan`` asks a searched
@@ -81,3 +82,27 @@ class BaselineKind(Enum):
     FP16_HOOK = "fp16 hook"
     POWERSGD_HOOK = "PowerSGD hook"
     EVERY_TENSOR = "on every tensor"  # one compressor on every tensor, its own scheme
+
+
+DEFAULT_CAPS = SEARCHED_CAPS_MB  # and the profiled cap; 0: one bucket per tensor
+# Above this many tensors the default caps leave out 0 (one bucket per tensor) and the
+# lower bound is the channel bound alone (the relaxed one took seconds at 50,000)
+LARGE_TENSORS = 5_000
+
+
+def default_evaluations(tensors: int) -> int:
+    """Evaluations of the annealing when none are asked: 100,000 / tensors, from 600 to
+    4,000 (an evaluation's cost grows with the tensors, so this keeps the default
+    search's time roughly flat; the scale and classic sets of ``benchmarks/search.py``
+    measure it). Half what it was before the annealing began with a descent: since
+    then the same plans or better come from half the walk (docs/search.md)."""
+    return min(4000, max(600, 100_000 // max(1, tensors)))
+
+
+def default_caps(profiled_mb: float, tensors: int) -> list[float]:
+    """The bucket caps searched unless some are asked: the profiled cap and
+    :data:`DEFAULT_CAPS`, less 0 (one bucket per tensor) above
+    :data:`LARGE_TENSORS` tensors: a collective per tensor does not pay there, and
+    pricing each of that many buckets was most of the search's time."""
+    caps = [profiled_mb, *DEFAULT_CAPS]
+    return caps if tensors <= LARGE_TENSORS else [cap for cap in caps if cap > 0]

@@ -52,10 +52,10 @@ def _distinct_shapes(count: int) -> list[tuple[str, tuple]]:
 def test_a_profile_beyond_the_documented_range_is_refused_up_front(monkeypatch):
     from bytecomp.costs.clusters import load_cluster
     from bytecomp.errors import BytecompError
-    from bytecomp.search import Planner, planner
+    from bytecomp.search import Planner, profile_inputs
     from bytecomp.testing.synthetic import synthetic_profile
 
-    monkeypatch.setattr(planner, "MAX_TENSORS", 100)  # (the real one: the test below)
+    monkeypatch.setattr(profile_inputs, "MAX_TENSORS", 100)  # (the real one: the test below)
     Planner(synthetic_profile(_distinct_shapes(100), world_size=2, nodes=2),
             load_cluster("gbe1"))
     with pytest.raises(BytecompError, match="101 parameter tensors, more than the 100"):
