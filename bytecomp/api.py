@@ -25,13 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from bytecomp.errors import BytecompError
 from bytecomp.mainguard import check_before_spawning
+from bytecomp.option_fields import describe, path_argument
 from bytecomp.options import (
     BenchOptions,
     PlanOptions,
     ProfileOptions,
     SimulateOptions,
-    describe,
-    path_argument,
 )
 from bytecomp.search.pipeline import PlanResult, load_cluster, run_plan
 

@@ -2,6 +2,11 @@
 
 Errors a user can cause end as one line on stderr and exit code 2. Results go to stdout
 (``--format json``: one JSON document), notes and warnings to stderr.
+
+Over 500 lines: one typer app, its six commands, each beside what it prints (tables on
+the shared consoles, or its JSON document), and the one exit path (one line, exit code
+2) they all go through; split, a command would sit in one module and its output in
+another.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@
 Tensors with the same ``group`` are concatenated and exchanged once; they
 must share their strategy. An entry's ``collective`` names its collective scheme
 (:mod:`bytecomp.comm.schemes`; :attr:`bytecomp.plan_types.Option.scheme` in Python). Files are read with a safe YAML loader only (no anchors or
-aliases: :func:`bytecomp.files.load_yaml`), and a
+aliases: :func:`bytecomp.safe_yaml.load_yaml`), and a
 bad one is reported with its path, the field and the reason.
 
 An *adaptive* plan (``bytecomp plan --adaptive FAMILY``) holds, instead of
@@ -58,7 +58,6 @@ from pathlib import Path
 from bytecomp.comm.schemes import SCHEMES, supported_schemes, uncompressed_schemes
 from bytecomp.compress import canonical, from_spec, ladder_families
 from bytecomp.errors import BytecompError
-from bytecomp.files import read_yaml_file
 from bytecomp.plan_record import (
     check_fidelity,
     check_finalists,
@@ -79,6 +78,7 @@ from bytecomp.plan_types import (
     exchange_of,
     fingerprint,
 )
+from bytecomp.safe_yaml import read_yaml_file
 from bytecomp.schema import (
     MAX_BUCKET_CAP_MB,
     MAX_COUNT,

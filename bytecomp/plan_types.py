@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytecomp.errors import BytecompError
-from bytecomp.files import dump_yaml, write_text_atomic
+from bytecomp.files import write_text_atomic
+from bytecomp.safe_yaml import dump_yaml
 
 FORMAT_VERSION = 1  # the plan file's
 UNCOMPRESSED = "none"  # the spec of an uncompressed (fp32) strategy

@@ -2,7 +2,7 @@
 and its checks (docs/formats.md): every field in range and consistent with the others;
 its optional sections (interference, the executor's fixed costs, the probe,
 the stages' seconds, the sweeps' fit quality, where a calibration's tables came from)
-checked as the rest. The calibration reader (:mod:`bytecomp.profiler.calibration`) shares
+checked as the rest. The calibration reader (:mod:`bytecomp.profiler.calibration_file`) shares
 the sections a calibration holds too.
 """
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from bytecomp.errors import BytecompError
-from bytecomp.files import check_input_directory, directory_atomic, dump_yaml
+from bytecomp.files import check_input_directory, directory_atomic
 from bytecomp.profile_meta import REQUIRED_FIELDS, ProfileMeta, check_meta
 from bytecomp.profile_tables import (
     COPY_DIRECTIONS,
@@ -38,6 +38,7 @@ from bytecomp.profile_tables import (
     row_fail,
     typed_table,
 )
+from bytecomp.safe_yaml import dump_yaml
 from bytecomp.schema import check_document, fail, read_document
 
 FORMAT_VERSION = 1  # profile.yaml's and calibration.yaml's

@@ -1,6 +1,6 @@
 """A profile's CSV tables (docs/formats.md): their columns and types, and the checks
 :func:`bytecomp.profile_store.load_profile` and the calibration reader
-(:mod:`bytecomp.profiler.calibration`) make of them, each failure one line naming the
+(:mod:`bytecomp.profiler.calibration_file`) make of them, each failure one line naming the
 table, the column and the row.
 """
 

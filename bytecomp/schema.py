@@ -1,7 +1,7 @@
 """What the readers of bytecomp's files share: the failure line, the field reader, the
 document reader and the limits (each declared once) that plan files
 (:mod:`bytecomp.plan_file`), profiles (:mod:`bytecomp.profile_store`) and calibrations
-(:mod:`bytecomp.profiler.calibration`) are checked against.
+(:mod:`bytecomp.profiler.calibration_file`) are checked against.
 
 Every failure is one line, ``PATH: MESSAGE`` (:func:`fail`), a
 :class:`~bytecomp.errors.BytecompError`. Torch-free and pandas-free: a training job reads
@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import NoReturn, TypeGuard
 
 from bytecomp.errors import BytecompError
-from bytecomp.files import control_character, read_yaml_file
+from bytecomp.files import control_character
+from bytecomp.safe_yaml import read_yaml_file
 
 # Bounds on what a real file can hold: beyond them a number is an error, not a model.
 MAX_INTEGER = 1 << 50  # elements or bytes

@@ -7,7 +7,7 @@ document from them for what bytecomp's own files are, plain mappings, sequences 
 scalars, each distinct scalar resolved and constructed once by ``yaml.SafeLoader``'s
 own resolver and constructors, and gives up (:data:`UNUSUAL`) on anything else:
 anchors, aliases, tags, merge keys, duplicate or collection keys, more than one
-document, nesting near :data:`bytecomp.files.YAML_MAX_DEPTH`, characters the Python
+document, nesting near :data:`bytecomp.safe_yaml.YAML_MAX_DEPTH`, characters the Python
 reader refuses, an error of any kind, or no libyaml. The caller then reads the text
 with its strict loader, which decides (and words any error) as before, so a document
 read here is the one that loader returns.

@@ -17,7 +17,8 @@ import yaml
 import bytecomp
 from bytecomp.cli import app
 from bytecomp.errors import BytecompError
-from bytecomp.options import BenchOptions, PlanOptions, ProfileOptions, SimulateOptions, cli_name
+from bytecomp.option_fields import cli_name
+from bytecomp.options import BenchOptions, PlanOptions, ProfileOptions, SimulateOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSFORMER = ROOT / "profiles" / "transformer"

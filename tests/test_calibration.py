@@ -24,8 +24,8 @@ from bytecomp.profiler.calibration import (
     LINK_MAX_MS,
     LINK_TOLERANCE,
     _link_size,
-    load_calibration,
 )
+from bytecomp.profiler.calibration_file import load_calibration
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -19,12 +19,10 @@ import yaml
 from refusal import one_line_error
 
 from bytecomp.errors import BytecompError
-from bytecomp.files import (
-    load_yaml,
-    read_text_file,
-)
+from bytecomp.files import read_text_file
 from bytecomp.plan_file import load_plan
 from bytecomp.profiler import load_profile
+from bytecomp.safe_yaml import load_yaml
 from bytecomp.search import Planner
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
 

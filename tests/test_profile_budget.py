@@ -23,7 +23,7 @@ from bytecomp.profiler.budget import (
     describe_split,
 )
 from bytecomp.profiler.cache import CACHE_ENV, ClusterKey, cache_root, lookup
-from bytecomp.profiler.calibration import load_calibration
+from bytecomp.profiler.calibration_file import load_calibration
 from bytecomp.profiler.sweeps import (
     MAX_OP_S,
     MIN_OP_S,

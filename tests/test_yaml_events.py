@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from bytecomp.errors import BytecompError
-from bytecomp.files import FAST_YAML_BYTES, YAML_MAX_DEPTH, _StrictLoader, load_yaml
+from bytecomp.safe_yaml import FAST_YAML_BYTES, YAML_MAX_DEPTH, _StrictLoader, load_yaml
 from bytecomp.yaml_events import UNUSUAL, from_events
 
 pytestmark = pytest.mark.skipif(not getattr(yaml, "__with_libyaml__", False),

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bytecomp.errors import BytecompError
-from bytecomp.files import control_character, load_yaml, read_text_file
+from bytecomp.files import control_character, read_text_file
+from bytecomp.safe_yaml import load_yaml
 from bytecomp.schema import MAX_COUNT
 
 MAX_CPU_CORES = 1 << 16  # a node's cores

@@ -15,12 +15,13 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import check_new_directory, remove_stale_temporaries
 from bytecomp.launch import backend_for, in_torchrun, run_job, torchrun_shape
 from bytecomp.profile_store import Profile, load_profile, save_profile
+from bytecomp.profiler.builtin_models import BUILTINS
 from bytecomp.profiler.cache import ClusterKey, lookup
 from bytecomp.profiler.calibration import check_before_ranks
 from bytecomp.profiler.door import check_recipe
 from bytecomp.profiler.job import pick_device
 from bytecomp.profiler.runner import ProfileConfig, run_calibration_rank, run_rank
-from bytecomp.profiler.workloads import BUILTINS, load_workload
+from bytecomp.profiler.workloads import load_workload
 from bytecomp.ui import Stage
 
 

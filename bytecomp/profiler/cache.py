@@ -68,7 +68,7 @@ def lookup(key: ClusterKey, specs: list[str], needed_bytes: int,
     """The cached entry for ``key`` if it is a valid calibration made for that key, timed
     every one of ``specs`` and swept sizes up to ``needed_bytes``; else None, with one
     line (``say``) for an entry that is there but cannot serve."""
-    from bytecomp.profiler.calibration import load_calibration
+    from bytecomp.profiler.calibration_file import load_calibration
 
     path = key.path()
     if not path.exists():

@@ -14,7 +14,8 @@ from rich.table import Table
 
 from bytecomp.compress import default_specs, from_spec, ladder_specs
 from bytecomp.errors import BytecompError
-from bytecomp.options import PROFILE_RANGED, ProfileOptions, check_profile_ranges, default_of
+from bytecomp.option_fields import default_of
+from bytecomp.options import PROFILE_RANGED, ProfileOptions, check_profile_ranges
 from bytecomp.plan_types import fingerprint
 from bytecomp.profile_meta import ModelMeta, ProfileMeta
 from bytecomp.profile_store import Profile, save_profile
@@ -25,12 +26,12 @@ from bytecomp.profiler.calibration import (
     ClusterTables,
     calibration_meta,
     check_link,
-    load_calibration,
     measure_cluster,
     measure_executor_here,
     reuse_cluster,
     write_calibration,
 )
+from bytecomp.profiler.calibration_file import load_calibration
 from bytecomp.profiler.candidates import Candidates, probe_candidates
 from bytecomp.profiler.convergence import Budget
 from bytecomp.profiler.fidelity import COLUMNS as FIDELITY_COLUMNS

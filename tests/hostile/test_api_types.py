@@ -26,13 +26,12 @@ from refusal import one_line_error
 
 import bytecomp
 from bytecomp.errors import BytecompError
+from bytecomp.option_fields import MAX_NUMBER, cli_name
 from bytecomp.options import (
-    MAX_NUMBER,
     BenchOptions,
     PlanOptions,
     ProfileOptions,
     SimulateOptions,
-    cli_name,
 )
 from bytecomp.profile_store import check_profile, load_profile
 
@@ -335,7 +334,8 @@ def test_plan_refuses_a_huge_built_in_that_the_profile_names_before_any_work(cli
 
 @pytest.mark.slow  # builds each model at its defaults (seconds)
 def test_the_size_check_counts_what_the_built_model_holds():
-    from bytecomp.profiler.workloads import BUILTINS, SIZES, load_workload, model_elements
+    from bytecomp.profiler.builtin_models import BUILTINS, SIZES, model_elements
+    from bytecomp.profiler.workloads import load_workload
 
     for name, args in (("mlp", {}), ("cnn", {}), ("transformer", {}), ("lstm", {}),
                        ("bow", {}), ("mlp", {"inputs": 8, "width": 16, "depth": 3}),
