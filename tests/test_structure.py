@@ -199,3 +199,51 @@ def test_the_written_files_keys_are_declared():
     calibration = root / "tests" / "fixtures" / "calibration-1x2" / "calibration.yaml"
     assert set(yaml.safe_load(calibration.read_text())) <= \
         set(typing.get_type_hints(CalibrationMeta))
+
+
+MAX_MODULE_LINES = 500
+# Module names that two packages share for the same job: each command's rank side
+SHARED_NAMES = {"runner.py": "the rank side of a command (profiler/: profile, bencher/: bench)"}
+
+
+def long_modules_without_a_reason(root: Path, most: int = MAX_MODULE_LINES) -> list[str]:
+    """The modules under ``root`` of more than ``most`` lines whose docstring gives no
+    reason for their length (a paragraph starting "Over 500 lines:")."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        source = path.read_text()
+        lines = source.count("\n")
+        docstring = ast.get_docstring(ast.parse(source)) or ""
+        if lines > most and not any(paragraph.startswith("Over 500 lines:")
+                                    for paragraph in docstring.split("\n\n")):
+            found.append(f"{path.relative_to(root.parent)}: {lines} lines")
+    return found
+
+
+def test_no_module_is_long_without_a_reason():
+    """A module of more than 500 lines says why in its docstring ("Over 500 lines: ...");
+    otherwise it is split by role."""
+    found = long_modules_without_a_reason(PACKAGE)
+    assert not found, "\n".join(found)
+
+
+def test_the_length_check_finds_a_long_module(tmp_path):
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "long.py").write_text('"""A module."""\n' + "x = 1\n" * 600)
+    (package / "said.py").write_text('"""A module.\n\nOver 500 lines: one table."""\n' +
+                                     "x = 1\n" * 600)
+    (package / "short.py").write_text('"""A module."""\n' + "x = 1\n" * 10)
+    assert long_modules_without_a_reason(package) == ["package/long.py: 601 lines"]
+
+
+def test_no_two_modules_share_a_name_for_different_jobs():
+    """Two modules of one name are one job in two packages (SHARED_NAMES says which);
+    a package's __init__ and __main__ aside."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    shared = {name: paths for name, paths in by_name.items()
+              if len(paths) > 1 and name not in SHARED_NAMES}
+    assert not shared, shared

@@ -63,7 +63,8 @@ from bytecomp.costs.clusters import load_cluster
 from bytecomp.errors import BytecompError
 from bytecomp.files import directory_atomic
 from bytecomp.model_spec import allowed_model
-from bytecomp.options import BenchOptions, default_of
+from bytecomp.option_fields import default_of
+from bytecomp.options import BenchOptions
 from bytecomp.plan_file import load_plan, plan_for_model
 from bytecomp.plan_types import Plan
 from bytecomp.profile_store import Profile, load_profile

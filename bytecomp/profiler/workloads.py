@@ -54,9 +54,6 @@ from torch import nn
 import bytecomp.profiler.data as data
 from bytecomp.errors import BytecompError
 from bytecomp.profiler.builtin_models import BUILTINS, build_builtin, builtin_args
-
-# re-exported for search/verify.py's import until it imports from builtin_models itself
-from bytecomp.profiler.builtin_models import check_builtin_size as check_builtin_size
 from bytecomp.profiler.data import (
     TeacherTask,
     TextWindows,

@@ -185,7 +185,7 @@ def allowed_spec(profile, model: str | None) -> str:
         # a built-in too large to build: one line, before any work (its sizes live beside
         # the models, with torch: seconds to import, so the wait is shown)
         with Stage(f"checking {spec} (loading torch)", after_s=0, lines=False):
-            from bytecomp.profiler.workloads import check_builtin_size
+            from bytecomp.profiler.builtin_models import check_builtin_size
 
             check_builtin_size(spec)
     return spec
