@@ -79,7 +79,10 @@ def test_profile_plan_and_bench_are_never_silent_for_long(tmp_path):
          "--model", "factories:with_recipe", "--verify-budget", "30"], tmp_path)
     assert code == 0, text
     assert silent <= MOST_SILENT_S, f"plan was silent for {silent:.1f} s:\n{text}"
-    assert "--verify-budget sets the time" in text and "training" in text
+    # it trains what the probe did not (the searched plan differs with the profile's noise:
+    # where the probe trained every finalist already, nothing is left to train)
+    assert ("--verify-budget sets the time" in text and "training" in text) or \
+        "left to train" in text, text
     code, silent, text = on_a_terminal(
         ["bench", profile, "--plan", tmp_path / "plan.yaml", "--out", tmp_path / "bench",
          "--nproc", "2", "--iterations", "3", "--model", "factories:with_recipe",
