@@ -392,8 +392,8 @@ class BenchOptions(Options):
                       "also curves.csv, convergence.csv, convergence.png).", path=True)
     compressor: tuple[str, ...] = option((), "Compressor for an 'on every tensor' baseline "
                                          "(repeatable; default: the plan's first, else "
-                                         "topk:ratio=0.01; with --train-steps every compressor "
-                                         "in the profile).")
+                                         "topk:ratio=0.01 or the profile's first; with "
+                                         "--train-steps every compressor in the profile).")
     cluster: str | None = option(None, "Cluster config of this job, for the predictions "
                                  "(default: the profiled cluster).", path=True)
     iterations: int = option(10, "Measured iterations per strategy.", min=1)

@@ -263,3 +263,26 @@ def test_bench_warns_where_the_link_is_not_the_predictions_cluster():
     for slow, instant in run_ranks(_link_warnings, 2):
         assert "does not match a 1 Mbit/s cluster" in slow and "faster than the" in slow
         assert "does not match an instant cluster" in instant and "slower than the" in instant
+
+
+def test_the_default_every_tensor_baseline_is_a_compressor_the_profile_timed():
+    # a plan that compresses nothing names no compressor: the baseline falls back to top-k
+    # at 1% only where the profile timed it, else to the profile's first (CI once benched a
+    # plan of fp16 and top-k 10% against top-k 1% and refused: "has no cpu timings")
+    from bytecomp.bencher.runner import BenchConfig, _every_compressors
+    from bytecomp.plan_file import plan_for_model
+    from bytecomp.plan_types import Option
+    from bytecomp.testing.synthetic import synthetic_profile
+
+    model = torch.nn.Linear(4, 2)
+    plain = plan_for_model(model, lambda name, param: Option(), 2)
+    assert plain.compressors == []
+    config = BenchConfig("profile", "plan.yaml")
+    shapes = [("fc.weight", (64, 64))]
+    lacking = synthetic_profile(shapes, specs=["fp16", "topk:ratio=0.1"])
+    assert _every_compressors(config, plain, lacking) == ["fp16"]
+    having = synthetic_profile(shapes, specs=["topk:ratio=0.1", "topk:ratio=0.01"])
+    assert _every_compressors(config, plain, having) == ["topk:ratio=0.01"]
+    chosen = plan_for_model(model, lambda name, param: Option("topk:ratio=0.1", "device",
+                                                              "allgather"), 2)
+    assert _every_compressors(config, chosen, lacking) == ["topk:ratio=0.1"]

@@ -160,7 +160,9 @@ def benched_plans(config: BenchConfig) -> list[BenchedPlan]:
 
 def _every_compressors(config: BenchConfig, plan, profile) -> list[str]:
     """The compressors to run on every tensor: those asked for; else, when training to
-    accuracy, every compressor in the profile; else the plan's first (or top-k)."""
+    accuracy, every compressor in the profile; else the plan's first, else top-k at 1% where
+    the profile timed it, else the profile's first compressor (a plan that compresses nothing
+    names none, and a default the profile lacks would refuse the bench)."""
     if config.compressors:
         return list(dict.fromkeys(canonical(spec) for spec in config.compressors))
     if not config.every:
@@ -168,7 +170,11 @@ def _every_compressors(config: BenchConfig, plan, profile) -> list[str]:
     if config.convergence is not None:
         return sorted({canonical(s) for s in profile.compressors["spec"]
                        if from_spec(s).compresses})
-    return [plan.compressors[0] if plan.compressors else DEFAULT_COMPRESSOR]
+    if plan.compressors:
+        return [plan.compressors[0]]
+    profiled = sorted({canonical(s) for s in profile.compressors["spec"]
+                       if from_spec(s).compresses})
+    return [DEFAULT_COMPRESSOR] if DEFAULT_COMPRESSOR in profiled else profiled[:1]
 
 
 def every_key(spec: str) -> str:
