@@ -11,8 +11,8 @@ def charlstm():
     its own modules; validation on modules it never trains on), trained as such models
     often are: SGD with momentum 0.9 at a learning rate of 1, gradients clipped to 1."""
     from bytecomp import Recipe
-    from bytecomp.profiler.builtin_models import LSTMLanguageModel
-    from bytecomp.profiler.data import TextWindows, validation_batches
+    from bytecomp.training.builtin_models import LSTMLanguageModel
+    from bytecomp.training.data import TextWindows, validation_batches
 
     def validation(batch_size):
         return validation_batches(SEQ_LEN, batch_size, 8)

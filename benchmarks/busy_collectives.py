@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from machine_load import load  # noqa: E402
 
 from bytecomp.launch import spawn  # noqa: E402
-from bytecomp.profiler.training import (  # noqa: E402
+from bytecomp.profiler.iteration_times import (  # noqa: E402
     BUSY_PAUSE_S,
     SMALL_COLLECTIVE_BYTES,
     _BackgroundTraffic,

@@ -85,7 +85,7 @@ from pathlib import Path
 import pandas as pd
 
 from bytecomp.plan_file import load_plan
-from bytecomp.profiler.convergence import (
+from bytecomp.training.convergence import (
     Training,
     flat,
     last_quarter,

@@ -75,7 +75,7 @@ from bytecomp.compress.lowrank import powersgd_compresses
 from bytecomp.launch import backend_for, free_port
 from bytecomp.plan_file import FINALISTS, ladder_for_model, plan_for_model, plan_from_dict
 from bytecomp.plan_types import Adaptive, Option
-from bytecomp.profiler.workloads import load_workload
+from bytecomp.training.workloads import load_workload
 
 TOPK = "topk:ratio=0.01"
 POWERSGD = "powersgd:rank=4"

@@ -37,7 +37,7 @@ from scipy.stats import spearmanr
 from bytecomp.compress import ErrorFeedback, canonical, from_spec
 from bytecomp.compress.local import roundtrip
 from bytecomp.compress.lowrank import powersgd_compresses
-from bytecomp.profiler.workloads import load_workload
+from bytecomp.training.workloads import load_workload
 
 CHARLM = "transformer:layers=2,width=128,heads=4,seq_len=64,vocab=256"
 SPECS = ["fp16", "int8", "topk:ratio=0.01", "randomk:ratio=0.01", "dgc:ratio=0.01",

@@ -38,8 +38,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
 from bytecomp.model_spec import allowed_model
-from bytecomp.profiler.training import to_device
-from bytecomp.profiler.workloads import load_workload
+from bytecomp.profiler.iteration_times import to_device
+from bytecomp.training.workloads import load_workload
 
 PHASES = ("launched", "encoded", "sent", "received", "done")
 

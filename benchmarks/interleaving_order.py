@@ -4,7 +4,7 @@ The convergence bench (``bytecomp bench --train-steps``) and the profile's probe
 train every strategy interleaved step by step. This trains copies of two of
 PyTorch's own hooks, the fp16 hook and the PowerSGD hook (rank 4), the same
 strategy several times over, from the same weights on the same batches, through
-the same loop (:func:`bytecomp.profiler.convergence.train_curves`), once with the
+the same loop (:func:`bytecomp.training.convergence.train_curves`), once with the
 strategies in a fixed order every step and once in each step's own order (the
 default), alternating ``--rounds`` times. Identical copies should take the same
 time; for the fixed order it prints each copy's median step beside the strategy
@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from machine_load import load  # noqa: E402
 
 from bytecomp.launch import in_torchrun, run_job  # noqa: E402
-from bytecomp.profiler.convergence import ConvergenceConfig, train_curves  # noqa: E402
-from bytecomp.profiler.probe import Trainee  # noqa: E402
-from bytecomp.profiler.workloads import load_workload  # noqa: E402
+from bytecomp.training.convergence import ConvergenceConfig, train_curves  # noqa: E402
+from bytecomp.training.probe import Trainee  # noqa: E402
+from bytecomp.training.workloads import load_workload  # noqa: E402
 
 WORKLOAD = "transformer:layers=2,width=128,heads=4,seq_len=64,vocab=256"
 # each hook both after itself and after the other one

@@ -26,7 +26,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from bytecomp.profiler import ProfileConfig, load_profile, run_profile
+from bytecomp.commands.profile import run_profile
+from bytecomp.profiler import ProfileConfig, load_profile
 
 
 def relative_differences(a, b) -> np.ndarray:

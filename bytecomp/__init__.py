@@ -14,9 +14,11 @@ __all__ = ["apply_plan", "comm_hook", "load_plan", "Plan", "Recipe", "BytecompEr
            "profile", "plan", "simulate", "bench", "load_profile", "Profile", "PlanResult",
            "Simulation", "BenchResult", "ProfileOptions", "PlanOptions", "SimulateOptions",
            "BenchOptions", "__version__"]
-# The pipeline's names (bytecomp.api, bytecomp.options), by the module that owns them.
+# The pipeline's names (bytecomp.api, bytecomp.commands, bytecomp.options), by the module
+# that owns them.
 _PIPELINE = {"profile": "api", "plan": "api", "simulate": "api", "bench": "api",
-             "Simulation": "api", "BenchResult": "api", "PlanResult": "search.pipeline",
+             "Simulation": "commands.simulate", "BenchResult": "commands.bench",
+             "PlanResult": "commands.plan",
              "load_profile": "profile_store", "Profile": "profile_store",
              "ProfileOptions": "options", "PlanOptions": "options",
              "SimulateOptions": "options", "BenchOptions": "options"}

@@ -19,10 +19,9 @@ profile directory is when read. Progress goes to stderr, as the commands show it
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bytecomp.commands.plan import PlanResult, load_cluster, run_plan
 from bytecomp.errors import BytecompError
 from bytecomp.mainguard import check_before_spawning
 from bytecomp.option_fields import describe, path_argument
@@ -32,12 +31,10 @@ from bytecomp.options import (
     ProfileOptions,
     SimulateOptions,
 )
-from bytecomp.search.pipeline import PlanResult, load_cluster, run_plan
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-    from bytecomp.plan_types import Plan
+    from bytecomp.commands.bench import BenchResult
+    from bytecomp.commands.simulate import Simulation
     from bytecomp.profile_store import Profile
 
 
@@ -56,8 +53,9 @@ def profile(model: str | None = None, *, options: ProfileOptions | None = None,
     from bytecomp.ui import Stage, warn
 
     with Stage("loading torch", after_s=0, lines=False):  # seconds: say so, as bench does
+        from bytecomp.commands.profile import run_profile
         from bytecomp.launch import check_nproc
-        from bytecomp.profiler import ProfileConfig, run_profile
+        from bytecomp.profiler import ProfileConfig
 
     if model is not None:
         values["model"] = model
@@ -76,7 +74,7 @@ def profile(model: str | None = None, *, options: ProfileOptions | None = None,
 def plan(profile: str | os.PathLike | Profile, *, options: PlanOptions | None = None,
          announce=None, **values: Any) -> PlanResult:
     """Plan a profile (``bytecomp plan``): search, train the finalists, choose, write the
-    plan file; return a :class:`~bytecomp.search.pipeline.PlanResult`.
+    plan file; return a :class:`~bytecomp.commands.plan.PlanResult`.
 
     ``profile``: a profile directory, or a :class:`~bytecomp.profile_store.Profile` read
     already (to plan one profile for many clusters without reading it each time); the
@@ -102,165 +100,16 @@ def plan(profile: str | os.PathLike | Profile, *, options: PlanOptions | None = 
     return run_plan(given, chosen, print_line if announce is None else announce)
 
 
-@dataclass
-class Simulation:
-    """One simulated iteration of a plan (:func:`simulate`): the times in ms, the busy time
-    of every resource, the files written, the command's :attr:`table` and, group by
-    group, when each was encoded, on the wire and done (:attr:`groups`)."""
-
-    plan: str
-    level: int | None
-    cluster: str
-    iteration_ms: float
-    compute_ms: float
-    backward_end_ms: float
-    comm_end_ms: float
-    busy_ms: dict[str, float]
-    written: list[str] = field(default_factory=list)
-    timeline: Any = None  # the simulator's result (events, per-group times)
-    group_tensors: list[list[str]] = field(default_factory=list)  # per simulated group
-
-    @property
-    def groups(self) -> pd.DataFrame:
-        """Per simulated group, in launch order: its tensors, its strategy, and when (ms,
-        on the simulation's clock) it began (its first event), was encoded, went on the
-        wire, came off it and was decoded: what ``Executor.record_group_times`` measures
-        on a real run."""
-        import pandas as pd
-
-        spans: dict[int, dict[str, list[float]]] = {}
-        for event in self.timeline.events if self.timeline is not None else []:
-            if event.group >= 0:
-                ops = spans.setdefault(event.group, {})
-                ops.setdefault(event.op, []).extend((event.start, event.end))
-        rows = []
-        for index, ops in sorted(spans.items()):
-            begun = min(t for times in ops.values() for t in times)
-            encoded = max(ops.get("encode", [begun]))
-            sent = min(ops.get("collective", [encoded]))
-            received = max(ops.get("collective", [sent]))
-            rows.append({"group": index, "tensors": self.group_tensors[index]
-                         if index < len(self.group_tensors) else [],
-                         "strategy": self.timeline.groups[index].label,
-                         "launched_ms": begun, "encoded_ms": encoded, "sent_ms": sent,
-                         "received_ms": received,
-                         "done_ms": max(ops.get("decode", [received]) + [received])})
-        return pd.DataFrame(rows)
-
-    @property
-    def exposed_ms(self) -> float:
-        """The iteration's time not overlapped with compute."""
-        return self.iteration_ms - self.compute_ms
-
-    @property
-    def table(self) -> pd.DataFrame:
-        """The command's table: quantity and ms."""
-        import pandas as pd
-
-        rows = [("iteration", self.iteration_ms),
-                ("compute only (forward + backward + optimizer)", self.compute_ms),
-                ("exposed (not overlapped) time", self.exposed_ms),
-                ("backward ends (after forward)", self.backward_end_ms),
-                ("last group done (after forward)", self.comm_end_ms)]
-        rows += [(f"busy {key.replace(':', ' ')}", value) for key, value in
-                 self.busy_ms.items()]
-        return pd.DataFrame(rows, columns=["quantity", "ms"])
-
-    def to_dict(self) -> dict:
-        """``simulate --format json``."""
-        return {"plan": self.plan, "level": self.level, "cluster": self.cluster,
-                "iteration_ms": self.iteration_ms, "compute_ms": self.compute_ms,
-                "exposed_ms": self.exposed_ms, "backward_end_ms": self.backward_end_ms,
-                "comm_end_ms": self.comm_end_ms, "busy_ms": self.busy_ms,
-                "written": self.written}
-
-
 def simulate(profile: str | os.PathLike, plan: str | os.PathLike, *,
              options: SimulateOptions | None = None, **values: Any) -> Simulation:
     """Simulate one iteration of ``plan`` (a plan file) on ``profile``'s measurements
     (``bytecomp simulate``); ``trace=`` and ``png=`` write a Chrome trace and a Gantt
     chart, ``cluster=`` another cluster, ``level=`` an adaptive plan's level."""
-    from bytecomp.files import atomic_files, check_output_file, check_outputs_spare_inputs
-    from bytecomp.plan_file import load_plan
-    from bytecomp.profile_store import load_profile
-    from bytecomp.search import Planner, simulate_plan
-    from bytecomp.search.pipeline import input_files
-    from bytecomp.search.plans import check_plan_fits
-    from bytecomp.timeline.render import draw_gantt, write_trace
+    from bytecomp.commands.simulate import run_simulate
 
     chosen = SimulateOptions.build(options, **values)
-    profile = path_argument(profile, "simulate", "the profile directory")
-    plan = path_argument(plan, "simulate", "the plan file")
-    outputs: dict[str, str | None] = {"--trace": chosen.trace, "--png": chosen.png}
-    for option_name, path in outputs.items():
-        if path:
-            check_output_file(path, option_name)
-    check_outputs_spare_inputs(outputs, input_files(profile, plan, chosen.cluster))
-    loaded = load_profile(profile)
-    the_plan: Plan = load_plan(plan)
-    cluster = load_cluster(chosen.cluster)
-    check_plan_fits(the_plan, loaded, cluster)
-    level = chosen.level
-    if level is not None or the_plan.levels:
-        count = len(the_plan.levels or [])
-        if not 0 <= (level or 0) < count:
-            raise BytecompError(f"{plan} has no level {level} (" + (
-                f"levels 0 to {count - 1})" if count else "it is not an adaptive plan)"))
-        level = level or 0
-        the_plan = the_plan.level(level)
-    planner = Planner(loaded, cluster, the_plan.compressors or None, strict=True)
-    result = simulate_plan(planner, the_plan)
-    times = loaded.meta["times"]
-    compute = sum(times[k]["median_ms"] for k in ("forward", "backward_compute", "optimizer"))
-    written = [path for path in (chosen.trace, chosen.png) if path]
-    with atomic_files(written) as temporaries:  # both written, then both renamed
-        staged = dict(zip(written, temporaries))
-        if chosen.trace:
-            with open(staged[chosen.trace], "w") as stream:
-                write_trace(result, stream, plan, planner.problem.tensors)
-        if chosen.png:
-            draw_gantt(result, staged[chosen.png], plan)
-    names = [tensor.name for tensor in planner.problem.tensors]
-    return Simulation(plan, level, planner.cluster.name, result.iteration_ms, compute,
-                      result.backward_end_ms, result.comm_end_ms,
-                      dict(sorted(result.breakdown().items())), written, result,
-                      [[names[i] for i in group.members] for group in result.groups])
-
-
-@dataclass
-class BenchResult:
-    """What :func:`bench` measured: ``strategies`` (bench.csv: measured and predicted ms
-    per strategy), ``convergence`` (convergence.csv, with ``train_steps``), ``summary``
-    (compute drift, prediction errors) and the output folder ``out``."""
-
-    out: Path
-    strategies: pd.DataFrame
-    convergence: pd.DataFrame | None
-    summary: dict[str, float]
-
-    @classmethod
-    def read(cls, folder: Path) -> BenchResult:
-        import pandas as pd
-
-        from bytecomp.bencher.report import prediction_summary
-
-        results = pd.read_csv(folder / "bench.csv")
-        convergence = folder / "convergence.csv"
-        return cls(folder, results, pd.read_csv(convergence) if convergence.exists() else None,
-                   prediction_summary(results))
-
-    @property
-    def files(self) -> list[str]:
-        return sorted(path.name for path in self.out.iterdir())
-
-    def to_dict(self) -> dict:
-        """``bench --format json``: the rows of bench.csv (and convergence.csv), the
-        table's caption (compute drift, prediction errors) and the files written."""
-        return {"out": str(self.out), "files": self.files,
-                "strategies": self.strategies.to_dict(orient="records"),
-                "summary": self.summary,
-                "convergence": None if self.convergence is None else
-                self.convergence.to_dict(orient="records")}
+    return run_simulate(path_argument(profile, "simulate", "the profile directory"),
+                        path_argument(plan, "simulate", "the plan file"), chosen)
 
 
 def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
@@ -282,7 +131,8 @@ def bench(profile: str | os.PathLike, plans: str | os.PathLike | list, *,
     if chosen.cluster is not None:  # checked before any rank starts
         load_cluster(chosen.cluster)
     with Stage("loading torch", after_s=0, lines=False):
-        from bytecomp.bencher import BenchConfig, run_bench
+        from bytecomp.bencher import BenchConfig
+        from bytecomp.commands.bench import BenchResult, run_bench
         from bytecomp.launch import check_nproc
     for warning in check_nproc(chosen.nproc):
         warn(warning)

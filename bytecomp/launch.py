@@ -110,6 +110,14 @@ def free_port() -> int:
 BACKENDS = ("gloo", "nccl", "cpu:gloo,cuda:nccl")
 
 
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    """The device of the rank ``local_rank`` of this node: ``choice`` is ``--device``
+    (``auto``: a GPU where there is one)."""
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+    return torch.device("cpu")
+
+
 def backend_for(device_type: str) -> str:
     """The process-group backend for a job whose tensors live on ``device_type``. A CUDA
     job gets NCCL for its CUDA tensors and gloo for its CPU ones (host-placed payloads,

@@ -19,7 +19,7 @@ import sys
 
 from bytecomp.errors import BytecompError
 
-# The built-in workloads (bytecomp.profiler.builtin_models.BUILTINS, which checks it holds these).
+# The built-in workloads (bytecomp.training.builtin_models.BUILTINS, which checks it holds these).
 BUILTIN_MODELS = ("mlp", "cnn", "transformer", "lstm", "digits", "bow", "resnet18", "resnet50", "vgg16")
 
 

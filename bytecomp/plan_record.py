@@ -119,7 +119,7 @@ def check_finalists(reader: Reader, finalists) -> str:
 
 def _check_factor_range(reader: Reader, finalist: dict, factor, where: str) -> None:
     """A finalist's optional ``steps_factor_low`` and ``steps_factor_high``: its factor's
-    range within fp32's loss noise floor (bytecomp.profiler.factors), both or neither,
+    range within fp32's loss noise floor (bytecomp.training.factors), both or neither,
     numbers from 0 to the cap around its ``steps_factor``."""
     low, high = finalist.get("steps_factor_low"), finalist.get("steps_factor_high")
     if low is None and high is None:

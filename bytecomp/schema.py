@@ -27,10 +27,10 @@ MAX_SECONDS = 1e7  # informative durations (a stage, the probe, a verification):
 MAX_BUCKET_CAP_MB = 1e6
 MAX_PREDICTED_MS = 1e9  # a predicted step time
 # A measured steps factor's cap: "it does not learn", beyond any step budget worth
-# planning for (the convergence probe's bytecomp.profiler.probe.MAX_FACTOR)
+# planning for (the convergence probe's bytecomp.training.probe.MAX_FACTOR)
 MAX_STEPS_FACTOR = 10.0
 # what a trained comparison (the convergence probe, a verified plan's finalists) measured
-# its losses on (bytecomp.profiler.workloads)
+# its losses on (bytecomp.training.workloads)
 PROBE_BATCHES = ("validation", "held-out training batches")
 
 

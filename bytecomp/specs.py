@@ -1,6 +1,6 @@
 """The ``name:key=value,...`` spec form, split in one place: compressor specs
 (:mod:`bytecomp.compress.registry`), optimizer and scheduler specs
-(:mod:`bytecomp.recipe`) and built-in model specs (:mod:`bytecomp.profiler.workloads`).
+(:mod:`bytecomp.recipe`) and built-in model specs (:mod:`bytecomp.training.workloads`).
 
 Each caller checks its own values (their kinds and ranges differ); the splitting and
 its refusals (an empty spec, an unknown name, an empty item) are here. Light: no torch.

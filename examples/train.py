@@ -34,8 +34,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import bytecomp
 from bytecomp.errors import BytecompError
-from bytecomp.profiler.data import TeacherTask
-from bytecomp.profiler.workloads import load_workload
+from bytecomp.training.data import TeacherTask
+from bytecomp.training.workloads import load_workload
 
 
 @dataclass

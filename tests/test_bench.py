@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bytecomp.profiler.convergence import (
+from bytecomp.training.convergence import (
     ConvergenceConfig,
     loss_at,
     step_order,
@@ -17,7 +17,7 @@ from bytecomp.profiler.convergence import (
     target_loss,
     time_at,
 )
-from bytecomp.profiler.workloads import load_workload
+from bytecomp.training.workloads import load_workload
 
 from ranks import run_ranks
 
@@ -58,8 +58,8 @@ def _curves_in_both_orders(rank, world):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    from bytecomp.profiler.convergence import train_curves
-    from bytecomp.profiler.probe import Trainee
+    from bytecomp.training.convergence import train_curves
+    from bytecomp.training.probe import Trainee
 
     workload = load_workload(MLP)
     out = {}
@@ -93,7 +93,7 @@ def _curves_on_two_data_orders(rank, world):
     from torch.nn.parallel import DistributedDataParallel
 
     from bytecomp.bencher.runner import Strategy
-    from bytecomp.profiler.convergence import train_curves
+    from bytecomp.training.convergence import train_curves
 
     workload = load_workload(MLP)
     strategies = []
@@ -198,7 +198,7 @@ def test_digits_is_real_data_with_a_fixed_split():
 
 
 def test_typical_step_times_are_medians_per_level():
-    from bytecomp.profiler.convergence import Training
+    from bytecomp.training.convergence import Training
 
     training = Training({"a": [(0, 1.0)], "b": [(0, 1.0)]},
                         {"a": [3.0, 30.0, 3.2, 2.9, float("nan")],

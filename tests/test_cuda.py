@@ -110,7 +110,7 @@ def _train_on_cuda(rank, world, host_share: int):
     from bytecomp.comm.schemes import supported_schemes
     from bytecomp.plan_file import plan_for_model
     from bytecomp.plan_types import Option
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     torch.manual_seed(0)
     workload = load_workload("mlp:inputs=32,width=64,depth=3")

@@ -248,7 +248,7 @@ def check_model_factory(block: Block, namespace: dict, where: Path) -> None:
     loaded the way bytecomp profile loads it, the recipe trains a step and validates."""
     import torch
 
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     assert callable(namespace.get("factory")), "the block defines no factory()"
     module = "doc_block_factory"

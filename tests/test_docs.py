@@ -323,7 +323,7 @@ def test_readme_training_snippet_runs_on_two_ranks(tmp_path):
     from bytecomp.launch import free_port
     from bytecomp.plan_file import plan_for_model
     from bytecomp.plan_types import Option
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     model = load_workload("mlp:inputs=64,width=256,depth=3").model
     biggest = max(p.numel() for p in model.parameters())
@@ -349,7 +349,7 @@ def test_readme_training_snippet_prints_one_line_per_rank_for_a_plan_of_another_
     from bytecomp.launch import free_port
     from bytecomp.plan_file import plan_for_model
     from bytecomp.plan_types import Option
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     model = load_workload("mlp:inputs=64,width=256,depth=3").model
     plan_for_model(model, lambda name, p: Option("fp16", "device", "allreduce"), 4, 2,

@@ -21,7 +21,7 @@ from bytecomp.compress import default_specs, from_spec  # noqa: E402
 from bytecomp.errors import BytecompError  # noqa: E402
 from bytecomp.plan_file import plan_for_model
 from bytecomp.plan_types import Option  # noqa: E402
-from bytecomp.profiler.workloads import load_workload  # noqa: E402
+from bytecomp.training.workloads import load_workload  # noqa: E402
 
 from ranks import run_ranks  # noqa: E402
 

@@ -194,7 +194,7 @@ def test_a_scheme_from_outside_is_offered_and_priced(toys):
 def _toys_through_apply_plan(rank, world):
     """Three steps of a plan of toyfp8 (allgather) and randomk (reduce-broadcast) on an
     MLP: every gradient equals what the two ranks' gradients give by hand."""
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     with registered():
         workload, local = load_workload("mlp:inputs=32,width=64,depth=2"), \

@@ -1,4 +1,4 @@
-"""Steps factors read within fp32 DDP's loss noise floor (bytecomp.profiler.factors), on
+"""Steps factors read within fp32 DDP's loss noise floor (bytecomp.training.factors), on
 synthetic curves."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import math
 
 import pytest
 
-from bytecomp.profiler.factors import (
+from bytecomp.training.factors import (
     curve_scatter,
     floored_factor,
     loss_floor,
     reference_factor,
 )
-from bytecomp.profiler.finalist_runs import matched_factor, results
-from bytecomp.profiler.probe import MAX_FACTOR
+from bytecomp.training.finalist_runs import matched_factor, results
+from bytecomp.training.probe import MAX_FACTOR
 
 WIGGLE = [0, 1, -1, 1, -1, 0.5, -0.5, 1, -1, 0.7, -0.7]
 # fp32 DDP's curve: it falls, then levels off around 2.0, scattered 0.1% there

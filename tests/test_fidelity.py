@@ -298,7 +298,7 @@ def test_parameter_weights_count_every_layer_where_norm_weights_see_the_largest(
 
 
 def test_the_steps_factor_reads_the_curves():
-    from bytecomp.profiler.probe import MAX_FACTOR, steps_factor
+    from bytecomp.training.probe import MAX_FACTOR, steps_factor
 
     fp32 = [(0, 3.0), (10, 2.0), (20, 1.5), (30, 1.2), (40, 1.0)]
     assert steps_factor(fp32, fp32, 20) == pytest.approx(1.0)

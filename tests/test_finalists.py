@@ -51,8 +51,8 @@ def test_within_the_steps_tolerance_the_faster_wins():
 def test_a_steps_factor_compares_the_steps_to_the_same_losses():
     """fp32 DDP against itself is 1, however noisy its curve; a curve that takes twice the
     steps to every loss is 2; one that never gets there is the cap."""
-    from bytecomp.profiler.finalist_runs import matched_factor
-    from bytecomp.profiler.probe import MAX_FACTOR
+    from bytecomp.training.finalist_runs import matched_factor
+    from bytecomp.training.probe import MAX_FACTOR
 
     noisy = [(0, 5.0), (10, 3.0), (20, 2.0), (30, 2.2), (40, 1.5), (50, 1.6), (60, 1.2)]
     assert matched_factor(noisy, noisy, 30) == 1.0
@@ -237,7 +237,7 @@ def test_finalists_the_prediction_cannot_separate_become_a_runtime_trial(planned
     assert sorted(names[i] for i in plan.adaptive.trial) == sorted([best.name, second.name])
     assert plan.adaptive.trial_steps >= 2 and plan.adaptive.explore_every >= 10**9
     assert plan.bucket_cap_mb == best.cap_mb
-    from bytecomp.search.pipeline import PlanResult, trial_summary
+    from bytecomp.commands.plan import PlanResult, trial_summary
 
     summary = PlanResult(plan, None, search=chosen).summary  # the command's plan: line
     assert summary.startswith(chosen.composition() + "; the running job first times 2 ")
@@ -530,8 +530,8 @@ def test_the_trial_runs_where_the_lead_is_within_the_model_s_measured_error(plan
 
 
 def test_the_verification_says_why_it_stopped_and_when_fp32_flattened():
-    from bytecomp.profiler.convergence import flat, last_quarter
     from bytecomp.search.verify import SETTLED_FALL, Verification, flattened
+    from bytecomp.training.convergence import flat, last_quarter
 
     falling = [(0, 4.0), (25, 2.0), (50, 1.5), (75, 1.2), (100, 1.0)]
     assert last_quarter(falling, 100) == pytest.approx(0.2 / 1.2)
@@ -599,9 +599,9 @@ def _train_until_flat(rank, world, flat_fall):
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from bytecomp.profiler.convergence import ConvergenceConfig, train_curves
-    from bytecomp.profiler.probe import Trainee
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.convergence import ConvergenceConfig, train_curves
+    from bytecomp.training.probe import Trainee
+    from bytecomp.training.workloads import load_workload
 
     torch.manual_seed(0)
     workload = load_workload("mlp:inputs=16,width=32,depth=2")
@@ -618,7 +618,7 @@ def test_training_stops_once_fp32s_loss_has_flattened():
     """With a flatness threshold the run stops at the first evaluation (after the least
     steps) where fp32's loss fell by at most it over the last quarter, on every rank
     alike; without one it trains every step."""
-    from bytecomp.profiler.convergence import flat
+    from bytecomp.training.convergence import flat
 
     from ranks import run_ranks
 

@@ -181,8 +181,8 @@ def test_every_shipped_profile_still_loads():
 def test_the_probe_table_goes_through_the_same_checks(profile):
     """probe.csv (the convergence probe) is read like every table: numbers finite and in
     range, specs known and not repeated, steps factors at most the probe's cap."""
-    from bytecomp.profiler.probe import MAX_FACTOR
     from bytecomp.schema import MAX_STEPS_FACTOR
+    from bytecomp.training.probe import MAX_FACTOR
 
     assert MAX_STEPS_FACTOR == MAX_FACTOR
     table = profile / "probe.csv"

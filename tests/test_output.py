@@ -95,9 +95,9 @@ def test_compressors_json_lists_the_registry_with_its_traits(cli):
 def test_bench_json_is_bench_csv_with_the_caption_s_errors(tmp_path):
     """``bench --format json`` reads back what rank 0 wrote (the ranks themselves are
     run by the multirank bench tests)."""
-    from bytecomp.api import BenchResult
     from bytecomp.bencher.report import COMPUTE_ONLY
     from bytecomp.cli import _plain
+    from bytecomp.commands.bench import BenchResult
 
     rows = [{"strategy": "fp32 DDP", "measured_ms": 10.0, "error": 0.1,
              "recalibrated_error": -0.05, "compute_drift": 1.2, "speedup_vs_fp32": 1.0},

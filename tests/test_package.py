@@ -123,8 +123,8 @@ def test_stages_import_only_downward():
     for source, target in every.edges:
         # the profiler alone may run the executor: it measures the executor's fixed costs, and
         # the convergence probe trains with compressors
-        runs_executor = source in ("bytecomp.profiler.overheads", "bytecomp.profiler.probe",
-                                   "bytecomp.profiler.finalist_runs") \
+        runs_executor = source in ("bytecomp.profiler.overheads", "bytecomp.training.probe",
+                                   "bytecomp.training.finalist_runs") \
             and target == "bytecomp.runtime"
         if _stage(source) in planning and _stage(target) in ("bytecomp.runtime", "bytecomp.cli") \
                 and not runs_executor:

@@ -16,7 +16,7 @@ from bytecomp.compress import default_specs, from_spec
 from bytecomp.plan_types import fingerprint
 from bytecomp.profiler import load_profile
 from bytecomp.profiler.sweeps import COLLECTIVES, DTYPES, EXTRA_SAMPLES, samples_per_round
-from bytecomp.profiler.workloads import load_workload
+from bytecomp.training.workloads import load_workload
 
 from ranks import free_port, run_ranks
 
@@ -315,7 +315,7 @@ def test_a_failing_rank_stops_every_rank_without_a_hang(tmp_path):
 
 def interference_on_two_nodes_of_two(rank: int, world_size: int) -> dict:
     from bytecomp.comm.topology import Topology
-    from bytecomp.profiler.training import TrainingSettings, measure_training
+    from bytecomp.profiler.iteration_times import TrainingSettings, measure_training
 
     topology = Topology.build(nodes=2, ranks_per_node=2)
     settings = TrainingSettings(batch_size=8, bucket_cap_mb=1.0, warmup=1, iterations=2)

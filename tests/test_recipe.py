@@ -18,8 +18,8 @@ import yaml
 from bytecomp.errors import BytecompError
 from bytecomp.profile_store import load_profile
 from bytecomp.profiler.quality import merged, quality_meta, remeasure
-from bytecomp.profiler.workloads import HELD_OUT_SEED, load_workload
 from bytecomp.recipe import ClippedOptimizer, parse_optimizer
+from bytecomp.training.workloads import HELD_OUT_SEED, load_workload
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -333,7 +333,7 @@ def _rates(spec: str, steps: int, clip: bool = False) -> list[float]:
     model = torch.nn.Linear(2, 2)
     optimizer = parse_optimizer("sgd:lr=0.1" + (",clip=1" if clip else "")).build(
         model.parameters())
-    from bytecomp.profiler.workloads import Workload
+    from bytecomp.training.workloads import Workload
 
     scheduler = Workload("net", model, lambda n: None, scheduler=spec).make_scheduler(optimizer)
     rates = []
@@ -355,7 +355,7 @@ def test_each_schedule_moves_the_rate_as_it_says():
     warm = _rates("cosine:steps=4,warmup=2,start=0.5", 6)
     assert warm[0] == pytest.approx(0.075) and warm[1] == pytest.approx(0.1)
     assert warm[-1] < warm[2] < 0.1
-    from bytecomp.profiler.workloads import Workload
+    from bytecomp.training.workloads import Workload
 
     assert Workload("net", torch.nn.Linear(2, 2), lambda n: None).make_scheduler(None) is None
 
@@ -382,7 +382,7 @@ def test_a_profile_s_recorded_schedule_is_what_plan_and_bench_train_with():
 def _probe_with_schedule(rank, world):
     """The convergence probe of a small MLP whose recipe halves the rate every 2 steps:
     every trainee's scheduler, as the probe left it."""
-    from bytecomp.profiler.probe import run_probe
+    from bytecomp.training.probe import run_probe
 
     workload = load_workload("mlp:inputs=16,width=32,depth=2")
     made = []

@@ -15,9 +15,9 @@ from bytecomp.costs.fits import fit_linear, fit_piecewise
 from bytecomp.costs.fitted import CommModel, ComputeModel, ring_ms
 from bytecomp.costs.strategy import GroupCost, StrategyCosts
 from bytecomp.plan_types import Option
-from bytecomp.profiler.workloads import load_workload
 from bytecomp.testing.synthetic import mlp_shapes, synthetic_profile
 from bytecomp.timeline.simulator import IterationModel, SimGroup, simulate
+from bytecomp.training.workloads import load_workload
 
 from ranks import run_ranks
 

@@ -138,7 +138,7 @@ def _train(rank, world, steps, resume_at=None):
     """Train with the finalists' plan, each step reported as 10 ms at level 1 and 7 ms at
     level 2 (rank 1 a little slower): the trial keeps level 2 (7 x 1.5 = 10.5 > 10 x 1.0)
     ... unless the ranks disagree. The parameters, the levels step by step, the moves."""
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     torch.manual_seed(0)
     workload = load_workload("mlp:inputs=32,width=64,depth=2")
@@ -216,7 +216,7 @@ def _kept(rank, world, start, slow_level, runs):
     ms more. The level each trial kept, its verdict, and every rank's agreement."""
     import time
 
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     kept = []
     for run in range(runs):
@@ -279,7 +279,7 @@ def _announced(rank, world):
     import contextlib
     import logging
 
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     records: list[str] = []
     handler = logging.Handler()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table
 
-from bytecomp.profiler.convergence import (
+from bytecomp.training.convergence import (
     ConvergenceConfig,
     Training,
     steps_to,

@@ -68,19 +68,18 @@ from bytecomp.options import BenchOptions
 from bytecomp.plan_file import load_plan, plan_for_model
 from bytecomp.plan_types import Plan
 from bytecomp.profile_store import Profile, load_profile
-from bytecomp.profiler.convergence import (
+from bytecomp.runtime import Executor
+from bytecomp.search import Planner, simulate_plan
+from bytecomp.search.baselines import native_option
+from bytecomp.search.settings import BaselineKind
+from bytecomp.training.convergence import (
     ConvergenceConfig,
     Training,
     reference_name,
     train_curves,
     training_optimizer,
 )
-from bytecomp.profiler.training import to_device
-from bytecomp.profiler.workloads import load_workload
-from bytecomp.runtime import Executor
-from bytecomp.search import Planner, simulate_plan
-from bytecomp.search.baselines import native_option
-from bytecomp.search.settings import BaselineKind
+from bytecomp.training.workloads import load_workload, to_device
 from bytecomp.ui import Fitted, Reporter
 
 DEFAULT_COMPRESSOR = "topk:ratio=0.01"

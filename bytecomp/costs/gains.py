@@ -21,7 +21,7 @@ The weights (``WEIGHTS``):
   gain of the whole gradient vector itself (GraVAC's), what matters for plain
   SGD, whose update is that vector.
 
-Calibration by the convergence probe (:mod:`bytecomp.profiler.probe`): a gain
+Calibration by the convergence probe (:mod:`bytecomp.training.probe`): a gain
 says how much of a step's gradient a compressor keeps, not how many more steps
 training then needs, and the two disagree from one model to the next. Where
 the profile trained a compressor on every tensor and measured its *steps

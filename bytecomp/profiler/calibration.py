@@ -32,6 +32,7 @@ import torch.distributed as dist
 from bytecomp.compress import canonical, kernels
 from bytecomp.errors import BytecompError
 from bytecomp.files import directory_atomic
+from bytecomp.launch import pick_device
 from bytecomp.profile_meta import CalibrationMeta
 from bytecomp.profile_tables import TABLES
 from bytecomp.profiler.budget import Allowance
@@ -41,7 +42,7 @@ from bytecomp.profiler.calibration_file import (
     calibration_files,
     load_calibration,
 )
-from bytecomp.profiler.job import calibration_head, device_name, pick_device
+from bytecomp.profiler.job import calibration_head, device_name
 from bytecomp.profiler.overheads import (
     BUSY_DIM,
     QUICK_BUSY_DIM,

@@ -24,7 +24,7 @@ import numbers
 import torch
 
 from bytecomp.errors import BytecompError
-from bytecomp.profiler.training import to_device
+from bytecomp.training.workloads import to_device
 
 PLANNED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -118,7 +118,8 @@ def measure_fidelity(workload, device: torch.device, batch_size: int, bucket_cap
     a seed per rank as data-parallel ranks see different data; from each step after
     the warm-up, this rank's share of ``specs`` (every ``world``-th) is measured on
     its local gradients. Returns every rank's rows (on every rank)."""
-    from bytecomp.profiler.training import to_device, wrap
+    from bytecomp.profiler.iteration_times import wrap
+    from bytecomp.training.workloads import to_device
 
     model = workload.model.to(device)
     ddp = wrap(model, device, bucket_cap_mb)

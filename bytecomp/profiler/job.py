@@ -16,14 +16,9 @@ import torch.distributed as dist
 
 import bytecomp
 from bytecomp.comm.topology import Topology
+from bytecomp.launch import pick_device
 from bytecomp.profile_meta import CalibrationMeta, ModelMeta, ProfileMeta
 from bytecomp.profile_store import FORMAT_VERSION
-
-
-def pick_device(choice: str, local_rank: int) -> torch.device:
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
-    return torch.device("cpu")
 
 
 def device_name(device: torch.device) -> str:

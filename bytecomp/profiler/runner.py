@@ -33,17 +33,17 @@ from bytecomp.profiler.calibration import (
 )
 from bytecomp.profiler.calibration_file import load_calibration
 from bytecomp.profiler.candidates import Candidates, probe_candidates
-from bytecomp.profiler.convergence import Budget
 from bytecomp.profiler.fidelity import COLUMNS as FIDELITY_COLUMNS
 from bytecomp.profiler.fidelity import measure_fidelity
+from bytecomp.profiler.iteration_times import TrainingSettings, measure_training
 from bytecomp.profiler.job import RankJob, profile_head, start_rank
 from bytecomp.profiler.overheads import model_charges
-from bytecomp.profiler.probe import COLUMNS as PROBE_COLUMNS
-from bytecomp.profiler.probe import ProbeResult, run_probe
 from bytecomp.profiler.sweeps import SweepSettings
-from bytecomp.profiler.training import TrainingSettings, measure_training
-from bytecomp.profiler.workloads import data_source, describe, load_workload, parameter_count
 from bytecomp.recipe import parse_optimizer, parse_scheduler
+from bytecomp.training.convergence import Budget
+from bytecomp.training.probe import COLUMNS as PROBE_COLUMNS
+from bytecomp.training.probe import ProbeResult, run_probe
+from bytecomp.training.workloads import data_source, describe, load_workload, parameter_count
 from bytecomp.ui import Reporter, console
 
 PROBE_EVALUATIONS = 10  # validation losses over a convergence probe
@@ -125,7 +125,7 @@ class ProfileConfig:
     def from_options(cls, options: ProfileOptions) -> ProfileConfig:
         """The configuration of ``bytecomp profile`` with ``options`` (``--out``'s default:
         profiles/<model>, or profiles/calibration with ``--calibrate-only``)."""
-        from bytecomp.profiler.workloads import safe_name
+        from bytecomp.training.workloads import safe_name
 
         values = {name: getattr(options, OPTION_NAMES.get(name, name))
                   for name in (item.name for item in fields(cls) if item.init)

@@ -12,7 +12,7 @@ a plan then needs to reach a loss is what the gains predict worst (PowerSGD kept
   PowerSGD hook at every rank the profile timed (in one bucket, as the hook needs);
 
 trains them on the profiled ranks from the same weights on the same batches with the
-user's recipe (:mod:`bytecomp.profiler.finalist_runs`), and :func:`choose` picks the one
+user's recipe (:mod:`bytecomp.training.finalist_runs`), and :func:`choose` picks the one
 with the least predicted time per step for the target cluster times measured steps
 factor (its steps over fp32 DDP's to the same loss). Finalists whose factors are
 within :data:`STEPS_TOLERANCE` of each other count as needing the same steps: of
@@ -52,7 +52,7 @@ class Finalist:
     fidelity: float | None = None
     steps_factor: float | None = None  # measured: its steps over fp32 DDP's (None: untrained)
     notes: list[str] = field(default_factory=list)
-    # the factor's bounds within fp32's loss noise floor (bytecomp.profiler.factors; None:
+    # the factor's bounds within fp32's loss noise floor (bytecomp.training.factors; None:
     # not measured so, e.g. the probe's factor or fp32's own)
     steps_low: float | None = None
     steps_high: float | None = None

@@ -85,7 +85,7 @@ class Verification:
     # that fidelity and the floor (the search alone never picks such a plan)
     below_min_fidelity: tuple[float, float] | None = None
     # fp32 DDP's loss noise floor over the second half of the run (the loss's units): the
-    # factors count a loss as reached within it (bytecomp.profiler.factors); None where
+    # factors count a loss as reached within it (bytecomp.training.factors); None where
     # nothing was trained
     loss_floor: float | None = None
     # the model's measured error by kind of plan (kind_of): the median over the trained
@@ -143,7 +143,7 @@ def flattened(improvement: float, last_quarter: float) -> bool:
     """Whether fp32 DDP's validation loss has flattened: it fell by more than
     :data:`SETTLED_FALL` in all (a curve that has not started to fall is not flat, it
     is early) and by at most that over the last quarter of the steps (both fractions of
-    the loss they started from, :func:`bytecomp.profiler.probe.improvement`)."""
+    the loss they started from, :func:`bytecomp.training.probe.improvement`)."""
     return improvement > SETTLED_FALL and last_quarter <= SETTLED_FALL
 
 
@@ -185,7 +185,7 @@ def allowed_spec(profile, model: str | None) -> str:
         # a built-in too large to build: one line, before any work (its sizes live beside
         # the models, with torch: seconds to import, so the wait is shown)
         with Stage(f"checking {spec} (loading torch)", after_s=0, lines=False):
-            from bytecomp.profiler.builtin_models import check_builtin_size
+            from bytecomp.training.builtin_models import check_builtin_size
 
             check_builtin_size(spec)
     return spec
@@ -202,7 +202,7 @@ def _check_runnable(planner: Planner, nproc: int | None,
                             f"finalists on (plan with --no-verify)")
     from bytecomp.launch import in_torchrun
     from bytecomp.plan_types import fingerprint
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     try:
         workload = load_workload(spec)
@@ -252,7 +252,7 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
     """Shortlist, train and choose (see the module docstring). Training takes at most
     ``budget_s`` seconds on the clock, counted from this call (the ranks' start-up
     included): the ranks time their first steps and fit the rest in what is left
-    (:class:`bytecomp.profiler.convergence.Budget`), at most :data:`DEFAULT_STEPS`, and
+    (:class:`bytecomp.training.convergence.Budget`), at most :data:`DEFAULT_STEPS`, and
     stop sooner once fp32 DDP's validation loss has flattened (:func:`flattened`, after
     :data:`MIN_STEPS`); ``steps`` forces a count instead. Finalists whose values are
     within the margin (``options.min_gain``, the profile's noise, at least
@@ -270,7 +270,7 @@ def verify(planner: Planner, result: SearchResult, options: SearchOptions | None
                                                                            model)
     with Stage("loading torch", after_s=0, lines=False, enabled=announce is not None):
         from bytecomp.launch import backend_for, run_job  # seconds: shown, not silent
-        from bytecomp.profiler.finalist_runs import FinalistsJob, load_results, train_finalists
+        from bytecomp.training.finalist_runs import FinalistsJob, load_results, train_finalists
 
     with Stage("choosing the finalists (searching the best plan with each other "
                "promising compressor)", enabled=announce is not None):

@@ -17,7 +17,7 @@ import json
 
 import torch
 
-from bytecomp.profiler.workloads import load_workload
+from bytecomp.training.workloads import load_workload
 
 MODEL = "mlp:inputs=64,width=256,depth=3"
 INPUTS, CLASSES = 64, 10

@@ -122,7 +122,7 @@ def initial_values() -> list[float]:
     them (the caller's random state is left as it was)."""
     import torch
 
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -196,7 +196,7 @@ def _train(rank, world, plan_of, adaptive=None, native=True, fallback=None, resu
     from torch.nn.parallel import DistributedDataParallel
 
     import bytecomp
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     torch.manual_seed(0)
     workload = load_workload(SMALL)
@@ -318,7 +318,7 @@ def products(rank, world) -> str:
     no exchange): whether this machine's matrix products round as the recording one's."""
     import torch
 
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     torch.manual_seed(0)
     workload = load_workload(SMALL)

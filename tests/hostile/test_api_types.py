@@ -100,11 +100,11 @@ def no_work(monkeypatch):
         raise AssertionError("a bad value got through to the work")
 
     import bytecomp.api
-    import bytecomp.bencher
-    import bytecomp.profiler
+    import bytecomp.commands.bench
+    import bytecomp.commands.profile
 
-    monkeypatch.setattr(bytecomp.profiler, "run_profile", work)
-    monkeypatch.setattr(bytecomp.bencher, "run_bench", work)
+    monkeypatch.setattr(bytecomp.commands.profile, "run_profile", work)
+    monkeypatch.setattr(bytecomp.commands.bench, "run_bench", work)
     monkeypatch.setattr(bytecomp.api, "run_plan", work)
 
 
@@ -307,7 +307,7 @@ def test_the_object_and_the_directory_are_refused_by_the_same_check(loaded, tmp_
     ("bow:vocab=2000000", "vocab must be from 1 to 1,048,576"),
 ])
 def test_a_built_in_too_large_for_memory_is_refused_before_it_is_built(spec, message):
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     with pytest.raises(BytecompError, match=message) as raised:
         load_workload(spec)
@@ -334,8 +334,8 @@ def test_plan_refuses_a_huge_built_in_that_the_profile_names_before_any_work(cli
 
 @pytest.mark.slow  # builds each model at its defaults (seconds)
 def test_the_size_check_counts_what_the_built_model_holds():
-    from bytecomp.profiler.builtin_models import BUILTINS, SIZES, model_elements
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.builtin_models import BUILTINS, SIZES, model_elements
+    from bytecomp.training.workloads import load_workload
 
     for name, args in (("mlp", {}), ("cnn", {}), ("transformer", {}), ("lstm", {}),
                        ("bow", {}), ("mlp", {"inputs": 8, "width": 16, "depth": 3}),

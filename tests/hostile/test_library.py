@@ -28,7 +28,7 @@ MODEL = "mlp:inputs=8,width=16,depth=1"
 
 
 def _setup(steps: int = 20):
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     config = TrainConfig(model=MODEL, steps=steps)
     model = load_workload(MODEL, seed=0).model
@@ -301,7 +301,7 @@ def test_comm_hook_finds_its_ddp_with_dead_weak_proxies_in_the_heap_and_no_warni
 
 
 def test_a_factory_raising_a_base_exception_is_one_line_and_ctrl_c_still_interrupts(monkeypatch):
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "fixtures"))
     with pytest.raises(BytecompError) as caught:

@@ -16,7 +16,7 @@ import yaml
 from refusal import one_line_error
 
 from bytecomp.model_spec import BUILTIN_MODELS, allowed_model
-from bytecomp.profiler.builtin_models import BUILTINS
+from bytecomp.training.builtin_models import BUILTINS
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANNED = ROOT / "benchmarks" / "results" / "emulated" / "cnn-2x1-1gbit"  # a profile and plan

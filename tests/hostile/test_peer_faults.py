@@ -38,7 +38,7 @@ def _example_plan(path: Path, trial: bool = False) -> None:
     """A plan for examples/train.py's model that runs through bytecomp's executor; with
     ``trial``, a verified plan's shape whose runtime trial is still timing its candidates
     (top-k and PowerSGD in turn) when the test strikes."""
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     model = load_workload(TRAIN_MODEL, seed=0).model
     if not trial:

@@ -43,7 +43,7 @@ def test_a_bad_recipe_is_refused_before_any_rank(cli, monkeypatch, tmp_path, fac
 def test_a_clipped_optimizer_spec_passes_the_door(monkeypatch):
     """clip=... wraps the optimizer (ClippedOptimizer): a recipe, not an error."""
     from bytecomp.profiler.door import check_recipe
-    from bytecomp.profiler.workloads import load_workload
+    from bytecomp.training.workloads import load_workload
 
     monkeypatch.syspath_prepend(FIXTURES)
     check_recipe(load_workload("factories:frozen_layer", optimizer="sgd:lr=0.1,clip=1"), 8)

@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bytecomp.comm.topology import new_group
 from bytecomp.errors import BytecompError
 from bytecomp.profiler.timing import Clock, summarize
-from bytecomp.profiler.workloads import Workload
+from bytecomp.training.workloads import Workload, to_device
 
 
 @dataclass
@@ -42,15 +42,6 @@ class TrainingSettings:
     bucket_cap_mb: float
     warmup: int = 3
     iterations: int = 20
-
-
-def to_device(batch, device):
-    inputs, target = batch
-    if isinstance(inputs, (tuple, list)):
-        inputs = tuple(t.to(device) for t in inputs)
-    else:
-        inputs = (inputs.to(device),)
-    return inputs, target.to(device)
 
 
 def wrap(model, device, bucket_cap_mb: float) -> DistributedDataParallel:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from bytecomp.profiler.training import to_device
+from bytecomp.training.workloads import to_device
 
 DIVERGED = float("inf")
 

@@ -4,7 +4,7 @@ A built-in spec is a name with optional integer arguments, like a compressor spe
 (``transformer:layers=4,width=256``): :data:`BUILTINS` names each one's recipe builder,
 :data:`SIZES` its parameters and buffers from its arguments, so that a model too large is
 refused before anything is built (:func:`check_builtin_size`). Loading any workload, a
-built-in or a user's factory: :func:`bytecomp.profiler.workloads.load_workload`.
+built-in or a user's factory: :func:`bytecomp.training.workloads.load_workload`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import bytecomp.profiler.data as data
+import bytecomp.training.data as data
 from bytecomp.errors import BytecompError
-from bytecomp.profiler.data import TeacherTask, TextWindows, TopicBags
 from bytecomp.recipe import DEFAULT_OPTIMIZER, Recipe
 from bytecomp.specs import split_items, split_name
+from bytecomp.training.data import TeacherTask, TextWindows, TopicBags
 
 MAX_ARGUMENT = 1 << 20  # a built-in's argument (a width, a depth, a vocabulary, ...)
 # a built-in model's parameters and buffers: 4 GiB in float32, 16 GiB a rank with the

@@ -5,13 +5,13 @@ Every finalist is a plan file; every rank builds the workload with its recipe (t
 profile's model, optimizer and batch size), wraps one copy of the model per
 finalist in DDP at the plan's bucket cap, applies the plan (PyTorch's own hook where
 the plan is one), and trains them all from the same initial weights on the same
-batches, interleaved step by step (:func:`bytecomp.profiler.convergence.train_curves`),
+batches, interleaved step by step (:func:`bytecomp.training.convergence.train_curves`),
 with the loss on the evidence batches (validation, or held-out batches of
 ``make_batch``) at :data:`EVALUATIONS` points. A finalist's steps factor compares the
 two curves at the same losses (:func:`matched_factor`): for each loss fp32 DDP
 reached in the second half of the run, the steps the finalist took to first reach it
 over the steps fp32 DDP took, each loss counted as reached within fp32's loss noise
-floor (:mod:`bytecomp.profiler.factors`); the median (fp32 DDP's own is 1 exactly,
+floor (:mod:`bytecomp.training.factors`); the median (fp32 DDP's own is 1 exactly,
 however noisy its curve), with its bounds within the floor beside it (a finalist
 inside the floor gets a factor near 1 and a range, not the cap). The factor over the
 first half of the run is kept beside it, and how much
@@ -33,19 +33,19 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.files import write_text_atomic
+from bytecomp.launch import pick_device
 from bytecomp.plan_file import load_plan
 from bytecomp.plan_record import STOPPED_BUDGET, STOPPED_FLAT, STOPPED_STEPS
-from bytecomp.profiler.convergence import (
+from bytecomp.training.convergence import (
     Budget,
     ConvergenceConfig,
     improvement,
     last_quarter,
     train_curves,
 )
-from bytecomp.profiler.factors import Factor, floored_factor, loss_floor
-from bytecomp.profiler.job import pick_device
-from bytecomp.profiler.probe import MAX_FACTOR, Trainee, check_reference
-from bytecomp.profiler.workloads import load_workload
+from bytecomp.training.factors import Factor, floored_factor, loss_floor
+from bytecomp.training.probe import MAX_FACTOR, Trainee, check_reference
+from bytecomp.training.workloads import load_workload
 from bytecomp.ui import Reporter
 
 EVALUATIONS = 10
@@ -177,7 +177,7 @@ def matched_factor(curve: list[tuple[int, float]], reference: list[tuple[int, fl
     """The median, over the losses ``reference`` reached at its evaluations from
     ``from_step`` on, of the steps ``curve`` took to first reach each over the steps
     ``reference`` took, both within ``floor`` of it (``MAX_FACTOR`` where it never
-    did): :func:`bytecomp.profiler.factors.floored_factor`'s value."""
+    did): :func:`bytecomp.training.factors.floored_factor`'s value."""
     return floored_factor(curve, reference, from_step, floor, MAX_FACTOR).value
 
 

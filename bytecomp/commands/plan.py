@@ -1,4 +1,4 @@
-"""``bytecomp plan`` from start to finish, as a library call: read the profile, search,
+"""``bytecomp plan`` from start to finish (what :func:`bytecomp.plan` calls): read the profile, search,
 train the finalists, choose, add the runtime trial, write the plan and its evidence.
 
 :func:`run_plan` is what :func:`bytecomp.plan` and the ``plan`` command both call; it

@@ -37,7 +37,7 @@ The recipe's optimizer and data are what bytecomp trains with wherever it trains
 loss depend on them. Without validation batches, held-out batches of ``make_batch``
 (drawn under seeds training never uses) stand in, and the profile says so.
 
-The built-in models, their recipes and their sizes: :mod:`bytecomp.profiler.builtin_models`.
+The built-in models, their recipes and their sizes: :mod:`bytecomp.training.builtin_models`.
 """
 
 from __future__ import annotations
@@ -51,16 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import bytecomp.profiler.data as data
+import bytecomp.training.data as data
 from bytecomp.errors import BytecompError
-from bytecomp.profiler.builtin_models import BUILTINS, build_builtin, builtin_args
-from bytecomp.profiler.data import (
-    TeacherTask,
-    TextWindows,
-    TopicBags,
-    corpus_digest,
-    validation_batches,
-)
 from bytecomp.recipe import (
     DEFAULT_OPTIMIZER,
     Builder,
@@ -71,6 +63,14 @@ from bytecomp.recipe import (
     parse_scheduler,
 )
 from bytecomp.specs import split_name
+from bytecomp.training.builtin_models import BUILTINS, build_builtin, builtin_args
+from bytecomp.training.data import (
+    TeacherTask,
+    TextWindows,
+    TopicBags,
+    corpus_digest,
+    validation_batches,
+)
 
 # held-out batches of make_batch: seeds no training step draws (those are a few million at
 # most; torch's CPU generator takes the seed's low 32 bits)
@@ -307,3 +307,11 @@ def describe(model: nn.Module) -> str:
         (f", {frozen} frozen (not planned)" if frozen else "")
 
 
+def to_device(batch, device):
+    """A batch of the workload's (inputs, target) on ``device``: the inputs a tuple."""
+    inputs, target = batch
+    if isinstance(inputs, (tuple, list)):
+        inputs = tuple(t.to(device) for t in inputs)
+    else:
+        inputs = (inputs.to(device),)
+    return inputs, target.to(device)

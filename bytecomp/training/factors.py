@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bytecomp.profiler.convergence import loss_at, steps_to
+from bytecomp.training.convergence import loss_at, steps_to
 
 MIN_SCATTER_POINTS = 3  # a line through three points leaves one degree of freedom
 

@@ -10,7 +10,7 @@ every tensor, from the same initial weights on the same batches, with the
 workload's own recipe (its optimizer, its loss), ``steps`` steps each,
 interleaved, with the loss on fixed evidence batches every ``eval_every`` steps:
 the workload's validation batches, or held-out batches of its ``make_batch``
-(:meth:`~bytecomp.profiler.workloads.Workload.evidence_batches`).
+(:meth:`~bytecomp.training.workloads.Workload.evidence_batches`).
 
 A compressor's *steps factor* is read off the two curves: at each evaluation
 in the second half of the probe, the steps it took over the steps fp32 DDP
@@ -42,13 +42,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bytecomp.errors import BytecompError
-from bytecomp.profiler.convergence import (
+from bytecomp.schema import MAX_STEPS_FACTOR as MAX_FACTOR  # "it does not learn"
+from bytecomp.training.convergence import (
     ConvergenceConfig,
     improvement,
     steps_to,
     train_curves,
 )
-from bytecomp.schema import MAX_STEPS_FACTOR as MAX_FACTOR  # "it does not learn"
 
 COLUMNS = ["spec", "steps_factor", "steps", "gain"]
 MIN_IMPROVEMENT = 0.01  # fp32's loss must fall by this fraction for the probe to tell anything
@@ -132,7 +132,7 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
               progress=None, budget=None) -> ProbeResult:
     """Train fp32 DDP and each of ``specs`` on every tensor (every rank) with the
     workload's recipe; one row per spec, none when fp32 did not learn. With ``budget``
-    (a :class:`bytecomp.profiler.convergence.Budget`), ``steps`` is the most it trains
+    (a :class:`bytecomp.training.convergence.Budget`), ``steps`` is the most it trains
     and the clock decides."""
     import copy
 
@@ -170,7 +170,7 @@ def run_probe(workload, device: torch.device, batch_size: int, bucket_cap_mb: fl
     check_reference(reference, "the convergence probe")
     gains = probe_gains(training.gains, specs, steps / 2)
     fell = improvement(reference)
-    from bytecomp.profiler.factors import reference_factor  # within fp32's loss noise floor
+    from bytecomp.training.factors import reference_factor  # within fp32's loss noise floor
 
     rows = [{"spec": spec, "steps": steps,
              "steps_factor": round(max(1 / MAX_FACTOR, reference_factor(
