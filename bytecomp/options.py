@@ -327,7 +327,8 @@ class PlanOptions(Options):
                       {"--static": self.static or None, "--nproc": self.nproc})
 
     def _check_adaptive(self) -> None:
-        from bytecomp.plan_file import MAX_WINDOW, TIMINGS
+        from bytecomp.plan_types import Adaptive
+        from bytecomp.schema import check_of
 
         adaptive = self.adaptive is not None
         refuse_unused(not adaptive, "without --adaptive (they set an adaptive plan's "
@@ -346,15 +347,21 @@ class PlanOptions(Options):
         threshold = DEFAULT_GAIN_THRESHOLD if self.gain_threshold is None \
             else self.gain_threshold
         window = DEFAULT_WINDOW if self.window is None else self.window
-        if not 0 <= threshold <= 1:
-            raise BytecompError(f"--gain-threshold must be between 0 and 1, got {threshold:g}")
-        if not 1 <= window <= MAX_WINDOW:
-            raise BytecompError(f"--window must be from 1 to {MAX_WINDOW:,} steps, got {window}")
-        if (self.timing or DEFAULT_TIMING) not in TIMINGS:
-            raise BytecompError(f"--timing must be {' or '.join(TIMINGS)}, got {self.timing!r}")
-        if self.agree_every is not None and not 1 <= self.agree_every <= MAX_WINDOW:
-            raise BytecompError(f"--agree-every must be from 1 to {MAX_WINDOW:,} steps, got "
-                                f"{self.agree_every}")
+        # the ranges Adaptive declares for the plan file, in the options' words
+        gain, steps = check_of(Adaptive, "threshold"), check_of(Adaptive, "window")
+        timings = check_of(Adaptive, "timing").choices
+        if gain.problem(threshold):
+            raise BytecompError(f"--gain-threshold must be between {gain.low:g} and "
+                                f"{gain.high:g}, got {threshold:g}")
+        if steps.problem(window):
+            raise BytecompError(f"--window must be from {steps.least} to {steps.most:,} steps, "
+                                f"got {window}")
+        if (self.timing or DEFAULT_TIMING) not in timings:
+            raise BytecompError(f"--timing must be {' or '.join(timings)}, got {self.timing!r}")
+        agree = check_of(Adaptive, "agree_every")
+        if self.agree_every is not None and agree.problem(self.agree_every):
+            raise BytecompError(f"--agree-every must be from {agree.least} to {agree.most:,} "
+                                f"steps, got {self.agree_every}")
 
     @property
     def verify_budget_s(self) -> float:

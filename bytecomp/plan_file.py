@@ -85,24 +85,18 @@ from bytecomp.schema import (
     MAX_PREDICTED_MS,
     MAX_STEPS_FACTOR,
     Reader,
+    check_of,
     number_in,
 )
 
 ACTIONS = ("none", "compress")
 PLACES = ("device", "host")
 MAX_HOST_WORKERS = 1024  # a rank's pool: a thread each
-# An adaptive plan's step counts: a window (and an agreement interval) longer than a long
-# training run never decides; explore_every up to "never" (bytecomp.search.verify.NEVER).
-MAX_WINDOW = 100_000
-MAX_EXPLORE_EVERY = 10**9
-
 # An adaptive section's settings and their defaults, as Adaptive declares them (in its
 # order; a tuple as the list the file holds)
 ADAPTIVE_DEFAULTS = {item.name: list(item.default) if isinstance(item.default, tuple)
                      else item.default for item in fields(Adaptive) if item.name != "family"}
-MAX_TRIAL_STEPS = 1_000_000
 FINALISTS = "finalists"  # the family of a verified plan's levels (bytecomp.search.verify)
-TIMINGS = ("measured", "predicted")
 
 
 def _entry(reader: Reader, index: int, data, within: str = "tensors") -> PlanEntry:
@@ -272,20 +266,14 @@ def _adaptive(reader: Reader, data) -> Adaptive:
     if family not in families:
         reader.fail("adaptive.family", f"{family!r} is not one of {', '.join(families)}")
     values = {key: data.get(key, default) for key, default in ADAPTIVE_DEFAULTS.items()}
-    for key, most in (("window", MAX_WINDOW), ("explore_every", MAX_EXPLORE_EVERY),
-                      ("agree_every", MAX_WINDOW)):
-        if isinstance(values[key], bool) or not isinstance(values[key], int) or \
-                not 1 <= values[key] <= most:
-            reader.fail(f"adaptive.{key}", f"must be an integer from 1 to {most:,} (steps), "
-                                           f"got {values[key]!r}")
-    for key, low, high in (("threshold", 0.0, 1.0), ("tolerance", 0.0, 1.0)):
-        value = values[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not low <= value <= high or value != value:
-            reader.fail(f"adaptive.{key}", f"must be a number from {low:g} to {high:g}, "
-                                           f"got {value!r}")
-    if values["timing"] not in TIMINGS:
-        reader.fail("adaptive.timing", f"{values['timing']!r} is not one of {', '.join(TIMINGS)}")
+    trial = values["trial"]
+    for item in fields(Adaptive):  # the ranges and choices Adaptive declares
+        check = item.metadata.get("check")
+        if check is None or item.name in ("trial_steps", "trial_warmup"):
+            continue
+        problem = check.problem(values[item.name])
+        if problem:
+            reader.fail(f"adaptive.{item.name}", problem)
     unknown = sorted(set(data) - {"family", *ADAPTIVE_DEFAULTS})
     if unknown:
         reader.fail(f"adaptive.{unknown[0]}", f"unknown setting; the settings are family, "
@@ -294,18 +282,18 @@ def _adaptive(reader: Reader, data) -> Adaptive:
             values["start"] < 0:
         reader.fail("adaptive.start", f"must be a level number (0 or more), got "
                                       f"{values['start']!r}")
-    trial = values["trial"]
     if not isinstance(trial, list) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0
                                           for t in trial) or len(set(trial)) != len(trial) \
             or len(trial) == 1:
         reader.fail("adaptive.trial", f"must be a list of two or more distinct level numbers "
                                       f"(or empty), got {trial!r}")
-    for key, least in (("trial_steps", len(trial)), ("trial_warmup", 0)):
-        value = values[key]
-        if isinstance(value, bool) or not isinstance(value, int) or \
-                not least <= value <= MAX_TRIAL_STEPS:
-            reader.fail(f"adaptive.{key}", f"must be an integer from {least} to "
-                                           f"{MAX_TRIAL_STEPS:,}, got {value!r}")
+    # a trial times each of its levels at least once
+    for key, check in (("trial_steps", replace(check_of(Adaptive, "trial_steps"),
+                                               least=len(trial))),
+                       ("trial_warmup", check_of(Adaptive, "trial_warmup"))):
+        problem = check.problem(values[key])
+        if problem:
+            reader.fail(f"adaptive.{key}", problem)
     return Adaptive(family, float(values["threshold"]), int(values["window"]),
                     float(values["tolerance"]), int(values["explore_every"]),
                     str(values["timing"]), int(values["start"]), int(values["agree_every"]),

@@ -18,6 +18,7 @@ from pathlib import Path
 from bytecomp.errors import BytecompError
 from bytecomp.files import write_text_atomic
 from bytecomp.safe_yaml import dump_yaml
+from bytecomp.schema import Integer, Number, OneOf, declared
 
 FORMAT_VERSION = 1  # the plan file's
 UNCOMPRESSED = "none"  # the spec of an uncompressed (fp32) strategy
@@ -28,6 +29,12 @@ HOST_WORKERS = 2
 # A verified plan's finalists' training (bytecomp.search.verify): at most this many steps
 # (plan --verify-steps, and a plan file's verification.steps)
 MAX_VERIFY_STEPS = 100_000
+# An adaptive plan's step counts: a window (and an agreement interval) longer than a long
+# training run never decides; explore_every up to "never" (bytecomp.search.verify.NEVER).
+MAX_WINDOW = 100_000
+MAX_EXPLORE_EVERY = 10**9
+MAX_TRIAL_STEPS = 1_000_000
+TIMINGS = ("measured", "predicted")  # where an adaptive plan's step times come from
 # How gradients reach the hook: DDP's buckets at bucket_cap_mb, or one bucket per tensor
 # (bucket_cap_mb 0: no tensor merged with another, each exchanged when its gradient is ready)
 EXCHANGES = ("ddp-buckets", "per-tensor")
@@ -132,16 +139,16 @@ class Adaptive:
     after ``trial_warmup`` before keeping one (:mod:`bytecomp.runtime.trial`)."""
 
     family: str
-    threshold: float = 0.75
-    window: int = 10
-    tolerance: float = 0.03
-    explore_every: int = 200
-    timing: str = "measured"
-    start: int = 0
-    agree_every: int = 1
-    trial: tuple[int, ...] = ()
-    trial_steps: int = 0
-    trial_warmup: int = 0
+    threshold: float = declared(0.75, Number(0.0, 1.0))
+    window: int = declared(10, Integer(1, MAX_WINDOW, "steps"))
+    tolerance: float = declared(0.03, Number(0.0, 1.0))
+    explore_every: int = declared(200, Integer(1, MAX_EXPLORE_EVERY, "steps"))
+    timing: str = declared("measured", OneOf(TIMINGS))
+    start: int = 0  # a level of the plan's (the reader checks it against them)
+    agree_every: int = declared(1, Integer(1, MAX_WINDOW, "steps"))
+    trial: tuple[int, ...] = ()  # distinct levels of the plan's, two or more
+    trial_steps: int = declared(0, Integer(0, MAX_TRIAL_STEPS))  # at least one per level
+    trial_warmup: int = declared(0, Integer(0, MAX_TRIAL_STEPS))
 
     def to_dict(self) -> dict:
         values: dict = {"family": self.family, "threshold": self.threshold,

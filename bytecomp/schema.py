@@ -10,10 +10,12 @@ its plan through it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import NoReturn, TypeGuard
+from typing import Any, NoReturn, TypeGuard
 
 from bytecomp.errors import BytecompError
 from bytecomp.files import control_character
@@ -84,6 +86,63 @@ def is_number(value) -> TypeGuard[int | float]:
 def number_in(value, low: float, high: float) -> TypeGuard[int | float]:
     """A number (not a bool) from ``low`` to ``high``; false for NaN."""
     return is_number(value) and low <= value <= high
+
+
+@dataclass(frozen=True)
+class Integer:
+    """A declared field's range: an integer from ``least`` to ``most`` (a bool is no
+    integer), its ``unit`` named after the range."""
+
+    least: int
+    most: int
+    unit: str = ""
+
+    def problem(self, value) -> str | None:
+        """Why ``value`` is refused (the message after ``FIELD: ``), or None."""
+        if isinstance(value, bool) or not isinstance(value, int) or \
+                not self.least <= value <= self.most:
+            unit = f" ({self.unit})" if self.unit else ""
+            return f"must be an integer from {self.least:,} to {self.most:,}{unit}, got {value!r}"
+        return None
+
+
+@dataclass(frozen=True)
+class Number:
+    """A declared field's range: a number (an int or a float, not a bool, not NaN) from
+    ``low`` to ``high``."""
+
+    low: float
+    high: float
+
+    def problem(self, value) -> str | None:
+        if not number_in(value, self.low, self.high):
+            return f"must be a number from {self.low:g} to {self.high:g}, got {value!r}"
+        return None
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """A declared field's choices."""
+
+    choices: tuple[str, ...]
+
+    def problem(self, value) -> str | None:
+        if value not in self.choices:
+            return f"{value!r} is not one of {', '.join(self.choices)}"
+        return None
+
+
+def declared(default: Any, check: Integer | Number | OneOf) -> Any:
+    """A dataclass field with its ``default`` and its range or choices (``check``),
+    declared once: the file readers check against it (:func:`check_of`) and the
+    options name its bounds."""
+    return dataclasses.field(default=default, metadata={"check": check})
+
+
+def check_of(cls, name: str) -> Any:
+    """The range or choices declared on ``cls``'s field ``name`` (:func:`declared`)."""
+    return next(item.metadata["check"] for item in dataclasses.fields(cls)
+                if item.name == name)
 
 
 def iso_time(value) -> bool:

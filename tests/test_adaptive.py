@@ -474,6 +474,42 @@ def _edit(data, change):
     return data
 
 
+def test_the_adaptive_ranges_are_declared_once_on_adaptive(ladder_file):
+    """Each range and choice Adaptive declares is what the plan file is held to, at its
+    bounds, and what plan's options name (--window, --agree-every, --gain-threshold)."""
+    from dataclasses import fields
+
+    from bytecomp.options import PlanOptions
+    from bytecomp.schema import Integer, Number, check_of
+
+    data = yaml.safe_load(ladder_file.read_text())
+    declared = [item.name for item in fields(Adaptive) if "check" in item.metadata]
+    assert {"threshold", "window", "tolerance", "explore_every", "timing",
+            "agree_every"} <= set(declared)
+    for name in declared:
+        check = check_of(Adaptive, name)
+        if isinstance(check, Integer):
+            inside, outside = check.most, check.most + 1
+        elif isinstance(check, Number):
+            inside, outside = check.high, check.high + 0.5
+        else:
+            inside, outside = check.choices[-1], "elsewhere"
+        if name == "trial_steps":  # at least one step per level: a trial of none is empty
+            inside = 0
+        plan_from_dict(copy.deepcopy({**data, "adaptive": {**data["adaptive"], name: inside}}))
+        with pytest.raises(BytecompError, match=re.escape(
+                f"adaptive.{name}: {check.problem(outside)}")):
+            plan_from_dict({**data, "adaptive": {**data["adaptive"], name: outside}})
+    for option, name in (("window", "window"), ("agree_every", "agree_every"),
+                         ("gain_threshold", "threshold")):
+        check = check_of(Adaptive, name)
+        most = check.most if isinstance(check, Integer) else check.high
+        PlanOptions.build(None, adaptive="topk", **{option: most})
+        with pytest.raises(BytecompError, match=f"{most:,g}" if isinstance(most, float)
+                           else f"{most:,}"):
+            PlanOptions.build(None, adaptive="topk", **{option: most + 1})
+
+
 @pytest.mark.parametrize("change,message", [
     ("no levels", "levels: an adaptive plan needs at least two levels"),
     ("both", "tensors: an adaptive plan holds its entries under levels"),
