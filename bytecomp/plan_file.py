@@ -84,9 +84,10 @@ from bytecomp.schema import (
     MAX_COUNT,
     MAX_PREDICTED_MS,
     MAX_STEPS_FACTOR,
+    Number,
+    OneOf,
     Reader,
     check_of,
-    number_in,
 )
 
 ACTIONS = ("none", "compress")
@@ -96,6 +97,11 @@ MAX_HOST_WORKERS = 1024  # a rank's pool: a thread each
 # order; a tuple as the list the file holds)
 ADAPTIVE_DEFAULTS = {item.name: list(item.default) if isinstance(item.default, tuple)
                      else item.default for item in fields(Adaptive) if item.name != "family"}
+# a level's numbers, each null where not predicted or measured
+LEVEL_NUMBERS = {"predicted_ms": Number(0.0, MAX_PREDICTED_MS, optional=True),
+                 "fidelity": Number(0.0, 1.0, optional=True),
+                 "gain": Number(0.0, 1.0, optional=True),
+                 "steps_factor": Number(0.0, MAX_STEPS_FACTOR, optional=True)}
 FINALISTS = "finalists"  # the family of a verified plan's levels (bytecomp.search.verify)
 
 
@@ -105,16 +111,10 @@ def _entry(reader: Reader, index: int, data, within: str = "tensors") -> PlanEnt
         reader.fail(f"{within}[{index}]", "must be a mapping")
     name = reader.field(data, "name", str, where)
     reader.printable(f"{where}name", name)
-    action = reader.field(data, "action", str, where)
-    if action not in ACTIONS:
-        reader.fail(f"{where}action", f"{action!r} is not one of {', '.join(ACTIONS)}")
+    action = reader.declared(data, "action", str, OneOf(ACTIONS), where)
     compressor = reader.field(data, "compressor", (str, type(None)), where)
-    place = reader.field(data, "place", str, where)
-    if place not in PLACES:
-        reader.fail(f"{where}place", f"{place!r} is not one of {', '.join(PLACES)}")
-    collective = reader.field(data, "collective", str, where)
-    if collective not in SCHEMES:
-        reader.fail(f"{where}collective", f"{collective!r} is not one of {', '.join(SCHEMES)}")
+    place = reader.declared(data, "place", str, OneOf(PLACES), where)
+    collective = reader.declared(data, "collective", str, OneOf(tuple(SCHEMES)), where)
     group = reader.field(data, "group", int, where)
     if group < 0:
         reader.fail(f"{where}group", "must not be negative")
@@ -221,10 +221,8 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
         if key in predicted:
             reader.field(predicted, key, kinds, "predicted_ms.")
     for name, value in predicted.get("baselines", {}).items():
-        if not (value is None or number_in(value, 0.0, MAX_PREDICTED_MS)):
-            reader.fail(f"predicted_ms.baselines.{name}", f"must be a number from 0 to "
-                                                          f"{MAX_PREDICTED_MS:g} or null, got "
-                                                          f"{value!r}")
+        reader.check(f"predicted_ms.baselines.{name}", value,
+                     Number(0.0, MAX_PREDICTED_MS, optional=True))
     return Plan(model_fingerprint, world, nodes, per_node, float(cap), entries, predicted, search,
                 info, levels=levels, adaptive=adaptive, host_workers=workers)
 
@@ -331,14 +329,8 @@ def _ladder(reader: Reader, data: dict) -> tuple[list[Level], Adaptive]:
         predicted, fidelity, gain = raw.get("predicted_ms"), raw.get("fidelity"), \
             raw.get("gain")
         factor = raw.get("steps_factor")
-        for key, value, high in (("predicted_ms", predicted, MAX_PREDICTED_MS),
-                                 ("fidelity", fidelity, 1.0), ("gain", gain, 1.0),
-                                 ("steps_factor", factor, MAX_STEPS_FACTOR)):
-            if value is not None and (isinstance(value, bool) or
-                                      not isinstance(value, (int, float)) or
-                                      not 0 <= value <= high):  # also false for NaN
-                reader.fail(f"{where}.{key}", f"must be a number from 0 to {high:g} or null, "
-                                              f"got {value!r}")
+        for key, check in LEVEL_NUMBERS.items():
+            reader.check(f"{where}.{key}", raw.get(key), check)
         if adaptive.family != FINALISTS:
             _check_setting(reader, where, setting, entries)
         if levels and {e.name for e in entries} != {e.name for e in levels[0].entries}:

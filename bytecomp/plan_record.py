@@ -15,6 +15,9 @@ from bytecomp.schema import (
     MAX_SECONDS,
     MAX_STEPS_FACTOR,
     PROBE_BATCHES,
+    Integer,
+    Number,
+    OneOf,
     Reader,
     number_in,
 )
@@ -34,6 +37,13 @@ VERIFY_STOPS = (STOPPED_FLAT, STOPPED_BUDGET, STOPPED_STEPS)
 # PyTorch's hooks); the error, measured over predicted ms per step, up to MAX_MODEL_ERROR
 MODEL_KINDS = ("searched", "hand-picked")
 MAX_MODEL_ERROR = 1000.0
+# a finalist's numbers: its bucket cap and prediction, and (null where untrained) its
+# fidelity, steps factor and value (predicted_ms x steps_factor)
+FINALIST_NUMBERS = {"bucket_cap_mb": Number(0.0, MAX_BUCKET_CAP_MB),
+                    "predicted_ms": Number(0.0, MAX_PREDICTED_MS),
+                    "fidelity": Number(0.0, 1.0, optional=True),
+                    "steps_factor": Number(0.0, MAX_STEPS_FACTOR, optional=True),
+                    "value": Number(0.0, MAX_PREDICTED_MS * MAX_STEPS_FACTOR, optional=True)}
 
 
 def check_numbers(reader: Reader, value, where: str, high: float) -> None:
@@ -54,13 +64,11 @@ def check_objective(reader: Reader, objective: dict | None) -> None:
     so checked as everything else)."""
     if objective is None:
         return
-    name = reader.field(objective, "name", str, "objective.")
-    if name not in PLAN_OBJECTIVES:
-        reader.fail("objective.name", f"{name!r} is not one of {', '.join(PLAN_OBJECTIVES)}")
+    reader.declared(objective, "name", str, OneOf(tuple(PLAN_OBJECTIVES)), "objective.")
     for key in ("min_fidelity", "threshold"):
         value = objective.get(key)
-        if value is not None and not number_in(value, 0.0, 1.0):
-            reader.fail(f"objective.{key}", f"must be a number from 0 to 1, got {value!r}")
+        if value is not None:
+            reader.check(f"objective.{key}", value, Number(0.0, 1.0))
 
 
 def check_fidelity(reader: Reader, fidelity: dict | None) -> None:
@@ -91,18 +99,9 @@ def check_finalists(reader: Reader, finalists) -> str:
         if name in seen:
             reader.fail(f"{where}name", f"{name!r} is also finalists[{seen[name]}]")
         seen[name] = index
-        source = reader.field(finalist, "source", str, where)
-        if source not in FINALIST_SOURCES:
-            reader.fail(f"{where}source", f"{source!r} is not one of "
-                                          f"{', '.join(FINALIST_SOURCES)}")
-        for key, high, optional in (("bucket_cap_mb", MAX_BUCKET_CAP_MB, False),
-                                    ("predicted_ms", MAX_PREDICTED_MS, False),
-                                    ("fidelity", 1.0, True), ("steps_factor", MAX_STEPS_FACTOR, True),
-                                    ("value", MAX_PREDICTED_MS * MAX_STEPS_FACTOR, True)):
-            value = finalist.get(key)
-            if not (optional and value is None) and not number_in(value, 0.0, high):
-                reader.fail(f"{where}{key}", f"must be a number from 0 to {high:g}"
-                                             f"{' or null' if optional else ''}, got {value!r}")
+        reader.declared(finalist, "source", str, OneOf(tuple(FINALIST_SOURCES)), where)
+        for key, check in FINALIST_NUMBERS.items():
+            reader.check(f"{where}{key}", finalist.get(key), check)
         value, predicted = finalist.get("value"), finalist["predicted_ms"]
         factor = finalist.get("steps_factor")
         _check_factor_range(reader, finalist, factor, where)
@@ -144,13 +143,8 @@ def check_verification(reader: Reader, verification: dict | None, chosen: str) -
     if verification is None:
         return
     where = "verification."
-    steps = reader.field(verification, "steps", int, where)
-    if not 0 <= steps <= MAX_VERIFY_STEPS:
-        reader.fail(f"{where}steps", f"must be an integer from 0 to {MAX_VERIFY_STEPS:,}, "
-                                     f"got {steps}")
-    batches = reader.field(verification, "batches", str, where)
-    if batches not in VERIFY_BATCHES:
-        reader.fail(f"{where}batches", f"{batches!r} is not one of {', '.join(VERIFY_BATCHES)}")
+    reader.declared(verification, "steps", int, Integer(0, MAX_VERIFY_STEPS), where)
+    reader.declared(verification, "batches", str, OneOf(tuple(VERIFY_BATCHES)), where)
     for key, high in (("seconds", MAX_SECONDS), ("fp32_improvement", math.inf),
                       ("fp32_last_quarter", math.inf)):
         value = verification.get(key, 0.0)
@@ -169,9 +163,8 @@ def check_verification(reader: Reader, verification: dict | None, chosen: str) -
         reader.fail(f"{where}model_error", f"must map kinds of plan ({', '.join(MODEL_KINDS)}) "
                                            f"to numbers above 0, at most {MAX_MODEL_ERROR:g}, "
                                            f"got {errors!r}")
-    stopped = verification.get("stopped_by", STOPPED_STEPS)
-    if stopped not in VERIFY_STOPS:
-        reader.fail(f"{where}stopped_by", f"{stopped!r} is not one of {', '.join(VERIFY_STOPS)}")
+    reader.check(f"{where}stopped_by", verification.get("stopped_by", STOPPED_STEPS),
+                 OneOf(tuple(VERIFY_STOPS)))
     below = verification.get("below_min_fidelity")
     if below is not None and not (isinstance(below, dict) and all(
             number_in(below.get(key), 0.0, 1.0) for key in ("fidelity", "min_fidelity"))):

@@ -63,6 +63,19 @@ class Reader:
             self.fail(label, f"must be {_kind_names(kinds)}, got {type(value).__name__}")
         return value
 
+    def check(self, where: str, value, check: Integer | Number | OneOf) -> None:
+        """``value`` within its declared range or choices (``check``)."""
+        problem = check.problem(value)
+        if problem:
+            self.fail(where, problem)
+
+    def declared(self, data: dict, key: str, kinds, check: Integer | Number | OneOf,
+                 where: str = ""):
+        """``data[key]``, of one of ``kinds`` (:meth:`field`) and within ``check``."""
+        value = self.field(data, key, kinds, where)
+        self.check(f"{where}{key}", value, check)
+        return value
+
     def printable(self, where: str, name: str) -> None:
         """A name that is printed holds no control character."""
         control = control_character(name)
@@ -109,14 +122,16 @@ class Integer:
 @dataclass(frozen=True)
 class Number:
     """A declared field's range: a number (an int or a float, not a bool, not NaN) from
-    ``low`` to ``high``."""
+    ``low`` to ``high``; ``optional``: or None (null in the file)."""
 
     low: float
     high: float
+    optional: bool = False
 
     def problem(self, value) -> str | None:
-        if not number_in(value, self.low, self.high):
-            return f"must be a number from {self.low:g} to {self.high:g}, got {value!r}"
+        if not (self.optional and value is None) and not number_in(value, self.low, self.high):
+            null = " or null" if self.optional else ""
+            return f"must be a number from {self.low:g} to {self.high:g}{null}, got {value!r}"
         return None
 
 
