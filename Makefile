@@ -47,14 +47,16 @@ run: install
 # The fast tier (under 3 minutes here): unit tests, references, the hostile corpus and a
 # few multi-rank smoke tests, spread over the machine's cores (pytest-xdist). test-all:
 # every test, what CI runs: the fast tier as make test runs it, then the second tier
-# (multi-rank, faults, notebooks, benchmark smoke runs) one test at a time, since its
-# tests time real ranks and budgets on the clock.
+# (multi-rank, faults, notebooks, benchmark smoke runs) spread over the cores too, less
+# its tests marked clock (silences, budgets, link speeds and trials timed on the clock),
+# which run last, one at a time, on an otherwise idle machine.
 test: install-dev
 	$(BIN)/python -m pytest -q -n auto -m "not slow" --durations=15
 
 test-all: install-dev
 	$(BIN)/python -m pytest -q -n auto -m "not slow" --durations=5
-	$(BIN)/python -m pytest -q -m slow --durations=15
+	$(BIN)/python -m pytest -q -n auto --dist worksteal -m "slow and not clock" --durations=15
+	$(BIN)/python -m pytest -q -m "slow and clock" --durations=5
 
 lint: install-dev
 	$(BIN)/ruff check bytecomp tests benchmarks examples

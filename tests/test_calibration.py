@@ -192,6 +192,7 @@ def assert_same_tables(calibration: Path, profile: Path) -> None:
             (profile / f"{name}.csv").read_bytes(), name
 
 
+@pytest.mark.clock
 @pytest.mark.multirank
 def test_a_profile_reuses_the_calibrations_tables_and_says_so(calibrated):
     calibration_dir, profile_dir = calibrated
@@ -215,6 +216,7 @@ def test_a_profile_reuses_the_calibrations_tables_and_says_so(calibrated):
     assert set(profile.fidelity["spec"]) == {"fp16", "topk:ratio=0.01"}
 
 
+@pytest.mark.clock
 @pytest.mark.multirank
 def test_a_profile_made_without_a_calibration_says_every_table_was_measured(calibrated):
     """... and a profile directory serves as a calibration, its tables' time carried on."""
@@ -240,6 +242,7 @@ def _netns_reason() -> str | None:
     return None
 
 
+@pytest.mark.clock
 @pytest.mark.multirank
 def test_a_100mbit_calibration_is_refused_on_loopback(tmp_path):
     """Made on 2 emulated nodes of 1 rank at 100 Mbit/s, used by 2 ranks of 1 node each

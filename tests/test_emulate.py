@@ -57,6 +57,7 @@ def test_rates_and_latencies_parse():
         parse_rate("fast")
 
 
+@pytest.mark.clock
 @netns
 def test_emulated_allreduce_reaches_the_configured_bandwidth():
     result = check_bandwidth("1gbit", size_mb=16)

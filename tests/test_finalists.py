@@ -362,6 +362,7 @@ def test_a_trial_s_agreement_never_falls_on_one_candidate_s_steps_alone(step_ms,
         {turn: len(slowed) // candidates for turn in range(candidates)}
 
 
+@pytest.mark.clock
 @pytest.mark.multirank
 def test_the_budgets_are_held_on_the_clock(cli, monkeypatch, tmp_path):
     """A recipe whose every step sleeps (as on a busy machine): profile --budget 45 ends

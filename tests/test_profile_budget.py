@@ -232,6 +232,7 @@ def test_no_cache_is_an_option_of_the_command(cli, tmp_path):
     assert "No such option" not in done.stderr
 
 
+@pytest.mark.clock
 @pytest.mark.multirank
 def test_the_cluster_is_measured_once_and_a_damaged_entry_measured_again(tmp_path):
     """A first profile measures the cluster and keeps its tables; a damaged entry is
@@ -354,6 +355,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.clock
 @pytest.mark.multirank
 def test_collectives_without_arithmetic_take_the_same_time_in_every_dtype(tmp_path):
     """What lets the sweep measure allgather, alltoall and broadcast once per byte count:

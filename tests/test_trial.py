@@ -241,6 +241,7 @@ def _kept(rank, world, start, slow_level, runs):
     return kept
 
 
+@pytest.mark.clock
 @pytest.mark.multirank
 @pytest.mark.parametrize("start", [1, 2])
 def test_identical_levels_keep_the_safer_one_every_time(start):
@@ -259,6 +260,7 @@ def test_identical_levels_keep_the_safer_one_every_time(start):
     assert ties >= len(ranks[0]) - 1, ranks[0]  # at most one stall-made call in four
 
 
+@pytest.mark.clock
 @pytest.mark.multirank
 def test_a_clearly_faster_level_still_wins():
     """The same twins, level 1's steps 20 ms slower: level 2 is kept every time, on every

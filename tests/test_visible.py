@@ -21,7 +21,7 @@ FIXTURES = str(ROOT / "tests" / "fixtures")
 BYTECOMP = [sys.executable, "-m", "bytecomp.cli"]
 MOST_SILENT_S = 2.0
 
-pytestmark = pytest.mark.multirank
+pytestmark = [pytest.mark.multirank, pytest.mark.clock]  # silences timed on the clock
 
 
 def on_a_terminal(args: list, cwd: Path, timeout_s: float = 300) -> tuple[int, float, str]:
