@@ -20,6 +20,9 @@ from bytecomp.schema import (
     MAX_MS,
     MAX_SECONDS,
     PROBE_BATCHES,
+    Integer,
+    Number,
+    check_field,
     fail,
     is_number,
     iso_time,
@@ -257,9 +260,6 @@ def _seconds(value) -> bool:
     return is_number(value) and 0 <= value <= MAX_SECONDS
 
 
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
-
 
 def _check_stages(path: Path | str, entry) -> None:
     """Optional: seconds each stage of the profile took, by name (informative)."""
@@ -282,10 +282,7 @@ def _check_probe_meta(path: Path | str, entry) -> None:
     if not isinstance(entry, dict):
         fail(path, "field 'probe' must be a mapping")
     for key in ("steps", "ran_steps", "planned_steps"):
-        value = entry.get(key, 0)
-        if not _count(value):
-            fail(path, f"field 'probe.{key}' must be an integer from 0 to {MAX_COUNT:,}, "
-                        f"got {value!r}")
+        check_field(path, f"probe.{key}", entry.get(key, 0), Integer(0, MAX_COUNT))
     if entry.get("batches", "validation") not in PROBE_BATCHES:
         fail(path, f"field 'probe.batches' must be one of {', '.join(PROBE_BATCHES)}")
     fell = entry.get("fp32_improvement", 0.0)
@@ -314,18 +311,12 @@ def check_quality(path: Path | str, entry) -> None:
         return
     if not isinstance(entry, dict):
         fail(path, "field 'quality' must be a mapping")
-    r2 = entry.get("min_r2", 0.0)
-    if not is_number(r2) or not 0 <= r2 <= 1:
-        fail(path, f"field 'quality.min_r2' must be a number from 0 to 1, got {r2!r}")
+    check_field(path, "quality.min_r2", entry.get("min_r2", 0.0), Number(0.0, 1.0))
     worst = entry.get("max_worst_relative_error", 0.0)
     if not is_number(worst) or not 0 <= worst <= MAX_INTEGER:
         fail(path, f"field 'quality.max_worst_relative_error' must be a non-negative "
                     f"number, got {worst!r}")
-    retries = entry.get("retries", 0)
-    if isinstance(retries, bool) or not isinstance(retries, int) or \
-            not 0 <= retries <= MAX_RETRIES:
-        fail(path, f"field 'quality.retries' must be an integer from 0 to {MAX_RETRIES}, "
-                    f"got {retries!r}")
+    check_field(path, "quality.retries", entry.get("retries", 0), Integer(0, MAX_RETRIES))
     remeasured = entry.get("remeasured", [])
     if not isinstance(remeasured, list) or not all(isinstance(n, str) for n in remeasured):
         fail(path, "field 'quality.remeasured' must be a list of fit names")

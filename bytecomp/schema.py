@@ -160,6 +160,14 @@ def check_of(cls, name: str) -> Any:
                 if item.name == name)
 
 
+def check_field(path: Path | str, name: str, value, check: Integer | Number | OneOf) -> None:
+    """A document's field ``name`` (dotted) within its declared range or choices:
+    ``PATH: field 'NAME' REASON``, as profile.yaml's and calibration.yaml's checks say it."""
+    problem = check.problem(value)
+    if problem:
+        fail(path, f"field '{name}' {problem}")
+
+
 def iso_time(value) -> bool:
     """A time as ISO 8601 text."""
     if not isinstance(value, str):
