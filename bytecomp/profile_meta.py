@@ -20,12 +20,16 @@ from bytecomp.schema import (
     MAX_MS,
     MAX_SECONDS,
     PROBE_BATCHES,
+    Fields,
     Integer,
     Number,
+    Rule,
     check_field,
+    check_fields,
     fail,
     is_number,
     iso_time,
+    number_in,
 )
 
 TIME_NAMES = ("forward", "backward", "optimizer", "iteration")
@@ -116,6 +120,55 @@ REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 
+def _milliseconds(value) -> bool:
+    return is_number(value) and math.isfinite(value) and 0 <= value < MAX_MS
+
+
+def _flag(value) -> bool:
+    return isinstance(value, bool)
+
+
+# the optional sections' fields, declared: each key's default where absent and its check
+# (the message after "field 'SECTION.KEY' ")
+MS = Rule(_milliseconds, "must be a non-negative number of ms")
+SECONDS = Rule(lambda value: is_number(value) and 0 <= value <= MAX_SECONDS,
+               "must be seconds from 0 to 1e7, got {value!r}")
+FLAG = Rule(_flag, "must be true or false")
+RELATIVE_ERROR = Rule(lambda value: is_number(value) and 0 <= value <= MAX_INTEGER,
+                      "must be a non-negative number, got {value!r}")
+SHARE = Rule(lambda value: is_number(value) and 0 <= value < 1, "must be a number in [0, 1)")
+INTERFERENCE_FIELDS: Fields = {"fraction": (0.0, SHARE), "intra_fraction": (0.0, SHARE),
+                       "busy_collective_ms": (0.0, MS), "collective_alone_ms": (0.0, MS),
+                       "collective_busy_ms": (0.0, MS)}
+PROBE_FIELDS: Fields = {
+    "steps": (0, Integer(0, MAX_COUNT)), "ran_steps": (0, Integer(0, MAX_COUNT)),
+    "planned_steps": (0, Integer(0, MAX_COUNT)),
+    "batches": ("validation", Rule(lambda value: value in PROBE_BATCHES,
+                                   f"must be one of {', '.join(PROBE_BATCHES)}")),
+    "fp32_improvement": (0.0, Rule(lambda value: number_in(value, 0.0, 1.0),
+                                   "must be a fraction from 0 to 1, got {value!r}")),
+    "informative": (True, FLAG), "seconds": (0.0, SECONDS),
+    "stopped_by_budget": (False, FLAG),
+    "length": ("budget", Rule(lambda value: value in ("budget", "--probe-steps"),
+                              "must be budget or --probe-steps")),
+}
+MAX_RETRIES = 100  # the quality section's retries (bytecomp.profiler.quality.RETRIES)
+QUALITY_FIELDS: Fields = {
+    "min_r2": (0.0, Number(0.0, 1.0)), "max_worst_relative_error": (0.0, RELATIVE_ERROR),
+    "retries": (0, Integer(0, MAX_RETRIES)),
+    "remeasured": ([], Rule(lambda value: isinstance(value, list) and
+                            all(isinstance(name, str) for name in value),
+                            "must be a list of fit names")),
+    "poor": ([], Rule(lambda value: isinstance(value, list), "must be a list")),
+}
+CALIBRATION_FIELDS: Fields = {
+    "kind": (None, Rule(lambda value: value in CALIBRATION_KINDS,
+                        f"must be one of {', '.join(CALIBRATION_KINDS)}")),
+    "created": (None, Rule(iso_time, "must be a time (ISO 8601)")),
+    "measured": (None, Rule(iso_time, "must be a time (ISO 8601)")),
+}
+
+
 def _check_interference(path: Path | str, entry) -> None:
     """Optional: shares of the compute stream lost to communication, in [0, 1), and what a
     collective waits while the rank computes (ms)."""
@@ -123,17 +176,7 @@ def _check_interference(path: Path | str, entry) -> None:
         return
     if not isinstance(entry, dict):
         fail(path, "field 'interference' must be a mapping")
-    for key in ("fraction", "intra_fraction"):
-        value = entry.get(key, 0.0)
-        if not is_number(value) or not 0 <= value < 1:
-            fail(path, f"field 'interference.{key}' must be a number in [0, 1)")
-    for key in ("busy_collective_ms", "collective_alone_ms", "collective_busy_ms"):
-        if not _milliseconds(entry.get(key, 0.0)):
-            fail(path, f"field 'interference.{key}' must be a non-negative number of ms")
-
-
-def _milliseconds(value) -> bool:
-    return is_number(value) and math.isfinite(value) and 0 <= value < MAX_MS
+    check_fields(path, "interference", entry, INTERFERENCE_FIELDS)
 
 
 def _check_executor(path: Path | str, entry) -> None:
@@ -142,14 +185,11 @@ def _check_executor(path: Path | str, entry) -> None:
         return
     if not isinstance(entry, dict) or not isinstance(entry.get("paths"), dict):
         fail(path, "field 'executor' must be a mapping with 'bucket_ms' and 'paths'")
-    if not _milliseconds(entry.get("bucket_ms")):
-        fail(path, "field 'executor.bucket_ms' must be a non-negative number of ms")
+    check_field(path, "executor.bucket_ms", entry.get("bucket_ms"), MS)
     for name in EXECUTOR_PATHS:
         costs = entry["paths"].get(name)
-        for key in ("hook_ms", "tail_ms"):
-            if not isinstance(costs, dict) or not _milliseconds(costs.get(key)):
-                fail(path, f"field 'executor.paths.{name}.{key}' must be a non-negative "
-                            f"number of ms")
+        check_fields(path, f"executor.paths.{name}", costs if isinstance(costs, dict) else {},
+                     {"hook_ms": (None, MS), "tail_ms": (None, MS)})
     check_executor_measured(path, entry.get("measured"))
 
 
@@ -216,11 +256,7 @@ def _check_calibration(path: Path | str, entry, meta: dict) -> None:
             or control_character(directory):
         fail(path, "field 'calibration.directory' must be the calibration's path (printable "
                     "text)")
-    if entry.get("kind") not in CALIBRATION_KINDS:
-        fail(path, f"field 'calibration.kind' must be one of {', '.join(CALIBRATION_KINDS)}")
-    for key in ("created", "measured"):
-        if not iso_time(entry.get(key)):
-            fail(path, f"field 'calibration.{key}' must be a time (ISO 8601)")
+    check_fields(path, "calibration", entry, CALIBRATION_FIELDS)
     link = entry.get("link")
     if not isinstance(link, dict) or not isinstance(link.get("checks"), list) or \
             not link["checks"]:
@@ -256,9 +292,6 @@ def _check_calibration(path: Path | str, entry, meta: dict) -> None:
                         f"({tolerance:g}x either way): such a calibration is refused")
 
 
-def _seconds(value) -> bool:
-    return is_number(value) and 0 <= value <= MAX_SECONDS
-
 
 
 def _check_stages(path: Path | str, entry) -> None:
@@ -270,9 +303,7 @@ def _check_stages(path: Path | str, entry) -> None:
     for name, seconds in entry.items():
         if not isinstance(name, str) or not name.isprintable() or len(name) > 200:
             fail(path, f"field 'stages_s' has a bad stage name {str(name)[:40]!r}")
-        if not _seconds(seconds):
-            fail(path, f"field 'stages_s.{name}' must be seconds from 0 to 1e7, got "
-                        f"{seconds!r}")
+        check_field(path, f"stages_s.{name}", seconds, SECONDS)
 
 
 def _check_probe_meta(path: Path | str, entry) -> None:
@@ -281,26 +312,7 @@ def _check_probe_meta(path: Path | str, entry) -> None:
         return
     if not isinstance(entry, dict):
         fail(path, "field 'probe' must be a mapping")
-    for key in ("steps", "ran_steps", "planned_steps"):
-        check_field(path, f"probe.{key}", entry.get(key, 0), Integer(0, MAX_COUNT))
-    if entry.get("batches", "validation") not in PROBE_BATCHES:
-        fail(path, f"field 'probe.batches' must be one of {', '.join(PROBE_BATCHES)}")
-    fell = entry.get("fp32_improvement", 0.0)
-    if isinstance(fell, bool) or not isinstance(fell, (int, float)) or not 0 <= fell <= 1:
-        fail(path, f"field 'probe.fp32_improvement' must be a fraction from 0 to 1, "
-                    f"got {fell!r}")
-    if not isinstance(entry.get("informative", True), bool):
-        fail(path, "field 'probe.informative' must be true or false")
-    seconds = entry.get("seconds", 0.0)
-    if not _seconds(seconds):
-        fail(path, f"field 'probe.seconds' must be seconds from 0 to 1e7, got {seconds!r}")
-    if not isinstance(entry.get("stopped_by_budget", False), bool):
-        fail(path, "field 'probe.stopped_by_budget' must be true or false")
-    if entry.get("length", "budget") not in ("budget", "--probe-steps"):
-        fail(path, "field 'probe.length' must be budget or --probe-steps")
-
-
-MAX_RETRIES = 100  # the quality section's retries (bytecomp.profiler.quality.RETRIES)
+    check_fields(path, "probe", entry, PROBE_FIELDS)
 
 
 def check_quality(path: Path | str, entry) -> None:
@@ -311,19 +323,8 @@ def check_quality(path: Path | str, entry) -> None:
         return
     if not isinstance(entry, dict):
         fail(path, "field 'quality' must be a mapping")
-    check_field(path, "quality.min_r2", entry.get("min_r2", 0.0), Number(0.0, 1.0))
-    worst = entry.get("max_worst_relative_error", 0.0)
-    if not is_number(worst) or not 0 <= worst <= MAX_INTEGER:
-        fail(path, f"field 'quality.max_worst_relative_error' must be a non-negative "
-                    f"number, got {worst!r}")
-    check_field(path, "quality.retries", entry.get("retries", 0), Integer(0, MAX_RETRIES))
-    remeasured = entry.get("remeasured", [])
-    if not isinstance(remeasured, list) or not all(isinstance(n, str) for n in remeasured):
-        fail(path, "field 'quality.remeasured' must be a list of fit names")
-    poor = entry.get("poor", [])
-    if not isinstance(poor, list):
-        fail(path, "field 'quality.poor' must be a list")
-    for index, fit in enumerate(poor):
+    check_fields(path, "quality", entry, QUALITY_FIELDS)
+    for index, fit in enumerate(entry.get("poor", [])):
         where = f"quality.poor[{index}]"
         if not isinstance(fit, dict) or not isinstance(fit.get("fit"), str):
             fail(path, f"field '{where}' must be a mapping with fit (a name), r2 and "
@@ -331,10 +332,8 @@ def check_quality(path: Path | str, entry) -> None:
         r2 = fit.get("r2")
         if not is_number(r2) or not -MAX_INTEGER <= r2 <= 1:  # R^2 of a bad fit: below 0
             fail(path, f"field '{where}.r2' must be a number at most 1, got {r2!r}")
-        worst = fit.get("worst_relative_error")
-        if not is_number(worst) or not 0 <= worst <= MAX_INTEGER:
-            fail(path, f"field '{where}.worst_relative_error' must be a non-negative number, "
-                        f"got {worst!r}")
+        check_field(path, f"{where}.worst_relative_error", fit.get("worst_relative_error"),
+                    RELATIVE_ERROR)
 
 
 def _check_times(path: Path | str, times: dict) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -63,13 +64,13 @@ class Reader:
             self.fail(label, f"must be {_kind_names(kinds)}, got {type(value).__name__}")
         return value
 
-    def check(self, where: str, value, check: Integer | Number | OneOf) -> None:
+    def check(self, where: str, value, check: Check) -> None:
         """``value`` within its declared range or choices (``check``)."""
         problem = check.problem(value)
         if problem:
             self.fail(where, problem)
 
-    def declared(self, data: dict, key: str, kinds, check: Integer | Number | OneOf,
+    def declared(self, data: dict, key: str, kinds, check: Check,
                  where: str = ""):
         """``data[key]``, of one of ``kinds`` (:meth:`field`) and within ``check``."""
         value = self.field(data, key, kinds, where)
@@ -147,7 +148,23 @@ class OneOf:
         return None
 
 
-def declared(default: Any, check: Integer | Number | OneOf) -> Any:
+@dataclass(frozen=True)
+class Rule:
+    """A declared field's test and what its refusal ``says`` (formatted with the
+    ``value``), for the forms the ranges above do not write (``must be true or false``)."""
+
+    test: Callable[[Any], bool]
+    says: str
+
+    def problem(self, value) -> str | None:
+        return None if self.test(value) else self.says.format(value=value)
+
+
+Check = Integer | Number | OneOf | Rule  # what a field is declared with
+Fields = dict[str, tuple[Any, Check]]  # a section's fields: each key's default and check
+
+
+def declared(default: Any, check: Check) -> Any:
     """A dataclass field with its ``default`` and its range or choices (``check``),
     declared once: the file readers check against it (:func:`check_of`) and the
     options name its bounds."""
@@ -160,12 +177,20 @@ def check_of(cls, name: str) -> Any:
                 if item.name == name)
 
 
-def check_field(path: Path | str, name: str, value, check: Integer | Number | OneOf) -> None:
-    """A document's field ``name`` (dotted) within its declared range or choices:
+def check_field(path: Path | str, name: str, value, check: Check) -> None:
+    """A document's field ``name`` (dotted) within its declared range, choices or rule:
     ``PATH: field 'NAME' REASON``, as profile.yaml's and calibration.yaml's checks say it."""
     problem = check.problem(value)
     if problem:
         fail(path, f"field '{name}' {problem}")
+
+
+def check_fields(path: Path | str, section: str, entry: dict,
+                 fields: Fields) -> None:
+    """Each of a mapping's declared ``fields`` (key: its default where absent, and its
+    check), in their order: :func:`check_field` of ``SECTION.KEY``."""
+    for key, (default, check) in fields.items():
+        check_field(path, f"{section}.{key}", entry.get(key, default), check)
 
 
 def iso_time(value) -> bool:

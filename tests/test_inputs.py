@@ -216,6 +216,28 @@ def test_the_probe_table_goes_through_the_same_checks(profile):
             load_profile(profile)
 
 
+@pytest.mark.parametrize("section,value,message", [
+    ("probe", {"informative": "yes"}, "field 'probe.informative' must be true or false"),
+    ("probe", {"length": "forever"}, "field 'probe.length' must be budget or --probe-steps"),
+    ("probe", {"fp32_improvement": 1.5},
+     "field 'probe.fp32_improvement' must be a fraction from 0 to 1, got 1.5"),
+    ("interference", {"fraction": 1}, "field 'interference.fraction' must be a number in [0, 1)"),
+    ("quality", {"retries": 101}, "field 'quality.retries' must be an integer from 0 to 100, "
+                                  "got 101"),
+    ("quality", {"remeasured": [1]}, "field 'quality.remeasured' must be a list of fit names"),
+    ("stages_s", {"probe": -1}, "field 'stages_s.probe' must be seconds from 0 to 1e7, got -1"),
+])
+def test_the_declared_fields_of_profile_yaml_refuse_in_their_own_words(profile, section, value,
+                                                                       message):
+    """The optional sections' fields are declared (profile_meta's *_FIELDS: a default and a
+    check each); a bad value is one line naming the field, in the words it always had."""
+    edit_meta(profile, lambda meta: meta.update(
+        {section: value if section == "stages_s" else {**(meta.get(section) or {}), **value}}))
+    with pytest.raises(BytecompError) as raised:
+        load_profile(profile)
+    assert str(raised.value) == f"{profile / 'profile.yaml'}: {message}"
+
+
 def test_the_compressors_advance_column_is_optional_and_checked(profile):
     """compressors.csv's advance_ms (a multi-round encode's part between its
     collectives): profiles before it load without it; it is a non-negative part of
