@@ -128,6 +128,10 @@ def _flag(value) -> bool:
     return isinstance(value, bool)
 
 
+# the head's counts (integers already: check_document) and the device's type, which
+# calibration.yaml's head shares
+COUNT = Rule(lambda value: 1 <= value <= MAX_COUNT, f"must be between 1 and {MAX_COUNT:,}")
+DEVICE_TYPE = Rule(lambda value: value in ("cpu", "cuda"), "must be cpu or cuda")
 # the optional sections' fields, declared: each key's default where absent and its check
 # (the message after "field 'SECTION.KEY' ")
 MS = Rule(_milliseconds, "must be a non-negative number of ms")
@@ -371,8 +375,7 @@ def check_meta(path: Path | str, meta: dict) -> ProfileMeta:
     """profile.yaml's fields, after :func:`check_document`: each in range, and consistent
     with each other; ``meta``, checked, as the :class:`ProfileMeta` it then is."""
     for key in ("world_size", "nodes", "ranks_per_node", "batch_size"):
-        if not 1 <= meta[key] <= MAX_COUNT:
-            fail(path, f"field '{key}' must be between 1 and {MAX_COUNT:,}")
+        check_field(path, key, meta[key], COUNT)
     if not 0 < meta["bucket_cap_mb"] <= MAX_BUCKET_CAP_MB:
         fail(path, f"field 'bucket_cap_mb' must be a positive number (at most "
                     f"{MAX_BUCKET_CAP_MB:g})")
@@ -400,8 +403,7 @@ def check_meta(path: Path | str, meta: dict) -> ProfileMeta:
                                                 meta["backend"] == "synthetic"):
         fail(path, f"field 'backend' must be one of {', '.join(BACKENDS)} (what bytecomp "
                     f"profiles on), got {meta['backend']!r}")
-    if meta["device"].get("type") not in ("cpu", "cuda"):
-        fail(path, "field 'device.type' must be cpu or cuda")
+    check_field(path, "device.type", meta["device"].get("type"), DEVICE_TYPE)
     _check_interference(path, meta.get("interference"))
     _check_executor(path, meta.get("executor"))
     _check_probe_meta(path, meta.get("probe"))

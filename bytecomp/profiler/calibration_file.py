@@ -17,6 +17,9 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import check_input_directory, control_character
 from bytecomp.profile_meta import (
     BACKENDS,
+    CALIBRATION_FIELDS,
+    COUNT,
+    DEVICE_TYPE,
     CalibrationMeta,
     ProfileMeta,
     check_executor_measured,
@@ -32,7 +35,7 @@ from bytecomp.profile_tables import (
     row_fail,
 )
 from bytecomp.profiler.overheads import ExecutorMeasurement
-from bytecomp.schema import MAX_COUNT, fail, iso_time, read_document
+from bytecomp.schema import MAX_COUNT, check_field, fail, read_document
 
 CALIBRATION_FILE = "calibration.yaml"
 CALIBRATION_TABLES = ("collectives", "compressors", "aggregation", "copies")
@@ -93,19 +96,16 @@ def _load_calibration_meta(path: Path) -> CalibrationMeta:
     meta = read_document(path, "calibration file", required, FORMAT_VERSION)
     if meta["kind"] != "calibration":
         fail(path, f"field 'kind' must be calibration, got {meta['kind'][:100]!r}")
-    if not iso_time(meta["created"]):
-        fail(path, "field 'created' must be a time (ISO 8601)")
+    check_field(path, "created", meta["created"], CALIBRATION_FIELDS["created"][1])
     for key in ("world_size", "nodes", "ranks_per_node"):
-        if not 1 <= meta[key] <= MAX_COUNT:
-            fail(path, f"field '{key}' must be between 1 and {MAX_COUNT:,}")
+        check_field(path, key, meta[key], COUNT)
     if meta["nodes"] * meta["ranks_per_node"] != meta["world_size"]:
         fail(path, "nodes x ranks_per_node must equal world_size")
     if meta["backend"] not in BACKENDS:
         fail(path, f"field 'backend' must be one of {', '.join(BACKENDS)}, got "
                     f"{meta['backend'][:100]!r}")
     device = meta["device"]
-    if device.get("type") not in ("cpu", "cuda"):
-        fail(path, "field 'device.type' must be cpu or cuda")
+    check_field(path, "device.type", device.get("type"), DEVICE_TYPE)
     name = device.get("name")
     if not isinstance(name, str) or len(name) > 1000 or control_character(name):
         fail(path, "field 'device.name' must be the device's name (printable text)")
