@@ -26,6 +26,7 @@ from bytecomp.schema import (
     Rule,
     check_field,
     check_fields,
+    check_section,
     fail,
     is_number,
     iso_time,
@@ -141,9 +142,12 @@ FLAG = Rule(_flag, "must be true or false")
 RELATIVE_ERROR = Rule(lambda value: is_number(value) and 0 <= value <= MAX_INTEGER,
                       "must be a non-negative number, got {value!r}")
 SHARE = Rule(lambda value: is_number(value) and 0 <= value < 1, "must be a number in [0, 1)")
+# interference: shares of the compute stream lost to communication, in [0, 1), and what
+# a collective waits while the rank computes (ms)
 INTERFERENCE_FIELDS: Fields = {"fraction": (0.0, SHARE), "intra_fraction": (0.0, SHARE),
                        "busy_collective_ms": (0.0, MS), "collective_alone_ms": (0.0, MS),
                        "collective_busy_ms": (0.0, MS)}
+# probe: the convergence probe's settings (its steps are named in plan's notes)
 PROBE_FIELDS: Fields = {
     "steps": (0, Integer(0, MAX_COUNT)), "ran_steps": (0, Integer(0, MAX_COUNT)),
     "planned_steps": (0, Integer(0, MAX_COUNT)),
@@ -171,16 +175,6 @@ CALIBRATION_FIELDS: Fields = {
     "created": (None, Rule(iso_time, "must be a time (ISO 8601)")),
     "measured": (None, Rule(iso_time, "must be a time (ISO 8601)")),
 }
-
-
-def _check_interference(path: Path | str, entry) -> None:
-    """Optional: shares of the compute stream lost to communication, in [0, 1), and what a
-    collective waits while the rank computes (ms)."""
-    if entry is None:
-        return
-    if not isinstance(entry, dict):
-        fail(path, "field 'interference' must be a mapping")
-    check_fields(path, "interference", entry, INTERFERENCE_FIELDS)
 
 
 def _check_executor(path: Path | str, entry) -> None:
@@ -310,24 +304,13 @@ def _check_stages(path: Path | str, entry) -> None:
         check_field(path, f"stages_s.{name}", seconds, SECONDS)
 
 
-def _check_probe_meta(path: Path | str, entry) -> None:
-    """Optional: the convergence probe's settings (its steps are named in plan's notes)."""
-    if entry is None:
-        return
-    if not isinstance(entry, dict):
-        fail(path, "field 'probe' must be a mapping")
-    check_fields(path, "probe", entry, PROBE_FIELDS)
-
-
 def check_quality(path: Path | str, entry) -> None:
     """Optional: the sweeps' fit quality (bytecomp.profiler.quality): the thresholds, the
     retries, the fits measured again and those that stayed poor (names checked against
     the tables by :func:`check_quality_fits`)."""
+    check_section(path, "quality", entry, QUALITY_FIELDS)
     if entry is None:
         return
-    if not isinstance(entry, dict):
-        fail(path, "field 'quality' must be a mapping")
-    check_fields(path, "quality", entry, QUALITY_FIELDS)
     for index, fit in enumerate(entry.get("poor", [])):
         where = f"quality.poor[{index}]"
         if not isinstance(fit, dict) or not isinstance(fit.get("fit"), str):
@@ -404,9 +387,9 @@ def check_meta(path: Path | str, meta: dict) -> ProfileMeta:
         fail(path, f"field 'backend' must be one of {', '.join(BACKENDS)} (what bytecomp "
                     f"profiles on), got {meta['backend']!r}")
     check_field(path, "device.type", meta["device"].get("type"), DEVICE_TYPE)
-    _check_interference(path, meta.get("interference"))
+    check_section(path, "interference", meta.get("interference"), INTERFERENCE_FIELDS)
     _check_executor(path, meta.get("executor"))
-    _check_probe_meta(path, meta.get("probe"))
+    check_section(path, "probe", meta.get("probe"), PROBE_FIELDS)
     _check_stages(path, meta.get("stages_s"))
     check_quality(path, meta.get("quality"))
     _check_calibration(path, meta.get("calibration"), meta)

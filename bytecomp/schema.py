@@ -193,6 +193,16 @@ def check_fields(path: Path | str, section: str, entry: dict,
         check_field(path, f"{section}.{key}", entry.get(key, default), check)
 
 
+def check_section(path: Path | str, section: str, entry, fields: Fields) -> None:
+    """An optional section of a document (None: absent): a mapping of its declared
+    ``fields`` (:func:`check_fields`)."""
+    if entry is None:
+        return
+    if not isinstance(entry, dict):
+        fail(path, f"field '{section}' must be a mapping")
+    check_fields(path, section, entry, fields)
+
+
 def iso_time(value) -> bool:
     """A time as ISO 8601 text."""
     if not isinstance(value, str):
