@@ -80,8 +80,8 @@ from bytecomp.plan_types import (
 )
 from bytecomp.safe_yaml import read_yaml_file
 from bytecomp.schema import (
+    COUNT,
     MAX_BUCKET_CAP_MB,
-    MAX_COUNT,
     MAX_PREDICTED_MS,
     MAX_STEPS_FACTOR,
     Number,
@@ -153,8 +153,7 @@ def plan_from_dict(data, path: str = "<plan>") -> Plan:
     nodes = reader.field(data, "nodes", int)
     per_node = reader.field(data, "ranks_per_node", int)
     for key, value in (("world_size", world), ("nodes", nodes), ("ranks_per_node", per_node)):
-        if not 1 <= value <= MAX_COUNT:
-            reader.fail(key, f"must be between 1 and {MAX_COUNT:,}")
+        reader.check(key, value, COUNT)
     if nodes * per_node != world:
         reader.fail("world_size", f"{world} is not nodes x ranks_per_node = {nodes * per_node}")
     cap = reader.field(data, "bucket_cap_mb", (int, float))

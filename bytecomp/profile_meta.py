@@ -14,6 +14,7 @@ from typing import Any, TypedDict, cast
 
 from bytecomp.files import control_character
 from bytecomp.schema import (
+    COUNT,
     MAX_BUCKET_CAP_MB,
     MAX_COUNT,
     MAX_INTEGER,
@@ -129,9 +130,7 @@ def _flag(value) -> bool:
     return isinstance(value, bool)
 
 
-# the head's counts (integers already: check_document) and the device's type, which
-# calibration.yaml's head shares
-COUNT = Rule(lambda value: 1 <= value <= MAX_COUNT, f"must be between 1 and {MAX_COUNT:,}")
+# the device's type, which calibration.yaml's head shares
 DEVICE_TYPE = Rule(lambda value: value in ("cpu", "cuda"), "must be cpu or cuda")
 # the optional sections' fields, declared: each key's default where absent and its check
 # (the message after "field 'SECTION.KEY' ")

@@ -160,6 +160,9 @@ class Rule:
         return None if self.test(value) else self.says.format(value=value)
 
 
+# a count of ranks, nodes or samples in a file's head (an integer already: its reader's
+# type check), as the plan, the profile and the calibration hold them
+COUNT = Rule(lambda value: 1 <= value <= MAX_COUNT, f"must be between 1 and {MAX_COUNT:,}")
 Check = Integer | Number | OneOf | Rule  # what a field is declared with
 Fields = dict[str, tuple[Any, Check]]  # a section's fields: each key's default and check
 

@@ -18,7 +18,6 @@ from bytecomp.files import check_input_directory, control_character
 from bytecomp.profile_meta import (
     BACKENDS,
     CALIBRATION_FIELDS,
-    COUNT,
     DEVICE_TYPE,
     CalibrationMeta,
     ProfileMeta,
@@ -35,7 +34,7 @@ from bytecomp.profile_tables import (
     row_fail,
 )
 from bytecomp.profiler.overheads import ExecutorMeasurement
-from bytecomp.schema import MAX_COUNT, check_field, fail, read_document
+from bytecomp.schema import COUNT, MAX_COUNT, check_field, fail, read_document
 
 CALIBRATION_FILE = "calibration.yaml"
 CALIBRATION_TABLES = ("collectives", "compressors", "aggregation", "copies")
