@@ -342,10 +342,11 @@ def test_readme_training_snippet_runs_on_two_ranks(tmp_path):
 
 
 @pytest.mark.multirank
+@pytest.mark.clock  # one rank's line may be lost to torchrun stopping it: alone, it is not
 def test_readme_training_snippet_prints_one_line_per_rank_for_a_plan_of_another_world_size(
         tmp_path):
     """A plan made for 4 ranks, run on 2 by the README's snippet: one line on each rank
-    naming the fix, no traceback."""
+    that prints before torchrun stops it, naming the fix, and no traceback."""
     from bytecomp.launch import free_port
     from bytecomp.plan_file import plan_for_model
     from bytecomp.plan_types import Option
@@ -362,9 +363,16 @@ def test_readme_training_snippet_prints_one_line_per_rank_for_a_plan_of_another_
                           cwd=tmp_path, env=environment, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode != 0  # torchrun prints its own ChildFailedError: not the ranks'
+    said = {}
     for rank in range(2):  # each rank's stderr, as torchrun's --redirects keeps it
         logged = next((tmp_path / "logs").rglob(f"attempt_0/{rank}/stderr.log")).read_text()
-        lines = [line for line in logged.splitlines() if line.strip()]
-        assert len(lines) == 1 and lines[0].startswith(f"error: rank {rank}: "), logged[-3000:]
+        said[rank] = [line for line in logged.splitlines() if line.strip()]
+    # both ranks fail at once, but torchrun stops the workers left as soon as one exits: on
+    # a busy machine one may be stopped before it printed (CI once saw rank 0's log empty)
+    assert any(said.values()), done.stderr[-3000:]
+    for rank, lines in said.items():
+        if not lines:
+            continue
+        assert len(lines) == 1 and lines[0].startswith(f"error: rank {rank}: "), lines
         assert "the plan is for 4 ranks but this job has 2" in lines[0] and \
             "plan again with --cluster CONFIG for 2 ranks" in lines[0], lines[0]
