@@ -126,10 +126,6 @@ def _milliseconds(value) -> bool:
     return is_number(value) and math.isfinite(value) and 0 <= value < MAX_MS
 
 
-def _flag(value) -> bool:
-    return isinstance(value, bool)
-
-
 # the device's type, which calibration.yaml's head shares
 DEVICE_TYPE = Rule(lambda value: value in ("cpu", "cuda"), "must be cpu or cuda")
 # the optional sections' fields, declared: each key's default where absent and its check
@@ -137,15 +133,17 @@ DEVICE_TYPE = Rule(lambda value: value in ("cpu", "cuda"), "must be cpu or cuda"
 MS = Rule(_milliseconds, "must be a non-negative number of ms")
 SECONDS = Rule(lambda value: is_number(value) and 0 <= value <= MAX_SECONDS,
                "must be seconds from 0 to 1e7, got {value!r}")
-FLAG = Rule(_flag, "must be true or false")
+FLAG = Rule(lambda value: isinstance(value, bool), "must be true or false")
+TIME = Rule(iso_time, "must be a time (ISO 8601)")
 RELATIVE_ERROR = Rule(lambda value: is_number(value) and 0 <= value <= MAX_INTEGER,
                       "must be a non-negative number, got {value!r}")
 SHARE = Rule(lambda value: is_number(value) and 0 <= value < 1, "must be a number in [0, 1)")
 # interference: shares of the compute stream lost to communication, in [0, 1), and what
 # a collective waits while the rank computes (ms)
-INTERFERENCE_FIELDS: Fields = {"fraction": (0.0, SHARE), "intra_fraction": (0.0, SHARE),
-                       "busy_collective_ms": (0.0, MS), "collective_alone_ms": (0.0, MS),
-                       "collective_busy_ms": (0.0, MS)}
+INTERFERENCE_FIELDS: Fields = {
+    "fraction": (0.0, SHARE), "intra_fraction": (0.0, SHARE),
+    "busy_collective_ms": (0.0, MS), "collective_alone_ms": (0.0, MS),
+    "collective_busy_ms": (0.0, MS)}
 # probe: the convergence probe's settings (its steps are named in plan's notes)
 PROBE_FIELDS: Fields = {
     "steps": (0, Integer(0, MAX_COUNT)), "ran_steps": (0, Integer(0, MAX_COUNT)),
@@ -171,8 +169,7 @@ QUALITY_FIELDS: Fields = {
 CALIBRATION_FIELDS: Fields = {
     "kind": (None, Rule(lambda value: value in CALIBRATION_KINDS,
                         f"must be one of {', '.join(CALIBRATION_KINDS)}")),
-    "created": (None, Rule(iso_time, "must be a time (ISO 8601)")),
-    "measured": (None, Rule(iso_time, "must be a time (ISO 8601)")),
+    "created": (None, TIME), "measured": (None, TIME),
 }
 
 
@@ -287,8 +284,6 @@ def _check_calibration(path: Path | str, entry, meta: dict) -> None:
         if not 1 / tolerance <= ratio <= tolerance:
             fail(path, f"field '{where}.ratio' ({ratio:g}) is beyond the tolerance "
                         f"({tolerance:g}x either way): such a calibration is refused")
-
-
 
 
 def _check_stages(path: Path | str, entry) -> None:

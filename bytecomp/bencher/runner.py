@@ -166,13 +166,12 @@ def _every_compressors(config: BenchConfig, plan, profile) -> list[str]:
         return list(dict.fromkeys(canonical(spec) for spec in config.compressors))
     if not config.every:
         return []
-    if config.convergence is not None:
-        return sorted({canonical(s) for s in profile.compressors["spec"]
-                       if from_spec(s).compresses})
-    if plan.compressors:
-        return [plan.compressors[0]]
     profiled = sorted({canonical(s) for s in profile.compressors["spec"]
                        if from_spec(s).compresses})
+    if config.convergence is not None:
+        return profiled
+    if plan.compressors:
+        return [plan.compressors[0]]
     return [DEFAULT_COMPRESSOR] if DEFAULT_COMPRESSOR in profiled else profiled[:1]
 
 

@@ -17,8 +17,8 @@ from bytecomp.errors import BytecompError
 from bytecomp.files import check_input_directory, control_character
 from bytecomp.profile_meta import (
     BACKENDS,
-    CALIBRATION_FIELDS,
     DEVICE_TYPE,
+    TIME,
     CalibrationMeta,
     ProfileMeta,
     check_executor_measured,
@@ -95,7 +95,7 @@ def _load_calibration_meta(path: Path) -> CalibrationMeta:
     meta = read_document(path, "calibration file", required, FORMAT_VERSION)
     if meta["kind"] != "calibration":
         fail(path, f"field 'kind' must be calibration, got {meta['kind'][:100]!r}")
-    check_field(path, "created", meta["created"], CALIBRATION_FIELDS["created"][1])
+    check_field(path, "created", meta["created"], TIME)
     for key in ("world_size", "nodes", "ranks_per_node"):
         check_field(path, key, meta[key], COUNT)
     if meta["nodes"] * meta["ranks_per_node"] != meta["world_size"]:
