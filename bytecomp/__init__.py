@@ -10,7 +10,7 @@ script::
 
 __version__ = "0.1.0"
 
-__all__ = ["apply_plan", "comm_hook", "load_plan", "Plan", "Recipe", "BytecompError", "PeerFailure",
+__all__ = ["apply_plan", "comm_hook", "autotune", "load_plan", "Plan", "Recipe", "BytecompError", "PeerFailure",
            "profile", "plan", "simulate", "bench", "load_profile", "Profile", "PlanResult",
            "Simulation", "BenchResult", "ProfileOptions", "PlanOptions", "SimulateOptions",
            "BenchOptions", "__version__"]
@@ -30,6 +30,10 @@ def __getattr__(name):
         from bytecomp import runtime
 
         return getattr(runtime, name)
+    if name == "autotune":
+        from bytecomp.autotuner import autotune
+
+        return autotune
     if name == "load_plan":
         from bytecomp.plan_file import load_plan
 

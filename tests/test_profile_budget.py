@@ -331,12 +331,13 @@ def run(rank, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    from bytecomp.profiler.sweeps import BYTE_COLLECTIVES, DTYPES, _collective_call
+    from bytecomp.comm.compat import collective_call
+    from bytecomp.profiler.sweeps import BYTE_COLLECTIVES, DTYPES
     from bytecomp.profiler.timing import Clock, time_call_ms
     clock, least = Clock(torch.device("cpu")), {}
     for name in BYTE_COLLECTIVES:
         for nbytes in (1 << 20, 4 << 20):
-            calls = {d: _collective_call(name, nbytes, t, None, 2, torch.device("cpu"))
+            calls = {d: collective_call(name, nbytes, t, None, 2, torch.device("cpu"))
                      for d, t in DTYPES.items()}
             for _ in range(7):  # interleaved: drift hits every dtype alike
                 for dtype, call in calls.items():

@@ -6,6 +6,7 @@ over all rounds, and to check error feedback, without any process group.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -49,3 +50,13 @@ def roundtrip(compressor: Compressor, x: torch.Tensor, state: dict) -> tuple[tor
     """``(what the compressor transmits of x, bytes sent)`` for a single rank."""
     encoded = encode(compressor, x, state)
     return decode(compressor, encoded), encoded.bytes_sent
+
+
+def gain(x: torch.Tensor, approx: torch.Tensor) -> float:
+    """``sqrt(max(0, 1 - ||approx - x||^2 / ||x||^2))``; 1 for a zero ``x``."""
+    reference = x.double()
+    norm = float(reference.pow(2).sum())
+    if norm == 0.0:
+        return 1.0
+    error = float((approx.double().reshape(reference.shape) - reference).pow(2).sum())
+    return math.sqrt(max(0.0, 1.0 - error / norm))

@@ -22,7 +22,6 @@ squared errors of disjoint tensors add up.
 
 from __future__ import annotations
 
-import math
 import statistics
 import zlib
 from typing import Any
@@ -31,19 +30,9 @@ import torch
 import torch.distributed as dist
 
 from bytecomp.compress import ErrorFeedback, from_spec
-from bytecomp.compress.local import roundtrip
+from bytecomp.compress.local import gain, roundtrip
 
 COLUMNS = ["tensor", "spec", "gain", "gain_p10", "gain_p90", "norm_share"]
-
-
-def gain(x: torch.Tensor, approx: torch.Tensor) -> float:
-    """``sqrt(max(0, 1 - ||approx - x||^2 / ||x||^2))``; 1 for a zero ``x``."""
-    reference = x.double()
-    norm = float(reference.pow(2).sum())
-    if norm == 0.0:
-        return 1.0
-    error = float((approx.double().reshape(reference.shape) - reference).pow(2).sum())
-    return math.sqrt(max(0.0, 1.0 - error / norm))
 
 
 def _quantile(values: list[float], q: float) -> float:

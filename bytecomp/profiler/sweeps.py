@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bytecomp.comm.compat import all_gather_flat, reduce_scatter_flat
+from bytecomp.comm.compat import collective_call
 from bytecomp.comm.topology import Topology
 from bytecomp.compress import from_spec
 from bytecomp.compress.base import SOLO
@@ -137,27 +137,6 @@ def groups_to_sweep(topology: Topology) -> list[tuple[str, dist.ProcessGroup | N
     return groups
 
 
-def _collective_call(name: str, nbytes: int, dtype: torch.dtype, group, ranks: int, device):
-    """A no-argument callable running collective ``name`` on ``nbytes`` (the whole array)."""
-    element = torch.empty(0, dtype=dtype).element_size()
-    numel = max(ranks, (nbytes // element) // ranks * ranks)
-    full = torch.ones(numel, dtype=dtype, device=device)
-    part = torch.ones(numel // ranks, dtype=dtype, device=device)
-    if name == "allreduce":
-        return lambda: dist.all_reduce(full, group=group)
-    if name == "allgather":
-        return lambda: all_gather_flat(full, part, group=group)
-    if name == "reduce_scatter":
-        return lambda: reduce_scatter_flat(part, full, group=group)
-    if name == "alltoall":
-        out = torch.empty_like(full)
-        return lambda: dist.all_to_all_single(out, full, group=group)
-    if name == "broadcast":
-        source = dist.get_global_rank(group, 0) if group is not None else 0
-        return lambda: dist.broadcast(full, src=source, group=group)
-    raise ValueError(name)
-
-
 def _reduce(samples: list[list[float]], op, device) -> list[list[float]]:
     table = torch.tensor(samples, dtype=torch.float64, device=device)
     if dist.is_initialized():
@@ -191,7 +170,7 @@ def samples_per_round(pilot_ms: float) -> int:
 
 
 def _time_collective(case: _CollectiveCase, clock: Clock, device) -> float:
-    call = _collective_call(case.collective, case.nbytes, DTYPES[case.dtype_name], case.group,
+    call = collective_call(case.collective, case.nbytes, DTYPES[case.dtype_name], case.group,
                             case.ranks, device)  # allocation and first touch stay untimed
     dist.barrier()
     return time_call_ms(call, clock, 1)[0]

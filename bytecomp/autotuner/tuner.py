@@ -1,0 +1,429 @@
+"""The tuner behind :func:`bytecomp.autotune`: one DDP communication hook that measures,
+plans and chooses while the job trains, from step 0.
+
+Phases, each announced on rank 0 in one line (and kept in :attr:`AutoTuner.log`):
+
+``measure``
+    The first steps run PyTorch's fp32 allreduce hook (or its fp16 hook, ``start="fp16"``)
+    while :class:`~bytecomp.autotuner.measure.Recorder` measures them. At the end the ranks
+    agree on the figures in one allreduce.
+``plan``
+    Rank 0 writes them to a private directory and starts ``python -m
+    bytecomp.search.in_job`` beside the job (niced); training goes on at the measuring
+    phase's exchange. Each step's first bucket asks rank 0 (one one-number broadcast on
+    the tuner's own gloo group) whether the plan is ready; all ranks switch at the same
+    step.
+``trial``
+    The plan's candidates (fp32 DDP, the searched plan, the best hand-picked and
+    one-compressor plans) run as the levels of an adaptive plan through bytecomp's
+    :class:`~bytecomp.runtime.executor.Executor`: the runtime trial times them in turn and
+    keeps one, and the gain controller then watches it (``watch``).
+``fp32``
+    Where no candidate was predicted to gain, the job keeps fp32 DDP, and says why.
+
+The plan is saved (``plan_out``) once it arrives, and again as the kept level alone once
+the trial decides: ``apply_plan`` runs it next time without measuring.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from bytecomp.autotuner.measure import Recorder
+from bytecomp.errors import BytecompError
+from bytecomp.plan_file import plan_from_dict
+from bytecomp.plan_types import Plan
+from bytecomp.runtime.apply import prepare
+from bytecomp.runtime.executor import Executor, device_of
+from bytecomp.runtime.state import Stats
+
+MEASURE, PLAN, TRIAL, WATCH, FP32 = "measure", "plan", "trial", "watch", "fp32"
+PHASES = (MEASURE, PLAN, TRIAL, WATCH, FP32)
+STARTS = {"fp32": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook}
+FORMAT = 1  # of state_dict()
+# The measuring phase goes on past measure_steps until every rank measured every probe and
+# compressor task within its share, checked every CHECK_EVERY steps, at most LONGEST times
+# measure_steps (then the compressors not measured are left out).
+CHECK_EVERY = 10
+LONGEST = 5
+PLAN_TIMEOUT_S = 600.0  # the child is stopped after this; the job keeps its exchange
+
+
+class AutoTuner:
+    """The hook state of :func:`bytecomp.autotune` (see the module docstring). It answers
+    as the executor does once the plan runs: ``stats``, ``step``, ``state_dict()``,
+    ``close()``, and as a context manager."""
+
+    def __init__(self, params: dict[str, torch.nn.Parameter], specs: list[str],
+                 measure_steps: int, share: float, start: str, plan_out: str | None,
+                 host_workers: int | None, min_fidelity: float, evaluations: int,
+                 margin: float, model_name: str, bucket_cap_mb: float, fingerprint_of: str) -> None:
+        self.params = params
+        self.specs = specs
+        self.measure_steps = measure_steps
+        self.share = share
+        self.start = start
+        self.plan_out = plan_out
+        self.host_workers = host_workers
+        self.device = device_of(params)
+        self.job = {"model": {"name": model_name, "fingerprint": fingerprint_of},
+                    "device": self.device.type,
+                    "device_name": torch.cuda.get_device_name(self.device)
+                    if self.device.type == "cuda" else "cpu",
+                    "backend": dist.get_backend(), "world_size": dist.get_world_size(),
+                    "nodes": 1, "ranks_per_node": dist.get_world_size(),
+                    "bucket_cap_mb": bucket_cap_mb,
+                    "settings": {"min_fidelity": min_fidelity, "evaluations": evaluations,
+                                 "margin": margin}}
+        self.rank = dist.get_rank()
+        self.control = dist.new_group(backend="gloo")  # flags, agreement, the plan
+        self.probes = self.control if dist.get_backend() == "gloo" else dist.new_group()
+        for group in dict.fromkeys((self.control, self.probes)):  # connect them now, not
+            dist.barrier(group=group)  # inside the first measured probe
+        self.phase = MEASURE
+        self.step = 0  # steps begun
+        self.log: list[str] = []
+        self.recorder: Recorder | None = Recorder(params, specs, share, self.probes,
+                                                  self.control, self.device)
+        self.agreed: dict | None = None
+        self.plan: Plan | None = None
+        self.executor: Executor | None = None
+        self._own_stats = Stats()
+        self._child: subprocess.Popen | None = None
+        self._workdir: Path | None = None
+        self._planning_started = 0.0
+        self._ddp: weakref.ref | None = None
+        self._forward_hooks: list = []
+        self._first_bucket = True
+        self._fp32_bytes = sum(p.numel() * p.element_size() for p in params.values())
+        self.closed = False
+
+    # -- registration --------------------------------------------------------------------------
+    def attach(self, ddp) -> None:
+        """Time ``ddp``'s forward passes (the measuring phase's forward time and the origin
+        of its gradients' ready times); no reference to ``ddp`` but a weak one."""
+        self._ddp = weakref.ref(ddp)
+        recorder = weakref.ref(self)
+
+        def before(_module, _inputs):
+            tuner = recorder()
+            if tuner is not None and tuner.recorder is not None and torch.is_grad_enabled():
+                tuner.recorder.forward_started()
+
+        def after(_module, _inputs, _output):
+            tuner = recorder()
+            if tuner is not None and tuner.recorder is not None and torch.is_grad_enabled():
+                tuner.recorder.forward_ended()
+
+        self._forward_hooks = [ddp.register_forward_pre_hook(before),
+                               ddp.register_forward_hook(after)]
+
+    @staticmethod
+    def hook(self: AutoTuner, bucket):  # no annotations: DDP rejects postponed ones
+        """The communication hook (``self`` is DDP's hook state)."""
+        if self.closed:
+            raise BytecompError("this autotune hook is closed: call bytecomp.autotune again "
+                                "to train on")
+        if self._first_bucket:
+            self._first_bucket = False
+            self._boundary()
+        if bucket.is_last():
+            self._first_bucket = True
+        if self.executor is not None:
+            return Executor.hook(self.executor, bucket)
+        if bucket.is_last():
+            self._own_stats.add(steps=1, fp32_bytes=self._fp32_bytes,
+                                sent_bytes=self._fp32_bytes // (2 if self.start == "fp16"
+                                                                else 1))
+        if self.recorder is not None:
+            return self.recorder.exchange(bucket, STARTS[self.start])
+        return STARTS[self.start](None, bucket)
+
+    # -- phases --------------------------------------------------------------------------------
+    def _boundary(self) -> None:
+        """A step's first bucket, the same step on every rank: the phase's work, and the
+        move to the next phase where it is due."""
+        step = self.step
+        self.step += 1
+        if self.phase == MEASURE:
+            assert self.recorder is not None
+            if step < self.measure_steps or not self._measured_enough(step):
+                self.recorder.begin_step()
+                return
+            self._end_measuring(step)
+        elif self.phase == PLAN:
+            self._poll(step)
+        elif self.phase == TRIAL:
+            self._watch_trial(step)
+
+    def _measured_enough(self, step: int) -> bool:
+        """From ``measure_steps`` on, every :data:`CHECK_EVERY` steps: whether every rank
+        measured all it set out to (one small allreduce), or the phase reached
+        :data:`LONGEST` x ``measure_steps``."""
+        if step >= LONGEST * self.measure_steps:
+            return True
+        if (step - self.measure_steps) % CHECK_EVERY:
+            return False
+        assert self.recorder is not None
+        done = torch.tensor([1 if self.recorder.complete else 0], dtype=torch.int64)
+        dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self.control)
+        return bool(done[0])
+
+    def _say(self, line: str) -> None:
+        self.log.append(line)
+        if self.rank == 0:
+            print(f"bytecomp autotune: {line}", file=sys.stderr, flush=True)
+
+    def _end_measuring(self, step: int) -> None:
+        recorder = self.recorder
+        assert recorder is not None
+        recorder.begin_step()  # the last step's time
+        agreed = recorder.agree(self.control)
+        measured = recorder.measurements(agreed, self.job)
+        spent = 100 * (recorder.spent_s + recorder.probe_s) / recorder.measured_s \
+            if recorder.measured_s else 0.0
+        recorder.close()
+        self.recorder = None
+        self.agreed = measured
+        left = f"; left out (not measured within the share): {', '.join(measured['left_out'])}" \
+            if measured["left_out"] else ""
+        self._say(f"step {step}: measured {measured['steps']} steps of {self.start} DDP "
+                  f"(step {measured['times']['iteration']:.1f} ms, "
+                  f"{len(measured['collectives'])} collective sizes, "
+                  f"{len(measured['specs'])} compressors on {len(self.params)} tensors; "
+                  f"measuring cost {spent:.1f}% of this rank's steps){left}")
+        self._start_planning(step)
+
+    def _start_planning(self, step: int) -> None:
+        self.phase = PLAN
+        if self.rank == 0:
+            self._workdir = Path(tempfile.mkdtemp(prefix="bytecomp-autotune-"))
+            (self._workdir / "measurements.json").write_text(json.dumps(self.agreed))
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "bytecomp.search.in_job", str(self._workdir)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self._planning_started = time.monotonic()
+        self._say(f"step {step}: planning beside the job (rank 0's child process, niced); "
+                  f"training goes on at {self.start} DDP meanwhile")
+
+    def _poll(self, step: int) -> None:
+        """Rank 0 says whether the plan is ready (0 not yet, 1 ready, 2 failed); on 1 every
+        rank receives it, on 2 the reason."""
+        flag = torch.zeros(1, dtype=torch.int64)
+        if self.rank == 0:
+            flag[0] = self._child_state()
+        dist.broadcast(flag, src=0, group=self.control)
+        if int(flag[0]) == 0:
+            return
+        message = [None]
+        if self.rank == 0:
+            message = [self._child_result(int(flag[0]))]
+        dist.broadcast_object_list(message, src=0, group=self.control)
+        self._cleanup_child()
+        if int(flag[0]) == 2:
+            self.phase = FP32
+            self._say(f"step {step}: planning failed ({message[0]}); keeps {self.start} DDP")
+            return
+        self._hand_over(plan_from_dict(json.loads(str(message[0])), "<autotune plan>"), step)
+
+    def _child_state(self) -> int:
+        child = self._child
+        if child is None:
+            return 2
+        code = child.poll()
+        if code is None:
+            if time.monotonic() - self._planning_started > PLAN_TIMEOUT_S:
+                child.kill()
+                child.wait()
+                return 2
+            return 0
+        return 1 if code == 0 else 2
+
+    def _child_result(self, flag: int) -> str:
+        assert self._workdir is not None
+        if flag == 1:
+            from bytecomp.safe_yaml import load_yaml
+
+            return json.dumps(load_yaml((self._workdir / "plan.yaml").read_text(), "plan.yaml"))
+        error = self._workdir / "error.txt"
+        if error.exists():
+            return error.read_text().strip()[:500]
+        if self._child is not None and self._child.returncode is None:
+            return f"no plan after {PLAN_TIMEOUT_S:.0f} s"
+        stderr = self._child.stderr.read().decode(errors="replace") if self._child and \
+            self._child.stderr else ""
+        return (stderr.strip().splitlines() or ["the planner exited without a reason"])[-1]
+
+    def _cleanup_child(self) -> None:
+        if self._child is not None:
+            if self._child.poll() is None:
+                self._child.kill()
+            self._child.wait()
+            if self._child.stderr is not None:
+                self._child.stderr.close()
+            self._child = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def _hand_over(self, plan: Plan, step: int) -> None:
+        """Run ``plan`` from this step: fp32 DDP kept where it compresses nothing, else
+        bytecomp's executor (the trial first)."""
+        self.plan = plan
+        record = plan.search.get("autotune", {})
+        self._save(plan)
+        if not plan.levels:
+            self.phase = FP32
+            self._say(f"step {step}: {record.get('reason', 'keeps fp32 DDP')}"
+                      + self._saved_words())
+            return
+        self.executor = self._executor(plan)
+        self.phase = TRIAL
+        self._say(f"step {step}: {record.get('reason', 'a trial')}; the runtime trial times "
+                  f"them in turn for {plan.adaptive.trial_steps} steps" + self._saved_words())
+
+    def _executor(self, plan: Plan) -> Executor:
+        ddp = self._ddp() if self._ddp is not None else None
+        if ddp is None:
+            raise BytecompError("bytecomp.autotune: the DistributedDataParallel model is gone")
+        runner = prepare(ddp.module, plan, None, self.host_workers, False, False, ddp,
+                         caller="autotune")
+        assert isinstance(runner, Executor)
+        return runner
+
+    def _watch_trial(self, step: int) -> None:
+        executor = self.executor
+        assert executor is not None and executor.adaptation is not None
+        trial = executor.adaptation.trial
+        if trial is None or not trial.decided:
+            return
+        self.phase = WATCH
+        assert self.plan is not None
+        kept = self.plan.levels[trial.chosen]
+        self._save(Plan(self.plan.model_fingerprint, self.plan.world_size, self.plan.nodes,
+                        self.plan.ranks_per_node, self.plan.bucket_cap_mb, kept.entries,
+                        {**self.plan.predicted_ms, "plan": kept.predicted_ms},
+                        {**self.plan.search, "autotune": {
+                            **self.plan.search.get("autotune", {}),
+                            "kept": kept.setting, "verdict": trial.verdict}},
+                        dict(self.plan.info), host_workers=self.plan.host_workers))
+        self._say(f"step {step}: the trial keeps level {trial.chosen} ({kept.setting}): "
+                  f"{trial.verdict}; the gain controller watches it" + self._saved_words())
+
+    def _save(self, plan: Plan) -> None:
+        if self.rank == 0 and self.plan_out is not None:
+            plan.save(self.plan_out)
+
+    def _saved_words(self) -> str:
+        return f"; saved {self.plan_out}" if self.plan_out is not None else ""
+
+    # -- what the executor answers -------------------------------------------------------------
+    @property
+    def stats(self) -> Stats:
+        """The exchange's statistics: the executor's once the plan runs, before that the
+        measuring phase's exchange's (bytes and steps)."""
+        return self.executor.stats if self.executor is not None else self._own_stats
+
+    @property
+    def level(self) -> int:
+        """The plan's current level (0 before the plan runs, and for fp32 DDP kept)."""
+        return self.executor.level if self.executor is not None else 0
+
+    def report_step_ms(self, ms: float) -> None:
+        """Tell the trial and the controller the step's own duration (see
+        :meth:`~bytecomp.runtime.executor.Executor.report_step_ms`); ignored before the
+        plan runs."""
+        if self.executor is not None:
+            self.executor.report_step_ms(ms)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The tuner's phase and what it decided, to resume in the same phase with the same
+        decisions. Collective: call it on every rank (the measuring phase's figures and the
+        executor's residuals are gathered from every rank)."""
+        saved: dict = {"autotune": FORMAT, "phase": self.phase, "step": self.step,
+                       "log": list(self.log), "start": self.start, "agreed": self.agreed,
+                       "plan": None if self.plan is None else self.plan.to_dict()}
+        if self.recorder is not None:
+            gathered: list = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, self.recorder.state_dict(), group=self.control)
+            saved["measured"] = gathered
+        if self.executor is not None:
+            saved["executor"] = self.executor.state_dict()
+        return saved
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Restore :meth:`state_dict` on every rank, before the first step: the phase it was
+        in continues (a planning phase plans the same measurements again)."""
+        try:
+            if saved.get("autotune") != FORMAT or saved["phase"] not in PHASES or \
+                    saved["start"] != self.start:
+                raise BytecompError("not this tuner's")
+            phase, step = saved["phase"], int(saved["step"])
+            log = [str(line) for line in saved["log"]]
+        except (KeyError, TypeError, ValueError, AttributeError, BytecompError) as error:
+            raise BytecompError(f"bytecomp.autotune: the saved state is not an autotune "
+                                f"state of this job ({error})") from None
+        if step < 0:
+            raise BytecompError("bytecomp.autotune: the saved state's step is negative")
+        self.step, self.log = step, log
+        self.agreed = saved.get("agreed")
+        if phase == MEASURE:
+            assert self.recorder is not None
+            try:
+                self.recorder.load_state_dict(saved["measured"][self.rank])
+            except (KeyError, TypeError, ValueError, IndexError) as error:
+                raise BytecompError(f"bytecomp.autotune: the saved measurements are damaged "
+                                    f"({error!r})") from None
+            return
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+        self.phase = phase
+        if phase == PLAN:
+            self._start_planning(step)
+            return
+        self.plan = plan_from_dict(saved["plan"], "<autotune state>") \
+            if saved.get("plan") is not None else None
+        if phase in (TRIAL, WATCH) and self.plan is not None:
+            self.executor = self._executor(self.plan)
+            self.executor.load_state_dict(saved["executor"])
+
+    # -- the end -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the planner if it runs, close the executor, remove the hooks."""
+        self._cleanup_child()
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+        for handle in self._forward_hooks:
+            handle.remove()
+        self._forward_hooks = []
+        if self.executor is not None:
+            self.executor.close()
+        self.closed = True
+
+    def __enter__(self) -> AutoTuner:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> Literal[False]:
+        if self.executor is not None:
+            return self.executor.__exit__(kind, error, traceback)
+        if error is None:
+            self.close()
+        else:
+            self._cleanup_child()
+        return False
+
