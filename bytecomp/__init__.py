@@ -26,10 +26,14 @@ _PIPELINE = {"profile": "api", "plan": "api", "simulate": "api", "bench": "api",
 
 def __getattr__(name):
     # Imported on first use, so that `bytecomp --help` does not pay for torch.
-    if name in ("apply_plan", "comm_hook"):
+    if name == "apply_plan":
         from bytecomp import runtime
 
-        return getattr(runtime, name)
+        return runtime.apply_plan
+    if name == "comm_hook":  # a plan, or autotune=
+        from bytecomp.autotuner.comm_hook import comm_hook
+
+        return comm_hook
     if name == "autotune":
         from bytecomp.autotuner import autotune
 

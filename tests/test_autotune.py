@@ -225,3 +225,74 @@ def test_the_in_job_planner_refuses_damaged_measurements_in_one_line(tmp_path):
     assert main([str(tmp_path)]) == 1
     error = (tmp_path / "error.txt").read_text()
     assert error.count("\n") == 1 and "measurements are incomplete" in error
+
+
+def _registered_by_hand(rank, world):
+    """comm_hook(autotune=...) registered as a framework does: no DDP object given."""
+    from bytecomp.training.workloads import load_workload
+
+    torch.manual_seed(0)
+    workload = load_workload(NO_GAIN)
+    ddp = DistributedDataParallel(workload.model, bucket_cap_mb=1)
+    state, hook = bytecomp.comm_hook(autotune={"measure_steps": 20, "share": 0.5,
+                                               "plan_out": None})
+    ddp.register_comm_hook(state, hook)
+    optimizer = torch.optim.SGD(workload.model.parameters(), lr=0.05)
+    phases = _steps(workload, ddp, state, optimizer, rank, 30)
+    with state:
+        return phases, state.step, state.stats.steps
+
+
+@pytest.mark.multirank
+def test_comm_hook_autotune_measures_from_the_first_bucket():
+    (phases, step, counted), other = run_ranks(_registered_by_hand, 2)
+    assert phases == other[0] and step == 30 and counted == 30
+    assert phases[0] == "measure"
+
+
+def test_comm_hook_takes_a_plan_or_autotune_not_both(tmp_path):
+    with pytest.raises(BytecompError, match="give no plan, fallback or native"):
+        bytecomp.comm_hook("plan.yaml", autotune=True)
+    with pytest.raises(BytecompError, match="share must be a number above 0"):
+        bytecomp.comm_hook(autotune={"share": 2})
+    with pytest.raises(BytecompError, match="no setting named 'sharee'"):
+        bytecomp.comm_hook(autotune={"sharee": 0.1})
+    with pytest.raises(BytecompError, match="give a plan"):
+        bytecomp.comm_hook()
+
+
+def _page_script() -> str:
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "autotune.md").read_text()
+    marker = "<!-- run by tests/test_autotune.py::test_the_autotune_page_script_runs_on_two_ranks -->"
+    block = page.split(marker, 1)[1]
+    return re.search(r"```python\n(.*?)```", block, re.S).group(1)
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_the_autotune_page_script_runs_on_two_ranks(tmp_path):
+    """docs/autotune.md's script, as written, under torchrun: it measures, plans, prints
+    a line per phase on rank 0 and saves a plan apply_plan loads."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bytecomp.launch import free_port
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "script.py").write_text(_page_script())
+    environment = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                           "2", "--master_port", str(free_port()), "script.py"],
+                          cwd=tmp_path, env=environment, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("bytecomp autotune:")]
+    assert any("measured" in line for line in lines) and \
+        any("planning beside the job" in line for line in lines), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert bytecomp.load_plan(tmp_path / "autotune-plan.yaml").search["autotune"]["reason"]

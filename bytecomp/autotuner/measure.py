@@ -46,6 +46,7 @@ PROBE_GROWTH = 16  # sizes 1 KiB, 16 KiB, 256 KiB... up to the share's bytes
 PROBE_REPEATS = 2
 CHEAP_PROBE = 64 << 10  # at most this many bytes: two probes in one step
 SKIPPED_STEPS = 2  # DDP rebuilds its buckets after the first step; caches warm up
+FIRST_PROBE = 10  # steps measured before the first probe: the share they leave pays for it
 SHARE_STEPS = 3  # gradient norms (each tensor's share of the step's) over the first steps
 
 
@@ -65,7 +66,8 @@ def probe_schedule(gradient_bytes: int, share: float) -> list[list[tuple[str, in
     """The probes, step by step: every collective of :data:`PROBED` at each size from
     :data:`SMALLEST_PROBE` up to ``share`` x the step's gradient bytes (so a probe moves
     at most that share of what the step's own allreduces move), :data:`PROBE_REPEATS`
-    times, two cheap ones a step."""
+    times; the smallest and the largest size of every collective first (what the cost
+    model's fit needs most, should the phase end early), cheap ones two a step."""
     largest = max(SMALLEST_PROBE, int(share * gradient_bytes))
     sizes = []
     size = SMALLEST_PROBE
@@ -73,7 +75,8 @@ def probe_schedule(gradient_bytes: int, share: float) -> list[list[tuple[str, in
         sizes.append(size)
         size *= PROBE_GROWTH
     sizes.append(largest)
-    probes = [(name, nbytes) for _ in range(PROBE_REPEATS) for nbytes in sizes
+    order = list(dict.fromkeys([sizes[0], sizes[-1], *sizes[1:-1]]))
+    probes = [(name, nbytes) for _ in range(PROBE_REPEATS) for nbytes in order
               for name in PROBED]
     steps: list[list[tuple[str, int]]] = []
     for probe in probes:  # the cheap ones in pairs
@@ -101,7 +104,7 @@ class Recorder:
         self.probe_group = probe_group
         self.control_group = control_group  # gloo: the probes' cost agreed on the CPU
         self.probes_done = 0
-        self.next_probe_step = 0
+        self.next_probe_step = SKIPPED_STEPS + FIRST_PROBE  # a few steps' share first
         self.probe_s = 0.0  # the probes' cost so far, agreed
         self.name_of = {id(p): n for n, p in params.items()}
         self.world = dist.get_world_size()
@@ -189,7 +192,9 @@ class Recorder:
             self.next_probe_step = self.step + 1
             return
         allowance = 0.5 * self.share * float(cost[2]) / float(cost[3])  # a step's, for probes
-        debt = self.probe_s - 0.5 * self.share * float(cost[2])
+        # the next probe step once the half share covers what probing cost so far and
+        # what the next step of probes is expected to cost (this one's)
+        debt = self.probe_s + float(cost[0]) - 0.5 * self.share * float(cost[2])
         self.next_probe_step = self.step + max(1, math.ceil(debt / allowance))
 
     @property

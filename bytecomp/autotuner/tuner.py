@@ -54,17 +54,21 @@ PHASES = (MEASURE, PLAN, TRIAL, WATCH, FP32)
 STARTS = {"fp32": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook}
 FORMAT = 1  # of state_dict()
 # The measuring phase goes on past measure_steps until every rank measured every probe and
-# compressor task within its share, checked every CHECK_EVERY steps, at most LONGEST times
-# measure_steps (then the compressors not measured are left out).
+# compressor task within its share, checked every CHECK_EVERY steps, for at most
+# MEASURE_CAP_S seconds or LONGEST times measure_steps (then what was not measured is
+# left out: short steps leave the share little time a step, not little time in all).
 CHECK_EVERY = 10
-LONGEST = 5
+LONGEST = 50
+MEASURE_CAP_S = 120.0
 PLAN_TIMEOUT_S = 600.0  # the child is stopped after this; the job keeps its exchange
 
 
 class AutoTuner:
-    """The hook state of :func:`bytecomp.autotune` (see the module docstring). It answers
-    as the executor does once the plan runs: ``stats``, ``step``, ``state_dict()``,
-    ``close()``, and as a context manager."""
+    """The hook state of :func:`bytecomp.autotune`: ``phase`` (``measure``, ``plan``,
+    ``trial``, ``watch`` or ``fp32``), ``log`` (the line rank 0 printed at each phase),
+    ``plan`` (once it arrived) and ``executor`` (once it runs). It answers as the
+    executor does: ``stats``, ``step``, ``level``, ``report_step_ms``,
+    ``state_dict()``, ``close()``, and as a context manager."""
 
     def __init__(self, params: dict[str, torch.nn.Parameter], specs: list[str],
                  measure_steps: int, share: float, start: str, plan_out: str | None,
@@ -104,6 +108,7 @@ class AutoTuner:
         self._child: subprocess.Popen | None = None
         self._workdir: Path | None = None
         self._planning_started = 0.0
+        self._measuring_since = time.monotonic()
         self._ddp: weakref.ref | None = None
         self._forward_hooks: list = []
         self._first_bucket = True
@@ -170,16 +175,18 @@ class AutoTuner:
 
     def _measured_enough(self, step: int) -> bool:
         """From ``measure_steps`` on, every :data:`CHECK_EVERY` steps: whether every rank
-        measured all it set out to (one small allreduce), or the phase reached
-        :data:`LONGEST` x ``measure_steps``."""
+        measured all it set out to, or the phase has run :data:`MEASURE_CAP_S` seconds on
+        some rank (one small allreduce: every rank ends at the same step), or
+        :data:`LONGEST` x ``measure_steps`` steps."""
         if step >= LONGEST * self.measure_steps:
             return True
         if (step - self.measure_steps) % CHECK_EVERY:
             return False
         assert self.recorder is not None
-        done = torch.tensor([1 if self.recorder.complete else 0], dtype=torch.int64)
-        dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self.control)
-        return bool(done[0])
+        state = torch.tensor([0.0 if self.recorder.complete else 1.0,
+                              time.monotonic() - self._measuring_since], dtype=torch.float64)
+        dist.all_reduce(state, op=dist.ReduceOp.MAX, group=self.control)
+        return float(state[0]) == 0.0 or float(state[1]) >= MEASURE_CAP_S
 
     def _say(self, line: str) -> None:
         self.log.append(line)
@@ -192,8 +199,8 @@ class AutoTuner:
         recorder.begin_step()  # the last step's time
         agreed = recorder.agree(self.control)
         measured = recorder.measurements(agreed, self.job)
-        spent = 100 * (recorder.spent_s + recorder.probe_s) / recorder.measured_s \
-            if recorder.measured_s else 0.0
+        shares = [100 * s / recorder.measured_s if recorder.measured_s else 0.0
+                  for s in (recorder.spent_s, recorder.probe_s)]
         recorder.close()
         self.recorder = None
         self.agreed = measured
@@ -203,7 +210,8 @@ class AutoTuner:
                   f"(step {measured['times']['iteration']:.1f} ms, "
                   f"{len(measured['collectives'])} collective sizes, "
                   f"{len(measured['specs'])} compressors on {len(self.params)} tensors; "
-                  f"measuring cost {spent:.1f}% of this rank's steps){left}")
+                  f"measuring cost {sum(shares):.1f}% of this rank's steps: compressors "
+                  f"{shares[0]:.1f}%, probes {shares[1]:.1f}%){left}")
         self._start_planning(step)
 
     def _start_planning(self, step: int) -> None:

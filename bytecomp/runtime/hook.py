@@ -51,6 +51,7 @@ def comm_hook(plan: Plan | str | Path, model=None, fallback: str | None = None,
     mismatch fails the first backward pass, and ``with state:`` turns that into the
     :class:`~bytecomp.errors.BytecompError`. ``fallback``, ``host_workers`` and
     ``native``: as for ``apply_plan``. The plan file is read now.
+
     """
     check_settings("comm_hook", fallback, host_workers, native)
     if model is not None:
