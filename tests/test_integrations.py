@@ -289,6 +289,19 @@ def test_recipes_train_with_the_plan_as_plain_ddp_code_does(script, args, recipe
 
 
 @pytest.mark.multirank
+@pytest.mark.slow
+def test_lightning_tunes_inside_the_job_through_comm_hook(tmp_path):
+    """The Lightning recipe with --autotune: DDPStrategy registers
+    comm_hook(autotune=...), the job measures and plans while Lightning trains, and the
+    plan it saved loads."""
+    out = tmp_path / "autotune-plan.yaml"
+    result = reported(recipe("lightning_ddp.py", "--autotune", str(out), "--steps", "1200"))
+    assert result["runs_as"] == "TunerHook" and result["phase"] in ("trial", "watch", "fp32")
+    assert result["last_loss"] < result["first_loss"]
+    assert bytecomp.load_plan(out).search["autotune"]["reason"]
+
+
+@pytest.mark.multirank
 def test_dcp_checkpoint_resumes_where_the_run_left_off(recipe_plan, tmp_path):
     checkpoint = str(tmp_path / "ckpt")
     whole = reported(recipe("dcp_checkpoint.py", "--plan", str(recipe_plan), "--steps", STEPS,

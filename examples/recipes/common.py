@@ -23,10 +23,10 @@ MODEL = "mlp:inputs=64,width=256,depth=3"
 INPUTS, CLASSES = 64, 10
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+def parser(description: str, plan_required: bool = True) -> argparse.ArgumentParser:
     """The options every recipe takes (a recipe adds its own)."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--plan", required=True, help="a plan for " + MODEL)
+    parser.add_argument("--plan", required=plan_required, help="a plan for " + MODEL)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -61,4 +61,5 @@ def report(recipe: str, losses: list[float], runner) -> None:
     print(json.dumps({"recipe": recipe, "steps": summary["steps"],
                       "first_loss": losses[0], "last_loss": losses[-1],
                       "bytes_vs_fp32": summary["bytes_vs_fp32"],
-                      "runs_as": type(getattr(runner, "runner", runner)).__name__}), flush=True)
+                      "runs_as": type(getattr(runner, "runner", runner)).__name__,
+                      "phase": getattr(runner, "phase", None)}), flush=True)

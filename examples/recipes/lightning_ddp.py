@@ -1,6 +1,11 @@
 """Lightning: a bytecomp plan as DDPStrategy's communication hook.
 
     torchrun --nproc_per_node 2 examples/recipes/lightning_ddp.py --plan plan.yaml
+    torchrun --nproc_per_node 2 examples/recipes/lightning_ddp.py --autotune plan.yaml --steps 600
+
+With ``--autotune PLAN_OUT`` instead of a plan, ``bytecomp.comm_hook(autotune=...)`` is
+the pair: the job measures, plans and chooses while Lightning trains, and saves the plan
+to PLAN_OUT.
 
 ``bytecomp.comm_hook(plan)`` returns the ``(state, hook)`` pair that
 ``DDPStrategy(ddp_comm_state=..., ddp_comm_hook=...)`` registers. The plan was made on
@@ -65,10 +70,21 @@ class CPUHookDDPStrategy(DDPStrategy):
 
 
 def main() -> None:
-    args = options(parser(__doc__.splitlines()[0]))
-    state, hook = bytecomp.comm_hook(args.plan)
+    described = parser(__doc__.splitlines()[0], plan_required=False)
+    described.add_argument("--autotune", metavar="PLAN_OUT",
+                           help="instead of --plan: tune inside the job, saving the plan here")
+    args = options(described)
+    if (args.plan is None) == (args.autotune is None):
+        described.error("give --plan or --autotune (one of them)")
+    if args.autotune is not None:
+        state, hook = bytecomp.comm_hook(autotune={"plan_out": args.autotune,
+                                                   "measure_steps": 20})
+        caps = {}  # DDP's default buckets: the tuner plans for the ones DDP built
+    else:
+        state, hook = bytecomp.comm_hook(args.plan)
+        caps = {"bucket_cap_mb": state.plan.bucket_cap_mb}
     strategy = (DDPStrategy if torch.cuda.is_available() else CPUHookDDPStrategy)(
-        ddp_comm_state=state, ddp_comm_hook=hook, bucket_cap_mb=state.plan.bucket_cap_mb)
+        ddp_comm_state=state, ddp_comm_hook=hook, **caps)
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's
     trainer = L.Trainer(accelerator="auto", devices=per_node, strategy=strategy,
                         num_nodes=int(os.environ.get("WORLD_SIZE", 1)) // per_node,
