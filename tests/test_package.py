@@ -25,7 +25,8 @@ PLANNER = ("bytecomp.search", "bytecomp.profiler", "bytecomp.costs", "bytecomp.t
 
 def test_a_training_job_imports_no_planner_code():
     script = ("import sys, bytecomp, bytecomp.runtime\n"
-              "from bytecomp import apply_plan, load_plan\n"
+              "from bytecomp import apply_plan, load_plan, autotune, comm_hook\n"
+              "import bytecomp.autotuner.tuner\n"
               "print('\\n'.join(sorted(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             check=True)
