@@ -108,6 +108,8 @@ class AutoTuner:
         self._child: subprocess.Popen | None = None
         self._workdir: Path | None = None
         self._planning_started = 0.0
+        self._timed_out = False
+        self._plan_steps: list[float] = []
         self._measuring_since = time.monotonic()
         self._ddp: weakref.ref | None = None
         self._forward_hooks: list = []
@@ -219,16 +221,20 @@ class AutoTuner:
         if self.rank == 0:
             self._workdir = Path(tempfile.mkdtemp(prefix="bytecomp-autotune-"))
             (self._workdir / "measurements.json").write_text(json.dumps(self.agreed))
-            self._child = subprocess.Popen(
-                [sys.executable, "-m", "bytecomp.search.in_job", str(self._workdir)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            with open(self._workdir / "stderr.txt", "wb") as stderr:  # never a full pipe
+                self._child = subprocess.Popen(
+                    [sys.executable, "-m", "bytecomp.search.in_job", str(self._workdir)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
             self._planning_started = time.monotonic()
+            self._timed_out = False
+        self._plan_steps: list[float] = []
         self._say(f"step {step}: planning beside the job (rank 0's child process, niced); "
                   f"training goes on at {self.start} DDP meanwhile")
 
     def _poll(self, step: int) -> None:
         """Rank 0 says whether the plan is ready (0 not yet, 1 ready, 2 failed); on 1 every
         rank receives it, on 2 the reason."""
+        self._plan_steps.append(time.perf_counter())
         flag = torch.zeros(1, dtype=torch.int64)
         if self.rank == 0:
             flag[0] = self._child_state()
@@ -240,11 +246,28 @@ class AutoTuner:
             message = [self._child_result(int(flag[0]))]
         dist.broadcast_object_list(message, src=0, group=self.control)
         self._cleanup_child()
+        took = self._planning_words()
         if int(flag[0]) == 2:
             self.phase = FP32
-            self._say(f"step {step}: planning failed ({message[0]}); keeps {self.start} DDP")
+            self._say(f"step {step}: planning failed ({message[0]}; {took}); keeps "
+                      f"{self.start} DDP")
             return
+        self._say(f"step {step}: planned ({took})")
         self._hand_over(plan_from_dict(json.loads(str(message[0])), "<autotune plan>"), step)
+
+    def _planning_words(self) -> str:
+        """How long planning took and what it cost the steps meanwhile (on a machine with
+        few cores the child takes some of the ranks' CPU)."""
+        marks = self._plan_steps
+        steps = [1000 * (b - a) for a, b in zip(marks, marks[1:])]
+        if not steps:
+            return "within a step"
+        median = sorted(steps)[len(steps) // 2]
+        measured = (self.agreed or {}).get("times", {}).get("iteration")
+        against = f", {100 * (median / measured - 1):+.1f}% against the measured step" \
+            if measured else ""
+        return (f"{(marks[-1] - marks[0]):.1f} s over {len(steps)} steps, their median "
+                f"{median:.1f} ms{against}")
 
     def _child_state(self) -> int:
         child = self._child
@@ -255,6 +278,7 @@ class AutoTuner:
             if time.monotonic() - self._planning_started > PLAN_TIMEOUT_S:
                 child.kill()
                 child.wait()
+                self._timed_out = True
                 return 2
             return 0
         return 1 if code == 0 else 2
@@ -266,21 +290,18 @@ class AutoTuner:
 
             return json.dumps(load_yaml((self._workdir / "plan.yaml").read_text(), "plan.yaml"))
         error = self._workdir / "error.txt"
+        if self._timed_out:
+            return f"no plan after {PLAN_TIMEOUT_S:.0f} s"
         if error.exists():
             return error.read_text().strip()[:500]
-        if self._child is not None and self._child.returncode is None:
-            return f"no plan after {PLAN_TIMEOUT_S:.0f} s"
-        stderr = self._child.stderr.read().decode(errors="replace") if self._child and \
-            self._child.stderr else ""
-        return (stderr.strip().splitlines() or ["the planner exited without a reason"])[-1]
+        stderr = (self._workdir / "stderr.txt").read_text(errors="replace")
+        return (stderr.strip().splitlines() or ["the planner exited without a reason"])[-1][:500]
 
     def _cleanup_child(self) -> None:
         if self._child is not None:
             if self._child.poll() is None:
                 self._child.kill()
             self._child.wait()
-            if self._child.stderr is not None:
-                self._child.stderr.close()
             self._child = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)

@@ -21,8 +21,10 @@ resumed in the planning phase plans the same plan again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -209,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m bytecomp.search.in_job DIRECTORY", file=sys.stderr)
         return 2
     directory = Path(arguments[0])
+    from bytecomp.lifetime import die_with_parent
+
+    die_with_parent(os.getppid())  # no planner outliving the job
+    with contextlib.suppress(OSError, AttributeError):  # the ranks' steps first: this runs
+        os.nice(19)  # on idle cores only (SCHED_IDLE where Linux has it)
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     try:
         measured = json.loads((directory / MEASUREMENTS).read_text())
         if not isinstance(measured, dict):
