@@ -189,3 +189,87 @@ def test_the_real_search_set_runs(tmp_path):
         assert row["exact proved optimal"].startswith(("yes (", "no (0.5 s cap"))
         assert row["default vs long"].endswith("%")
     assert "default vs long: worst " in text and "s in all; load average" in text
+
+
+def _autotune_cell(folder, measure_ms, watch_ms, powersgd_reaches=True):
+    """A fabricated cell of benchmarks/autotune.py (curves.csv, cell.txt, the tuner's log):
+    N = 20 steps, validation every 5; fp32 DDP 10 ms a step (10.5 ms its second run),
+    the fp16 hook 6 ms, the PowerSGD hook 4 ms on a slower curve (or one that never gets
+    there), autotune measuring 5 steps at ``measure_ms``, planning 3 at 10 ms, a trial of
+    4 at 5 ms, then ``watch_ms``, on fp32's curve."""
+    import pandas as pd
+
+    def losses(step, rate=0.05):
+        return 2 - rate * step
+
+    runs = {"fp32 DDP": ([10.0] * 20, [""] * 20, losses),
+            "fp16 hook": ([6.0] * 30, [""] * 30, losses),
+            "PowerSGD hook": ([4.0] * 30, [""] * 30,
+                              (lambda s: losses(s, 0.04)) if powersgd_reaches
+                              else (lambda s: max(1.5, losses(s)))),
+            "bytecomp.autotune": ([measure_ms] * 5 + [10.0] * 3 + [5.0] * 4 + [watch_ms] * 18,
+                                  ["measure"] * 5 + ["plan"] * 3 + ["trial"] * 4
+                                  + ["watch"] * 18, losses),
+            "fp32 DDP, again": ([10.5] * 20, [""] * 20, losses)}
+    rows = []
+    for strategy, (times, phases, curve) in runs.items():
+        elapsed = 0.0
+        rows.append({"strategy": strategy, "step": 0, "elapsed_s": 0.0, "step_ms": None,
+                     "phase": "", "level": None, "validation_loss": curve(0)})
+        for step, (ms, phase) in enumerate(zip(times, phases), start=1):
+            elapsed += ms / 1000
+            rows.append({"strategy": strategy, "step": step, "elapsed_s": elapsed,
+                         "step_ms": ms, "phase": phase, "level": 0 if phase else None,
+                         "validation_loss": curve(step) if step % 5 == 0 else None})
+    folder.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(folder / "curves.csv", index=False)
+    (folder / "cell.txt").write_text(
+        f"cell: {folder.name}\nsettings: --steps 20 --eval-every 5\nminutes: 1.0\n"
+        "before: load average 0.10 0.10 0.10, steal 1.0 s since boot\n"
+        "after: load average 1.00 0.50 0.20, steal 1.5 s since boot\n"
+        "steal: 0.5 s during the cell\n")
+    (folder / "autotune.log").write_text("step 5: measured 5 steps of fp32 DDP\n")
+
+
+@pytest.mark.smoke  # no benchmark runs: the fast tier
+def test_the_autotune_benchmark_summarizes_the_cells_present(tmp_path, capsys):
+    """benchmarks/autotune.py --summarize on two fabricated cells of its four: summary.md
+    is rebuilt from them, names the two missing, and evaluates the three targets on the
+    two present (no namespaces, no training)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("autotune_benchmark",
+                                                  ROOT / "benchmarks" / "autotune.py")
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    assert len(driver.DEFAULT_CELLS) >= 4 and "bow-sgd-2x1-100mbit" in driver.DEFAULT_CELLS
+    assert any(name.endswith("-100mbit") for name in driver.DEFAULT_CELLS)
+    # bow: autotune 5 x 10.4 + 3 x 10 + 4 x 5 + 8 x 0.5 = 106 ms to step 20, PowerSGD 4 x 25
+    # = 100 ms: 1.06x, outside fp32's 5% floor; its measuring steps 4% slower than fp32's
+    _autotune_cell(tmp_path / "bow-sgd-2x1-100mbit", 10.4, 0.5)
+    # digits: PowerSGD never gets there, fp16 120 ms; autotune 105 ms: 0.88x, 12% ahead;
+    # its measuring steps 8% slower
+    _autotune_cell(tmp_path / "digits-sgd-2x1-1gbit", 10.8, 0.25, powersgd_reaches=False)
+    driver.main(["--summarize", "--out", str(tmp_path)])
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.rstrip("\n") in capsys.readouterr().out  # printed too
+    missing = [name for name in driver.DEFAULT_CELLS
+               if name not in ("bow-sgd-2x1-100mbit", "digits-sgd-2x1-1gbit")]
+    assert f"Cells: 2 of {len(driver.DEFAULT_CELLS)} present; missing: {', '.join(missing)}" \
+        in summary
+    assert f"the targets hold only once every cell is measured ({len(missing)} missing: " \
+           f"{', '.join(missing)})" in summary
+    assert "**bow-sgd-2x1-100mbit**" in summary and "**digits-sgd-2x1-1gbit**" in summary
+    assert "fp32 DDP run twice, 0.2 s and 0.21 s to the target: 5.0% apart" in summary
+    assert "best baseline PowerSGD hook 0.1 s: 1.06x (MISSED" in summary
+    assert "best baseline fp16 hook 0.12 s: 0.88x (met; target <= 1.05x; 10% ahead)" in summary
+    assert "autotune's phases (steps): measure 1-5, plan 6-8, trial 9-12, watch 13-30" in summary
+    assert "steps 1-5: median step 10.40 ms against fp32 DDP's 10.00 ms on the same steps: " \
+           "+4.0% (met" in summary
+    assert "+8.0% (MISSED" in summary
+    assert "in every cell: 1 of 2 (MISSED)" in summary
+    assert "in at least 2 cells: 1 of 2 (not yet: too few on the cells present)" in summary
+    assert "slower than fp32 DDP's (median): 1 of 2 (MISSED)" in summary
+    assert "steal 0.5 s during the cell" in summary
+    table = (tmp_path / "results.csv").read_text()
+    assert table.count("bytecomp.autotune") == 2
