@@ -299,7 +299,7 @@ class Recorder:
     def keys(self) -> list[tuple]:
         """Every figure's key, in an order every rank shares (the model's names, DDP's
         buckets and the probe schedule are the same on every rank)."""
-        keys: list[tuple] = [("step",), ("forward",), ("after",)]
+        keys: list[tuple] = [("step",), ("step_mean",), ("forward",), ("after",)]
         keys += [("ready", name) for name in self.params]
         keys += [("bucket", name) for name in self.params]
         keys += [("allreduce", index) for index in range(len(self.bucket_bytes))]
@@ -321,6 +321,8 @@ class Recorder:
         if kind in series:
             values = series[kind]()
             return statistics.median(values) if values else None
+        if kind == "step_mean":
+            return statistics.fmean(self.step_ms) if self.step_ms else None
         if kind == "bucket":
             return self.bucket_of.get(key[1])
         if kind == "share":
@@ -433,6 +435,7 @@ class Recorder:
                         "payload_bytes": int(statistics.median(v[2] for v in values))}
                        for (spec, numel), values in sorted(coded.items())]
         return {"format": 1, **job, "steps": len(self.step_ms), "specs": complete,
+                "step_mean_ms": round(agreed.get(("step_mean",), step), 6),
                 "left_out": [spec for spec in self.specs if spec not in complete],
                 "times": {"forward": round(forward, 6), "backward": round(backward, 6),
                           "backward_compute": round(backward, 6),

@@ -28,13 +28,10 @@ the trial decides: ``apply_plan`` runs it next time without measuring.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
+import math
 import sys
-import tempfile
 import time
 import weakref
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -42,6 +39,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from bytecomp.autotuner.measure import Recorder
+from bytecomp.autotuner.planner_child import FAILED, PlannerChild
 from bytecomp.errors import BytecompError
 from bytecomp.plan_file import plan_from_dict
 from bytecomp.plan_types import Plan
@@ -60,9 +58,7 @@ FORMAT = 1  # of state_dict()
 CHECK_EVERY = 10
 LONGEST = 50
 MEASURE_CAP_S = 120.0
-PLAN_TIMEOUT_S = 600.0  # the child is stopped after this; the job keeps its exchange
-
-
+POLL_S = 0.25  # how often the ranks ask rank 0 whether the plan is ready
 class AutoTuner:
     """The hook state of :func:`bytecomp.autotune`: ``phase`` (``measure``, ``plan``,
     ``trial``, ``watch`` or ``fp32``), ``log`` (the line rank 0 printed at each phase),
@@ -105,11 +101,9 @@ class AutoTuner:
         self.plan: Plan | None = None
         self.executor: Executor | None = None
         self._own_stats = Stats()
-        self._child: subprocess.Popen | None = None
-        self._workdir: Path | None = None
-        self._planning_started = 0.0
-        self._timed_out = False
-        self._plan_steps: list[float] = []
+        self._child: PlannerChild | None = None  # rank 0's, while it plans
+        self._plan_steps: list[float] = []  # when each planning step began
+        self._poll_every, self._plan_step = 1, 0
         self._measuring_since = time.monotonic()
         self._ddp: weakref.ref | None = None
         self._forward_hooks: list = []
@@ -171,7 +165,11 @@ class AutoTuner:
                 return
             self._end_measuring(step)
         elif self.phase == PLAN:
-            self._poll(step)
+            self._plan_steps.append(time.perf_counter())
+            if self._child is not None and len(self._plan_steps) > 1:
+                self._child.step(self._plan_steps[-1] - self._plan_steps[-2])
+            if (step - self._plan_step) % self._poll_every == 0:
+                self._poll(step)
         elif self.phase == TRIAL:
             self._watch_trial(step)
 
@@ -218,15 +216,14 @@ class AutoTuner:
 
     def _start_planning(self, step: int) -> None:
         self.phase = PLAN
+        # ask rank 0 about the plan every POLL_S of training: each ask is a broadcast that
+        # holds the step's first bucket until every rank is there
+        step_ms = (self.agreed or {}).get("times", {}).get("iteration") or 1.0
+        self._poll_every = max(1, math.ceil(1000 * POLL_S / max(step_ms, 1e-3)))
+        self._plan_step = step
         if self.rank == 0:
-            self._workdir = Path(tempfile.mkdtemp(prefix="bytecomp-autotune-"))
-            (self._workdir / "measurements.json").write_text(json.dumps(self.agreed))
-            with open(self._workdir / "stderr.txt", "wb") as stderr:  # never a full pipe
-                self._child = subprocess.Popen(
-                    [sys.executable, "-m", "bytecomp.search.in_job", str(self._workdir)],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
-            self._planning_started = time.monotonic()
-            self._timed_out = False
+            self._child = PlannerChild(self.agreed or {}, self.share,
+                                       (self.agreed or {}).get("step_mean_ms", step_ms))
         self._plan_steps: list[float] = []
         self._say(f"step {step}: planning beside the job (rank 0's child process, niced); "
                   f"training goes on at {self.start} DDP meanwhile")
@@ -234,20 +231,20 @@ class AutoTuner:
     def _poll(self, step: int) -> None:
         """Rank 0 says whether the plan is ready (0 not yet, 1 ready, 2 failed); on 1 every
         rank receives it, on 2 the reason."""
-        self._plan_steps.append(time.perf_counter())
         flag = torch.zeros(1, dtype=torch.int64)
         if self.rank == 0:
-            flag[0] = self._child_state()
+            flag[0] = self._child.state() if self._child is not None else FAILED
         dist.broadcast(flag, src=0, group=self.control)
         if int(flag[0]) == 0:
             return
         message = [None]
         if self.rank == 0:
-            message = [self._child_result(int(flag[0]))]
+            assert self._child is not None
+            message = [self._child.result(int(flag[0]))]
         dist.broadcast_object_list(message, src=0, group=self.control)
-        self._cleanup_child()
         took = self._planning_words()
-        if int(flag[0]) == 2:
+        self._cleanup_child()
+        if int(flag[0]) == FAILED:
             self.phase = FP32
             self._say(f"step {step}: planning failed ({message[0]}; {took}); keeps "
                       f"{self.start} DDP")
@@ -266,46 +263,15 @@ class AutoTuner:
         measured = (self.agreed or {}).get("times", {}).get("iteration")
         against = f", {100 * (median / measured - 1):+.1f}% against the measured step" \
             if measured else ""
+        pauses = self._child.pauses if self._child is not None else 0
+        paused = f", the planner paused {pauses} times to keep the share" if pauses else ""
         return (f"{(marks[-1] - marks[0]):.1f} s over {len(steps)} steps, their median "
-                f"{median:.1f} ms{against}")
-
-    def _child_state(self) -> int:
-        child = self._child
-        if child is None:
-            return 2
-        code = child.poll()
-        if code is None:
-            if time.monotonic() - self._planning_started > PLAN_TIMEOUT_S:
-                child.kill()
-                child.wait()
-                self._timed_out = True
-                return 2
-            return 0
-        return 1 if code == 0 else 2
-
-    def _child_result(self, flag: int) -> str:
-        assert self._workdir is not None
-        if flag == 1:
-            from bytecomp.safe_yaml import load_yaml
-
-            return json.dumps(load_yaml((self._workdir / "plan.yaml").read_text(), "plan.yaml"))
-        error = self._workdir / "error.txt"
-        if self._timed_out:
-            return f"no plan after {PLAN_TIMEOUT_S:.0f} s"
-        if error.exists():
-            return error.read_text().strip()[:500]
-        stderr = (self._workdir / "stderr.txt").read_text(errors="replace")
-        return (stderr.strip().splitlines() or ["the planner exited without a reason"])[-1][:500]
+                f"{median:.1f} ms{against}{paused}")
 
     def _cleanup_child(self) -> None:
         if self._child is not None:
-            if self._child.poll() is None:
-                self._child.kill()
-            self._child.wait()
+            self._child.close()
             self._child = None
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
 
     def _hand_over(self, plan: Plan, step: int) -> None:
         """Run ``plan`` from this step: fp32 DDP kept where it compresses nothing, else

@@ -2,9 +2,9 @@
 trained becomes a profile, the library's planner searches it, and the plan's finalists
 become the levels of a runtime trial the job then times.
 
-The job's rank 0 runs ``python -m bytecomp.search.in_job DIRECTORY`` as a child process
-(niced: the search never takes the GIL or a step from training) once the ranks agreed on
-the measurements. It reads ``DIRECTORY/measurements.json`` (:data:`MEASUREMENTS`, written
+The job's rank 0 runs :func:`main` on ``DIRECTORY`` in a child process on idle cores
+(:data:`bytecomp.autotuner.tuner.CHILD`: the search never takes the GIL or a core from
+training) once the ranks agreed on the measurements. It reads ``DIRECTORY/measurements.json`` (:data:`MEASUREMENTS`, written
 by :mod:`bytecomp.autotuner.measure`), writes ``DIRECTORY/plan.yaml`` and exits 0, or
 writes the reason in one line to ``DIRECTORY/error.txt`` and exits 1.
 
@@ -21,7 +21,6 @@ resumed in the planning phase plans the same plan again.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -214,9 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     from bytecomp.lifetime import die_with_parent
 
     die_with_parent(os.getppid())  # no planner outliving the job
-    with contextlib.suppress(OSError, AttributeError):  # the ranks' steps first: this runs
-        os.nice(19)  # on idle cores only (SCHED_IDLE where Linux has it)
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     try:
         measured = json.loads((directory / MEASUREMENTS).read_text())
         if not isinstance(measured, dict):
