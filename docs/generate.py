@@ -444,6 +444,13 @@ SETS = [
         "loss at step 600 the target, fp32 DDP also on a second data order): its profile, "
         "the default and static plans with their finalists' evidence, the bench, "
         "matrix.csv and summary.md with the cell's noise floors."),
+    Set(r"autotune/", "bytecomp.autotune from step 0",
+        "sudo python benchmarks/autotune.py",
+        "Per cell of the convergence matrix (2 x 1 emulated ranks): each strategy's run "
+        "(`runs/*.json`: times since step 0, phases, validation curve), `curves.csv`, the "
+        "tuner's log and saved plan, `cell.txt` (duration, load, steal, settings) and the "
+        "driver's log; `summary.md` and `results.csv` collect the cells present and name "
+        "the missing ones."),
     Set(r"convergence_matrix/", "Time to fp32 DDP's final loss: the matrix",
         "sudo python benchmarks/convergence_matrix.py",
         "Four tasks x two emulated links: per cell the profile (`profile/`, by `bytecomp "

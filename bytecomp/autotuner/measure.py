@@ -396,14 +396,15 @@ class Recorder:
         """The agreed figures as :mod:`bytecomp.search.in_job` reads them (``job``: the
         model, the world, the device and the planning settings). A compressor some tensor's
         task never ran for, on any rank, is left out (and named in ``left_out``)."""
-        forward = agreed.get(("forward",), 0.0)
-        step = agreed.get(("step",), 0.0)
-        tensors = [{"name": name, "shape": list(p.shape), "dtype": str(p.dtype).split(".")[-1],
+        forward = float(agreed.get(("forward",), 0.0))
+        step = float(agreed.get(("step",), 0.0))
+        tensors: list[dict] = [{"name": name, "shape": list(p.shape),
+                                "dtype": str(p.dtype).split(".")[-1],
                     "element_size": p.element_size(),
                     "ready_ms": round(agreed.get(("ready", name), 0.0), 6),
                     "bucket": int(agreed.get(("bucket", name), 0))}
                    for name, p in self.params.items()]
-        backward = max((t["ready_ms"] for t in tensors), default=0.0)
+        backward = max((float(t["ready_ms"]) for t in tensors), default=0.0)
         rows: dict[tuple[str, int], list[float]] = {}
         for index, nbytes in sorted(self.bucket_bytes.items()):
             if ("allreduce", index) in agreed:

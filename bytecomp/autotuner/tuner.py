@@ -150,7 +150,7 @@ class AutoTuner:
                                                                 else 1))
         if self.recorder is not None:
             return self.recorder.exchange(bucket, STARTS[self.start])
-        return STARTS[self.start](None, bucket)
+        return STARTS[self.start](None, bucket)  # type: ignore[arg-type]  # the default group
 
     # -- phases --------------------------------------------------------------------------------
     def _boundary(self) -> None:
@@ -224,7 +224,7 @@ class AutoTuner:
         if self.rank == 0:
             self._child = PlannerChild(self.agreed or {}, self.share,
                                        (self.agreed or {}).get("step_mean_ms", step_ms))
-        self._plan_steps: list[float] = []
+        self._plan_steps = []
         self._say(f"step {step}: planning beside the job (rank 0's child process, niced); "
                   f"training goes on at {self.start} DDP meanwhile")
 
@@ -237,10 +237,10 @@ class AutoTuner:
         dist.broadcast(flag, src=0, group=self.control)
         if int(flag[0]) == 0:
             return
-        message = [None]
+        message: list[str | None] = [None]
         if self.rank == 0:
-            assert self._child is not None
-            message = [self._child.result(int(flag[0]))]
+            message = [self._child.result(int(flag[0])) if self._child is not None
+                       else "rank 0 has no planner"]
         dist.broadcast_object_list(message, src=0, group=self.control)
         took = self._planning_words()
         self._cleanup_child()
@@ -286,8 +286,9 @@ class AutoTuner:
             return
         self.executor = self._executor(plan)
         self.phase = TRIAL
+        steps = plan.adaptive.trial_steps if plan.adaptive is not None else 0
         self._say(f"step {step}: {record.get('reason', 'a trial')}; the runtime trial times "
-                  f"them in turn for {plan.adaptive.trial_steps} steps" + self._saved_words())
+                  f"them in turn for {steps} steps" + self._saved_words())
 
     def _executor(self, plan: Plan) -> Executor:
         ddp = self._ddp() if self._ddp is not None else None
@@ -305,7 +306,8 @@ class AutoTuner:
         if trial is None or not trial.decided:
             return
         self.phase = WATCH
-        assert self.plan is not None
+        assert self.plan is not None and self.plan.levels is not None
+        assert trial.chosen is not None
         kept = self.plan.levels[trial.chosen]
         self._save(Plan(self.plan.model_fingerprint, self.plan.world_size, self.plan.nodes,
                         self.plan.ranks_per_node, self.plan.bucket_cap_mb, kept.entries,

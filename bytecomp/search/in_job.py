@@ -89,7 +89,7 @@ def profile_from_measurements(measured: dict):
                 "interference": {"fraction": 0.0}}
     except (KeyError, TypeError, AttributeError) as error:
         raise BytecompError(f"the job's measurements are incomplete ({error!r})") from None
-    profile = Profile(meta, pd.DataFrame(rows, columns=list(TABLES["tensors"])),
+    profile = Profile(meta, pd.DataFrame(rows, columns=list(TABLES["tensors"])),  # type: ignore[arg-type]  # checked below
                       pd.DataFrame(collectives, columns=list(TABLES["collectives"])),
                       pd.DataFrame(compressors, columns=list(TABLES["compressors"])),
                       fidelity=pd.DataFrame(fidelity, columns=list(TABLES["fidelity"])))
