@@ -40,6 +40,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from bytecomp.autotuner.measure import Recorder
 from bytecomp.autotuner.planner_child import FAILED, PlannerChild
+from bytecomp.comm.topology import new_group
 from bytecomp.errors import BytecompError
 from bytecomp.plan_file import plan_from_dict
 from bytecomp.plan_types import Plan
@@ -88,8 +89,9 @@ class AutoTuner:
                     "settings": {"min_fidelity": min_fidelity, "evaluations": evaluations,
                                  "margin": margin}}
         self.rank = dist.get_rank()
-        self.control = dist.new_group(backend="gloo")  # flags, agreement, the plan
-        self.probes = self.control if dist.get_backend() == "gloo" else dist.new_group()
+        world = list(range(dist.get_world_size()))  # the job's timeout on both groups
+        self.control = new_group(world, backend="gloo")  # flags, agreement, the plan
+        self.probes = self.control if dist.get_backend() == "gloo" else new_group(world)
         for group in dict.fromkeys((self.control, self.probes)):  # connect them now, not
             dist.barrier(group=group)  # inside the first measured probe
         self.phase = MEASURE
