@@ -196,7 +196,7 @@ def _measurements(bandwidth_mb_per_ms, specs=("none", "fp16", "topk:ratio=0.01")
     return {"format": 1, "model": {"name": "MLP", "fingerprint": "f" * 64},
             "device": "cpu", "device_name": "cpu", "backend": "gloo", "world_size": 2,
             "nodes": 1, "ranks_per_node": 2, "bucket_cap_mb": 25.0,
-            "settings": {"min_fidelity": 0.75, "evaluations": 300}, "steps": 30,
+            "settings": {"min_fidelity": 0.75, "evaluations": 300, "margin": 0.03}, "steps": 30,
             "specs": list(specs), "left_out": [],
             "times": {"forward": 2.0, "backward": 4.0, "backward_compute": 4.0,
                       "optimizer": 0.5, "iteration": 7.0},

@@ -35,12 +35,7 @@ MEASUREMENTS = "measurements.json"
 PLAN = "plan.yaml"
 ERROR = "error.txt"
 FORMAT = 1
-# By default a candidate must be predicted at least this much sooner than fp32 DDP (time /
-# fidelity) to be timed at all: closer, the trial's steps would cost more than it could
-# find (autotune's margin=; negative: also those predicted up to that much later).
-KEEP_MARGIN = 0.03
 MAX_CANDIDATES = 4  # levels the trial times, fp32 DDP included: 5 turns each in 20 steps
-DEFAULT_EVALUATIONS = 2000
 TRIAL_WARMUP = 2  # steps after the handover before the turns (caches, the executor's threads)
 
 
@@ -98,7 +93,7 @@ def profile_from_measurements(measured: dict):
 
 def plan_in_job(measured: dict) -> Plan:
     """The plan the job runs next (see the module docstring): fp32 DDP where no candidate
-    is predicted :data:`KEEP_MARGIN` sooner than it at or above the fidelity floor, else
+    is predicted ``margin`` (the job's setting) sooner than it at or above the fidelity floor, else
     an adaptive plan whose levels are fp32 DDP and the best candidates, all timed by the
     runtime trial. The reason is in ``plan.search["autotune"]``."""
     from bytecomp.search import Planner, to_plan
@@ -106,11 +101,17 @@ def plan_in_job(measured: dict) -> Plan:
     from bytecomp.search.settings import SearchOptions, default_min_gain
 
     profile = profile_from_measurements(measured)
-    settings = measured.get("settings", {})
-    min_fidelity = float(settings.get("min_fidelity", 0.75))
-    evaluations = int(settings.get("evaluations", DEFAULT_EVALUATIONS))
-    limit = int(settings.get("max_candidates", MAX_CANDIDATES))
-    margin = float(settings.get("margin", KEEP_MARGIN))
+    # autotune's settings, declared and checked there (bytecomp.autotuner), as the job wrote
+    # them; a candidate is timed where predicted ``margin`` sooner than fp32 DDP
+    try:
+        settings = measured["settings"]
+        min_fidelity = float(settings["min_fidelity"])
+        evaluations = int(settings["evaluations"])
+        margin = float(settings["margin"])
+        limit = int(settings.get("max_candidates", MAX_CANDIDATES))
+    except (KeyError, TypeError, ValueError) as error:
+        raise BytecompError(f"the job's planning settings are incomplete ({error!r})") \
+            from None
     if not (0.0 <= min_fidelity <= 1.0 and 1 <= evaluations <= 10**6 and 2 <= limit <= 8
             and -1.0 <= margin <= 0.5):
         raise BytecompError("the job's planning settings are out of range")
